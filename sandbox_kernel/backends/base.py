@@ -1,0 +1,260 @@
+"""The one interface every sandbox engine implements.
+
+Callers (kernel, CLI, server extension, lifecycle) speak only to :class:`Backend`;
+engine specifics (containers, Daytona sandboxes, local processes) stay in the
+subclasses. Nothing here imports Jupyter.
+
+Sandbox ids are the deterministic names from :class:`~sandbox_kernel.identity.ScopeKey`
+(``sk-alice``), so an id stays the same when a sandbox is recreated; ``engine_id``
+tells two incarnations apart.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ..config import SandboxConfig
+from ..identity import ScopeKey
+
+Progress = Callable[[str], None]
+
+# Labels every engine stores on our sandboxes, so any process can find them again.
+LABEL_PREFIX = "sandbox-kernel."
+LABEL_MANAGED = LABEL_PREFIX + "managed"
+LABEL_USER = LABEL_PREFIX + "user"
+LABEL_USER_ID = LABEL_PREFIX + "user-id"
+LABEL_SCOPE = LABEL_PREFIX + "scope"
+LABEL_THREAD = LABEL_PREFIX + "thread"
+LABEL_FLAVOR = LABEL_PREFIX + "flavor"
+LABEL_SPEC = LABEL_PREFIX + "spec"
+LABEL_WORKSPACE = LABEL_PREFIX + "workspace"
+
+WORKSPACE = "/workspace"
+SHARED = "/shared"
+
+
+class SandboxError(Exception):
+    """Base of every error a backend raises; the message is meant for the user."""
+
+
+class EngineUnavailable(SandboxError):
+    """The engine does not answer (not installed, not running, no permission)."""
+
+
+class SandboxNotFound(SandboxError):
+    """No sandbox of ours has this id."""
+
+
+class NotSupported(SandboxError):
+    """This backend cannot do that (the REST API maps it to 501)."""
+
+
+class SandboxFailed(SandboxError):
+    """The sandbox could not be created or started (bad image, no python3 ...)."""
+
+
+def spec_hash(config: SandboxConfig) -> str:
+    """A short hash of what a sandbox is made from; a mismatch marks it as outdated."""
+    spec = json.dumps(
+        {
+            "image": config.image,
+            "flavor": config.flavor,
+            "network": config.network,
+            "pids": config.pids_limit,
+            "shared": config.shared_folder,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+def workspace_dir(config: SandboxConfig, key: ScopeKey) -> Path:
+    """The host folder of ``key``'s user, mounted at /workspace (one per user, shared by threads)."""
+    return Path(config.workspace_root) / key.user_id
+
+
+def sandbox_labels(key: ScopeKey, config: SandboxConfig, workspace: str) -> dict[str, str]:
+    """The labels that make a sandbox ours and let any process find it by its key."""
+    return {
+        LABEL_MANAGED: "1",
+        LABEL_USER: key.user,
+        LABEL_USER_ID: key.user_id,
+        LABEL_SCOPE: key.scope,
+        LABEL_THREAD: key.thread,
+        LABEL_FLAVOR: config.flavor,
+        LABEL_SPEC: spec_hash(config),
+        LABEL_WORKSPACE: workspace,
+    }
+
+
+def not_found(sandbox_id: str) -> SandboxNotFound:
+    """The one wording for unknown ids, so CLI and REST say the same thing."""
+    return SandboxNotFound(
+        f"no sandbox with id {sandbox_id!r}; `sandbox-kernel list` shows the ids you have"
+    )
+
+
+@dataclass
+class SandboxInfo:
+    """What every listing shows about one sandbox."""
+
+    id: str
+    backend: str
+    scope: str
+    user: str
+    thread: str
+    state: str  # creating | running | stopped | error
+    image: str
+    created: float
+    engine_id: str = ""
+    flavor: str = ""
+    isolation: str = ""  # what actually separates it from the host
+    workspace: str = ""  # host folder mounted at /workspace
+    limits: dict[str, Any] = field(default_factory=dict)  # cpus, memory, pids
+    usage: dict[str, Any] = field(default_factory=dict)  # cpu (fraction), memory (bytes)
+    exit_reason: str = ""  # why it is not running, when known (OOM, exit code)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Ensured:
+    """The answer of :meth:`Backend.ensure`: the sandbox and what had to happen to it."""
+
+    info: SandboxInfo
+    event: str  # "existing" | "created" | "started" | "recreated"
+    notice: str = ""  # one line for the user when something was lost
+
+
+@dataclass
+class ExecResult:
+    exit_code: int
+    output: bytes
+
+
+@dataclass
+class Health:
+    ok: bool
+    backend: str
+    message: str
+
+
+class Channel(abc.ABC):
+    """A bidirectional byte stream to one process inside a sandbox.
+
+    ``read`` returns b"" once the process has gone (EOF); the kernel treats that as
+    "the interpreter died" and checks the sandbox to say why.
+    """
+
+    @abc.abstractmethod
+    def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def read(self, size: int = 65536) -> bytes: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def read_exactly(self, size: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < size:
+            chunk = self.read(size - len(buf))
+            if not chunk:
+                break
+            buf += chunk
+        return bytes(buf)
+
+
+class Backend(abc.ABC):
+    """A sandbox engine. Methods are synchronous; async callers use a thread."""
+
+    name: str = "base"
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.config = config
+
+    # -- engine --------------------------------------------------------------
+    @abc.abstractmethod
+    def health(self) -> Health:
+        """Whether the engine answers, and if not what the user should do."""
+
+    # -- sandboxes -----------------------------------------------------------
+    @abc.abstractmethod
+    def ensure(self, key: ScopeKey, progress: Progress | None = None) -> Ensured:
+        """Find the sandbox of ``key``, creating or starting it if needed.
+
+        Safe to call from many processes at once: they all end up with one sandbox.
+        """
+
+    @abc.abstractmethod
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        """One sandbox of ours, or :class:`SandboxNotFound`."""
+
+    @abc.abstractmethod
+    def list(self, user: str | None = None) -> list[SandboxInfo]:
+        """Our sandboxes, all or those of one user (the name, not the id)."""
+
+    @abc.abstractmethod
+    def stop(self, sandbox_id: str) -> SandboxInfo:
+        """Stop processes; the sandbox filesystem is kept."""
+
+    @abc.abstractmethod
+    def start(self, sandbox_id: str) -> SandboxInfo:
+        """Start a stopped sandbox again."""
+
+    @abc.abstractmethod
+    def destroy(self, sandbox_id: str) -> bool:
+        """Remove the sandbox (the workspace is kept). False if it was already gone."""
+
+    # -- processes -----------------------------------------------------------
+    @abc.abstractmethod
+    def exec(
+        self,
+        sandbox_id: str,
+        cmd: list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run a command to completion; stdout and stderr merged."""
+
+    @abc.abstractmethod
+    def open_channel(
+        self,
+        sandbox_id: str,
+        cmd: list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+    ) -> Channel:
+        """Start ``cmd`` with its stdin and stdout joined to a :class:`Channel`.
+
+        The process ends when the channel closes (it reads EOF on stdin), so an
+        interpreter never outlives the kernel that owns it.
+        """
+
+    # -- files (paths relative to the workspace, or absolute inside the sandbox) --
+    @abc.abstractmethod
+    def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
+        """Write a file inside the sandbox, creating parent folders."""
+
+    @abc.abstractmethod
+    def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
+        """Read a file from the sandbox in chunks."""
+
+    # -- helpers shared by all engines ------------------------------------------
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise SandboxFailed(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(0.1)

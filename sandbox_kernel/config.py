@@ -1,0 +1,240 @@
+"""Every setting of sandbox-kernel, in one traitlets Configurable.
+
+The kernel, the CLI and the server extension each build a :class:`SandboxConfig` with
+:func:`load_config`, so they agree on which engine, image, workspace and limits a user
+gets without talking to each other. Sources, weakest first:
+
+1. the trait defaults below;
+2. ``sandbox_kernel_config.{json,py}`` in any Jupyter config directory
+   (``jupyter --paths``), and any ``c.SandboxConfig.*`` in the server's own config when
+   the server extension passes its config in;
+3. ``SANDBOX_KERNEL_<TRAIT_NAME>`` environment variables (``SANDBOX_KERNEL_IMAGE``,
+   ``SANDBOX_KERNEL_FLAVOR`` ...): the environment wins, so a kernelspec's ``env`` block
+   can make a variant.
+
+Bad values fail at once with :class:`ConfigError`, whose message names the setting
+both ways (environment variable and config key) and says what is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from jupyter_core.paths import jupyter_config_path, jupyter_data_dir
+from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, default, validate
+from traitlets.config import Config, Configurable
+from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
+
+ENV_PREFIX = "SANDBOX_KERNEL_"
+CONFIG_FILE_BASENAME = "sandbox_kernel_config"
+
+# Flavors fix CPU and memory together so a quota can count them (issue: small/medium/large).
+FLAVORS: dict[str, dict[str, float | int]] = {
+    "small": {"cpus": 1.0, "memory": 1 << 30},
+    "medium": {"cpus": 2.0, "memory": 2 << 30},
+    "large": {"cpus": 4.0, "memory": 4 << 30},
+}
+
+
+class ConfigError(ValueError):
+    """A setting has a value we cannot run with; the message says which and why."""
+
+
+def setting_names(trait_name: str) -> str:
+    """How a user spells a setting, both ways, for error messages."""
+    return f"{ENV_PREFIX}{trait_name.upper()} / c.SandboxConfig.{trait_name}"
+
+
+class SandboxConfig(Configurable):
+    """The shared settings. Trait names map 1:1 to ``SANDBOX_KERNEL_<NAME>`` variables."""
+
+    backend = Enum(
+        ["auto", "docker", "daytona", "local"],
+        default_value="auto",
+        help="Engine for sandboxes. auto: docker when an engine answers, else local.",
+    ).tag(config=True)
+    scope = Enum(
+        ["user", "thread"],
+        default_value="user",
+        help="One sandbox per user (shared by all of their notebooks) or per notebook.",
+    ).tag(config=True)
+    image = Unicode(
+        "python:3.12-slim",
+        help="Docker image (or Daytona snapshot) for new sandboxes; it only needs python3.",
+    ).tag(config=True)
+    workspace_root = Unicode(
+        help="Host folder holding one workspace folder per user, mounted at /workspace.",
+    ).tag(config=True)
+    shared_folder = Unicode(
+        "", help="Optional host folder mounted read-only at /shared in every sandbox."
+    ).tag(config=True)
+    flavor = Enum(
+        list(FLAVORS), default_value="small", help="CPU and memory of new sandboxes."
+    ).tag(config=True)
+    network = Bool(True, help="Whether sandboxes can reach the network.").tag(config=True)
+    pids_limit = Int(512, help="Maximum number of processes in one sandbox.").tag(config=True)
+    user = Unicode("", help="Owner of the sandbox; else JUPYTERHUB_USER, else the OS user.").tag(
+        config=True
+    )
+    thread = Unicode("", help="Notebook id for scope=thread; else derived from the notebook.").tag(
+        config=True
+    )
+    state_dir = Unicode(help="Folder of the SQLite file that records sandboxes and activity.").tag(
+        config=True
+    )
+    start_timeout = Float(300.0, help="Seconds to wait for a sandbox (and its image) to be ready.").tag(
+        config=True
+    )
+    cell_timeout = Float(
+        0.0, help="Seconds a cell may run before it is interrupted; 0 means no limit."
+    ).tag(config=True)
+    output_limit = Int(
+        10_000_000, help="Bytes of output one cell may send before the rest is discarded."
+    ).tag(config=True)
+    # Lifecycle (lifecycle.py); minutes, 0 disables.
+    idle_stop = Float(15.0, help="Minutes without activity and without a live kernel before a stop.").tag(
+        config=True
+    )
+    idle_delete = Float(120.0, help="Minutes stopped before a sandbox is removed (workspace kept).").tag(
+        config=True
+    )
+    max_sandboxes = Int(100, help="Most sandboxes that may exist at once (0: no limit).").tag(config=True)
+
+    @default("workspace_root")
+    def _default_workspace_root(self) -> str:
+        return str(Path(jupyter_data_dir()) / "sandbox-kernel" / "workspaces")
+
+    @default("state_dir")
+    def _default_state_dir(self) -> str:
+        return str(Path(jupyter_data_dir()) / "sandbox-kernel")
+
+    @validate("pids_limit", "output_limit", "max_sandboxes")
+    def _non_negative_int(self, proposal: Any) -> int:
+        name = proposal["trait"].name
+        if proposal["value"] < 0 or (name in ("pids_limit", "output_limit") and proposal["value"] == 0):
+            raise TraitError(f"must be a positive number, got {proposal['value']}")
+        return proposal["value"]
+
+    @validate("start_timeout", "cell_timeout", "idle_stop", "idle_delete")
+    def _non_negative_float(self, proposal: Any) -> float:
+        if proposal["value"] < 0:
+            raise TraitError(f"must be zero or more, got {proposal['value']}")
+        if proposal["trait"].name == "start_timeout" and proposal["value"] == 0:
+            raise TraitError("must be more than zero")
+        return proposal["value"]
+
+    @validate("shared_folder")
+    def _existing_folder(self, proposal: Any) -> str:
+        value = proposal["value"]
+        if value and not Path(value).expanduser().is_dir():
+            raise TraitError(f"folder {value!r} does not exist; create it or unset the setting")
+        return str(Path(value).expanduser().resolve()) if value else ""
+
+    @validate("workspace_root", "state_dir")
+    def _absolute_folder(self, proposal: Any) -> str:
+        value = proposal["value"]
+        if not value.strip():
+            raise TraitError("must name a folder")
+        path = Path(value).expanduser().resolve()
+        if path.exists() and not path.is_dir():
+            raise TraitError(f"{value!r} exists and is not a folder")
+        return str(path)
+
+    @validate("image")
+    def _image_given(self, proposal: Any) -> str:
+        if not proposal["value"].strip():
+            raise TraitError("must name an image")
+        return proposal["value"].strip()
+
+    @property
+    def cpus(self) -> float:
+        """CPUs of the configured flavor."""
+        return float(FLAVORS[self.flavor]["cpus"])
+
+    @property
+    def memory(self) -> int:
+        """Memory limit in bytes of the configured flavor."""
+        return int(FLAVORS[self.flavor]["memory"])
+
+
+def _file_config(paths: list[str]) -> Config:
+    """Merge ``sandbox_kernel_config.{json,py}`` from the given Jupyter config dirs.
+
+    jupyter_config_path() lists the user's dir first; later (system) files must not
+    override it, so we load in reverse order, as Jupyter applications do.
+    """
+    merged = Config()
+    for directory in reversed(paths):
+        for loader_cls, suffix in ((JSONFileConfigLoader, ".json"), (PyFileConfigLoader, ".py")):
+            filename = CONFIG_FILE_BASENAME + suffix
+            if not (Path(directory) / filename).is_file():
+                continue
+            try:
+                merged.merge(loader_cls(filename, path=directory).load_config())
+            except Exception as exc:  # a broken file must say which file
+                raise ConfigError(f"cannot read {Path(directory) / filename}: {exc}") from exc
+    return merged
+
+
+def _env_overrides(trait_names: list[str], environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    return {
+        name: environ[ENV_PREFIX + name.upper()]
+        for name in trait_names
+        if environ.get(ENV_PREFIX + name.upper(), "") != ""
+    }
+
+
+def load_config(
+    config: Config | None = None,
+    environ: dict[str, str] | None = None,
+    **overrides: Any,
+) -> SandboxConfig:
+    """Build the settings from config files, ``config`` (a server's), the environment and overrides.
+
+    Raises :class:`ConfigError` naming the bad setting instead of a traitlets traceback.
+    """
+    environ = os.environ if environ is None else environ
+    merged = _file_config(jupyter_config_path())
+    if config is not None:
+        merged.merge(config)
+    section = merged.get("SandboxConfig", {})
+    trait_names = SandboxConfig.class_trait_names(config=True)
+    unknown = sorted(set(section) - set(trait_names))
+    if unknown:
+        raise ConfigError(
+            f"unknown setting c.SandboxConfig.{unknown[0]}; known settings: {', '.join(sorted(trait_names))}"
+        )
+    cfg = SandboxConfig()
+    values: list[tuple[str, Any, str]] = [(k, v, f"c.SandboxConfig.{k}") for k, v in section.items()]
+    for name, raw in _env_overrides(trait_names, environ).items():
+        values.append((name, raw, ENV_PREFIX + name.upper()))
+    values.extend((k, v, k) for k, v in overrides.items() if v is not None)
+    for name, value, source in values:
+        if name not in trait_names:
+            raise ConfigError(f"unknown setting {name!r}")
+        trait = cfg.traits()[name]
+        try:
+            if isinstance(value, str) and not isinstance(trait, Unicode):
+                value = trait.from_string(value)
+            setattr(cfg, name, value)
+        except (TraitError, ValueError) as exc:
+            accepted = ""
+            if isinstance(trait, Enum):
+                accepted = f" (accepted: {', '.join(map(str, trait.values or []))})"
+            where = source if source != name else setting_names(name)
+            raise ConfigError(
+                f"bad value {value!r} for {where}: {_short_trait_error(exc, trait)}{accepted}"
+            ) from None
+    return cfg
+
+
+def _short_trait_error(exc: Exception, trait: Any) -> str:
+    """traitlets' messages repeat the class and trait; keep only the reason."""
+    if isinstance(trait, Bool):
+        return "expected true or false"
+    text = str(exc).strip()
+    if "expected" in text and "trait of" in text:
+        return "not an accepted value"
+    return text.splitlines()[0] if text else type(exc).__name__

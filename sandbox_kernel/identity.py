@@ -1,0 +1,120 @@
+"""Who owns a sandbox and which notebook a kernel belongs to.
+
+Every process (kernel, CLI, server extension) derives the same :class:`ScopeKey` from
+the same inputs, and the backends find sandboxes again by it; that is what lets them
+agree without a shared process.
+
+Engine names must be short and ASCII, but user names and notebook paths are not:
+:func:`safe_id` maps any name to an id that is stable, engine-safe and injective
+(a name that is already safe is kept as is, any other gets a hash suffix marked by
+``--``, which a kept name can never contain).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import re
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import SandboxConfig
+
+_SAFE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,39}")
+NAME_PREFIX = "sk-"
+
+
+def _digest(text: str, length: int = 12) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:length]
+
+
+def safe_id(name: str) -> str:
+    """An engine-safe, stable id for ``name``; different names never share one."""
+    if _SAFE.fullmatch(name) and "--" not in name and not name.endswith((".", "-")):
+        return name
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode().lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", ascii_name).strip("-")[:20].strip("-") or "x"
+    return f"{slug}--{_digest(name)}"
+
+
+def thread_id(thread: str) -> str:
+    """A short id of a notebook identity; always a hash so paths of any length fit."""
+    return "t" + _digest(thread)
+
+
+def resolve_user(cfg: SandboxConfig) -> str:
+    """The owner: SANDBOX_KERNEL_USER (cfg.user), else JUPYTERHUB_USER, else the OS user."""
+    if cfg.user:
+        return cfg.user
+    if os.environ.get("JUPYTERHUB_USER"):
+        return os.environ["JUPYTERHUB_USER"]
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry (containers): the uid still names someone
+        return f"uid{os.getuid()}"
+
+
+def notebook_thread(session_name: str | None) -> str | None:
+    """The stable notebook identity for ``scope=thread``, if one can be found.
+
+    A notebook may carry ``metadata.sandbox.thread`` (stable across renames and
+    copies that keep it); otherwise its resolved path stands in. JPY_SESSION_NAME is
+    only a hint (it can be a temporary path and goes stale on rename), so we read the
+    notebook it points to rather than trusting the name alone.
+    """
+    if not session_name:
+        return None
+    path = Path(session_name).expanduser()
+    try:
+        if path.suffix == ".ipynb" and path.is_file() and path.stat().st_size < 64 << 20:
+            meta = json.loads(path.read_text("utf-8")).get("metadata", {})
+            thread = (meta.get("sandbox") or {}).get("thread")
+            if isinstance(thread, str) and thread:
+                return thread
+    except (OSError, ValueError, AttributeError):
+        pass
+    return str(path.resolve()) if path.exists() else session_name
+
+
+def resolve_thread(cfg: SandboxConfig, kernel_id: str | None = None) -> str:
+    """SANDBOX_KERNEL_THREAD, else the notebook's stable identity, else the kernel id."""
+    if cfg.thread:
+        return cfg.thread
+    found = notebook_thread(os.environ.get("JPY_SESSION_NAME"))
+    if found:
+        return found
+    if kernel_id:
+        return kernel_id
+    return f"pid{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class ScopeKey:
+    """Which sandbox a caller means: a user's, or one notebook of a user's."""
+
+    user: str
+    scope: str = "user"
+    thread: str = ""
+
+    @property
+    def user_id(self) -> str:
+        """Engine-safe id of the owner; also the name of the user's workspace folder."""
+        return safe_id(self.user)
+
+    @property
+    def name(self) -> str:
+        """The deterministic sandbox name every process computes the same way."""
+        if self.scope == "thread":
+            return f"{NAME_PREFIX}{self.user_id}--{thread_id(self.thread)}"
+        return f"{NAME_PREFIX}{self.user_id}"
+
+
+def scope_key(cfg: SandboxConfig, kernel_id: str | None = None) -> ScopeKey:
+    """The scope key of the current process under ``cfg``."""
+    user = resolve_user(cfg)
+    if cfg.scope == "thread":
+        return ScopeKey(user=user, scope="thread", thread=resolve_thread(cfg, kernel_id))
+    return ScopeKey(user=user)
