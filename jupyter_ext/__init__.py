@@ -1,0 +1,1 @@
+"""Jupyter server extension for sandbox-kernel: REST handlers, thin over sandbox_kernel."""

@@ -1,0 +1,96 @@
+"""The one small SQLite file that remembers sandboxes across processes.
+
+Engines keep what they can (Docker labels are immutable, a removed container leaves
+nothing behind), so a few facts live here instead: which engine object a sandbox id
+last pointed at (to tell "created" from "recreated after it vanished"), and when a
+sandbox was last used (for the lifecycle policies). Every process opens the file
+itself; WAL mode and a busy timeout make concurrent kernels, CLI and server safe.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import SandboxConfig
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    user TEXT NOT NULL,
+    engine_id TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    last_activity REAL NOT NULL,
+    PRIMARY KEY (backend, id)
+)
+"""
+
+
+@dataclass
+class Record:
+    id: str
+    backend: str
+    user: str
+    engine_id: str
+    created: float
+    last_activity: float
+
+
+class Store:
+    """Records of sandboxes, keyed by (backend, sandbox id)."""
+
+    def __init__(self, config: SandboxConfig) -> None:
+        self.path = Path(config.state_dir) / "state.sqlite"
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(_SCHEMA)
+        return conn
+
+    def get(self, backend: str, sandbox_id: str) -> Record | None:
+        with closing(self._connect()) as conn:
+            row = conn.execute(
+                "SELECT id, backend, user, engine_id, created, last_activity"
+                " FROM sandboxes WHERE backend = ? AND id = ?",
+                (backend, sandbox_id),
+            ).fetchone()
+        return Record(*row) if row else None
+
+    def all(self, backend: str) -> list[Record]:
+        with closing(self._connect()) as conn:
+            rows = conn.execute(
+                "SELECT id, backend, user, engine_id, created, last_activity"
+                " FROM sandboxes WHERE backend = ?",
+                (backend,),
+            ).fetchall()
+        return [Record(*row) for row in rows]
+
+    def put(self, backend: str, sandbox_id: str, user: str, engine_id: str) -> None:
+        """Record (or re-point) a sandbox; keeps its activity time when it already exists."""
+        now = time.time()
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "INSERT INTO sandboxes (id, backend, user, engine_id, created, last_activity)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (backend, id) DO UPDATE SET engine_id = excluded.engine_id,"
+                " user = excluded.user",
+                (sandbox_id, backend, user, engine_id, now, now),
+            )
+
+    def touch(self, backend: str, sandbox_id: str, when: float | None = None) -> None:
+        """Mark activity (a cell, a file transfer, an API call)."""
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "UPDATE sandboxes SET last_activity = MAX(last_activity, ?) WHERE backend = ? AND id = ?",
+                (when or time.time(), backend, sandbox_id),
+            )
+
+    def delete(self, backend: str, sandbox_id: str) -> None:
+        with closing(self._connect()) as conn:
+            conn.execute("DELETE FROM sandboxes WHERE backend = ? AND id = ?", (backend, sandbox_id))

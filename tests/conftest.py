@@ -1,0 +1,104 @@
+"""Shared fixtures: a real Docker engine and the locally built test image.
+
+Tests marked ``docker`` need both. Without them they are skipped with the reason
+shown in pytest's summary; with ``SANDBOX_KERNEL_REQUIRE_DOCKER=1`` (set by .ci/run)
+a missing engine fails the run instead, so CI can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_kernel.config import SandboxConfig, load_config
+
+TEST_IMAGE = os.environ.get("SANDBOX_KERNEL_TEST_IMAGE", "sandbox-kernel-test:bookworm")
+
+
+def _docker_problem() -> str | None:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=10)
+        client.ping()
+    except Exception as exc:
+        return f"no Docker engine answers ({type(exc).__name__}); start dockerd or run .ci/run"
+    try:
+        client.images.get(TEST_IMAGE)
+    except Exception:
+        return f"test image {TEST_IMAGE} is missing; build it with .ci/build-test-image.sh"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any("docker" in item.keywords for item in items):
+        return
+    problem = _docker_problem()
+    if problem is None:
+        return
+    if os.environ.get("SANDBOX_KERNEL_REQUIRE_DOCKER") == "1":
+        raise pytest.UsageError(f"Docker tests are required here but cannot run: {problem}")
+    skip = pytest.mark.skip(reason=problem)
+    for item in items:
+        if "docker" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test may pick up the developer's own settings or sandboxes."""
+    for name in list(os.environ):
+        if name.startswith("SANDBOX_KERNEL_") and name not in (
+            "SANDBOX_KERNEL_TEST_IMAGE",
+            "SANDBOX_KERNEL_REQUIRE_DOCKER",
+        ):
+            monkeypatch.delenv(name)
+    monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "jupyter-config"))
+
+
+@pytest.fixture
+def test_user() -> str:
+    """A user name no other test (or person) uses, so cleanup can find what we made."""
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> Callable[..., SandboxConfig]:
+    """Settings for a docker test: the test image, and a workspace root under tmp_path."""
+
+    def make(**overrides: object) -> SandboxConfig:
+        values: dict[str, object] = {
+            "backend": "docker",
+            "image": TEST_IMAGE,
+            "workspace_root": str(tmp_path / "workspaces"),
+            "state_dir": str(tmp_path / "state"),
+        }
+        values.update(overrides)
+        return load_config(environ={}, **values)
+
+    return make
+
+
+def remove_user_containers(user_id_prefix: str, client: object = None) -> None:
+    """Remove every container whose sandbox-kernel user id starts with the prefix."""
+    import docker
+
+    client = client or docker.from_env()
+    for container in client.containers.list(all=True, filters={"label": "sandbox-kernel.managed=1"}):
+        if container.labels.get("sandbox-kernel.user-id", "").startswith(user_id_prefix):
+            container.remove(force=True)
+
+
+@pytest.fixture
+def docker_cleanup(test_user: str) -> Iterator[None]:
+    import docker
+
+    client = docker.from_env()  # made now: a test may point DOCKER_HOST elsewhere
+    yield
+    remove_user_containers(test_user, client)

@@ -1,0 +1,128 @@
+"""Settings and identity: pure functions, no engine needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox_kernel.config import ConfigError, load_config
+from sandbox_kernel.identity import ScopeKey, notebook_thread, resolve_user, safe_id, scope_key
+
+
+def test_defaults_and_env_override() -> None:
+    cfg = load_config(environ={})
+    assert (cfg.backend, cfg.scope, cfg.flavor, cfg.network) == ("auto", "user", "small", True)
+    cfg = load_config(
+        environ={
+            "SANDBOX_KERNEL_BACKEND": "docker",
+            "SANDBOX_KERNEL_SCOPE": "thread",
+            "SANDBOX_KERNEL_IMAGE": "img:1",
+            "SANDBOX_KERNEL_FLAVOR": "large",
+            "SANDBOX_KERNEL_NETWORK": "false",
+            "SANDBOX_KERNEL_PIDS_LIMIT": "64",
+        }
+    )
+    assert (cfg.backend, cfg.scope, cfg.image, cfg.network, cfg.pids_limit) == (
+        "docker", "thread", "img:1", False, 64,
+    )
+    assert (cfg.cpus, cfg.memory) == (4.0, 4 << 30)
+
+
+def test_config_file_then_env_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "sandbox_kernel_config.py").write_text(
+        "c.SandboxConfig.image = 'from-file:1'\nc.SandboxConfig.flavor = 'medium'\n"
+    )
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(conf))
+    cfg = load_config(environ={})
+    assert (cfg.image, cfg.flavor) == ("from-file:1", "medium")
+    cfg = load_config(environ={"SANDBOX_KERNEL_IMAGE": "from-env:2"})
+    assert (cfg.image, cfg.flavor) == ("from-env:2", "medium")
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"SANDBOX_KERNEL_BACKEND": "podman"}, "SANDBOX_KERNEL_BACKEND"),
+        ({"SANDBOX_KERNEL_SCOPE": "team"}, "SANDBOX_KERNEL_SCOPE"),
+        ({"SANDBOX_KERNEL_PIDS_LIMIT": "-5"}, "SANDBOX_KERNEL_PIDS_LIMIT"),
+        ({"SANDBOX_KERNEL_PIDS_LIMIT": "many"}, "SANDBOX_KERNEL_PIDS_LIMIT"),
+        ({"SANDBOX_KERNEL_CELL_TIMEOUT": "-1"}, "SANDBOX_KERNEL_CELL_TIMEOUT"),
+        ({"SANDBOX_KERNEL_SHARED_FOLDER": "/does/not/exist"}, "SANDBOX_KERNEL_SHARED_FOLDER"),
+        ({"SANDBOX_KERNEL_NETWORK": "maybe"}, "SANDBOX_KERNEL_NETWORK"),
+        ({"SANDBOX_KERNEL_FLAVOR": "huge"}, "SANDBOX_KERNEL_FLAVOR"),
+    ],
+)
+def test_bad_values_name_the_setting(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(environ=env)
+    message = str(err.value)
+    assert named in message
+    assert "Traceback" not in message
+
+
+def test_unknown_setting_in_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sandbox_kernel_config.json").write_text('{"SandboxConfig": {"imagee": "x"}}')
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path))
+    with pytest.raises(ConfigError, match="imagee"):
+        load_config(environ={})
+
+
+def test_user_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUPYTERHUB_USER", "hubuser")
+    assert resolve_user(load_config(environ={})) == "hubuser"
+    assert resolve_user(load_config(environ={"SANDBOX_KERNEL_USER": "explicit"})) == "explicit"
+    monkeypatch.delenv("JUPYTERHUB_USER")
+    assert resolve_user(load_config(environ={})) not in ("", "hubuser")
+
+
+def test_thread_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config(environ={"SANDBOX_KERNEL_SCOPE": "thread", "SANDBOX_KERNEL_USER": "ann"})
+    assert scope_key(cfg, kernel_id="k1") == ScopeKey("ann", "thread", "k1")
+    nb = tmp_path / "a.ipynb"
+    nb.write_text('{"metadata": {}, "cells": [], "nbformat": 4, "nbformat_minor": 5}')
+    monkeypatch.setenv("JPY_SESSION_NAME", str(nb))
+    by_path = scope_key(cfg, kernel_id="k1")
+    assert by_path.thread == str(nb.resolve())
+    # A notebook that carries its own id keeps it across a rename.
+    nb.write_text('{"metadata": {"sandbox": {"thread": "nb-42"}}, "cells": [], "nbformat": 4, "nbformat_minor": 5}')
+    moved = nb.rename(tmp_path / "renamed.ipynb")
+    monkeypatch.setenv("JPY_SESSION_NAME", str(moved))
+    assert scope_key(cfg).thread == "nb-42"
+    assert notebook_thread(None) is None
+    explicit = load_config(environ={"SANDBOX_KERNEL_SCOPE": "thread", "SANDBOX_KERNEL_THREAD": "t1", "SANDBOX_KERNEL_USER": "ann"})
+    assert scope_key(explicit).thread == "t1"
+
+
+def test_safe_ids_are_stable_safe_and_distinct() -> None:
+    import re
+
+    names = [
+        "alice", "Alice", "alice smith", "alice/smith", "alice--smith", "ålice", "アリス", "a" * 300,
+        "a" * 301, "../etc", "alice.", "x--0123456789ab", "",
+    ]
+    ids = [safe_id(n) for n in names]
+    assert len(set(ids)) == len(ids)
+    for i in ids:
+        assert re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", i), i
+        assert len(i) <= 40
+    assert safe_id("alice") == "alice" == safe_id("alice")
+    assert safe_id("Alice Smith") == safe_id("Alice Smith")
+
+
+def test_scope_names_never_collide() -> None:
+    long_path = "/home/u/" + "deep/" * 200 + "notebook.ipynb"
+    keys = [
+        ScopeKey("alice"),
+        ScopeKey("bob"),
+        ScopeKey("alice", "thread", "/n/a.ipynb"),
+        ScopeKey("alice", "thread", "/n/b.ipynb"),
+        ScopeKey("bob", "thread", "/n/a.ipynb"),
+        ScopeKey("alice", "thread", long_path),
+    ]
+    names = [k.name for k in keys]
+    assert len(set(names)) == len(names)
+    assert all(len(n) < 64 for n in names)
+    assert ScopeKey("alice", "thread", "/n/a.ipynb").user_id == ScopeKey("alice").user_id

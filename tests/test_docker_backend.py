@@ -1,0 +1,308 @@
+"""The Docker backend against a real engine and the locally built test image."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import pytest
+
+from sandbox_kernel.backends import EngineUnavailable, SandboxNotFound
+from sandbox_kernel.backends.base import LABEL_MANAGED, workspace_dir
+from sandbox_kernel.backends.docker import DockerBackend
+from sandbox_kernel.config import SandboxConfig
+from sandbox_kernel.identity import ScopeKey
+
+from .helpers import make_wheel
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_cleanup")]
+
+
+@pytest.fixture
+def backend(make_config: Callable[..., SandboxConfig]) -> DockerBackend:
+    return DockerBackend(make_config())
+
+
+def engine() -> docker.DockerClient:
+    return docker.from_env()
+
+
+def run(backend: DockerBackend, sandbox_id: str, code: str) -> str:
+    result = backend.exec(sandbox_id, ["python3", "-c", code])
+    assert result.exit_code == 0, result.output
+    return result.output.decode().strip()
+
+
+def test_reuse_and_state_across_calls(backend: DockerBackend, test_user: str) -> None:
+    key = ScopeKey(test_user)
+    first = backend.ensure(key)
+    assert first.event == "created"
+    second = backend.ensure(key)
+    assert second.event == "existing"
+    assert second.info.engine_id == first.info.engine_id
+    run(backend, first.info.id, "open('/workspace/note.txt', 'w').write('kept')")
+    assert run(backend, second.info.id, "print(open('/workspace/note.txt').read())") == "kept"
+    run(backend, first.info.id, "open('/home/sandbox/tier2.txt', 'w').write('fs')")
+    assert run(backend, first.info.id, "print(open('/home/sandbox/tier2.txt').read())") == "fs"
+
+
+def test_installed_package_persists_until_destroy(
+    backend: DockerBackend, test_user: str, tmp_path: Path
+) -> None:
+    key = ScopeKey(test_user)
+    info = backend.ensure(key).info
+    wheel = make_wheel(tmp_path / "wheels")
+    backend.put_file(info.id, f"wheels/{wheel.name}", wheel.read_bytes())
+    result = backend.exec(
+        info.id, ["python3", "-m", "pip", "install", "--no-index", "-q", f"/workspace/wheels/{wheel.name}"]
+    )
+    assert result.exit_code == 0, result.output
+    assert run(backend, info.id, "import sk_demo_pkg; print(sk_demo_pkg.VALUE)") == "1.0"
+    backend.stop(info.id)
+    backend.start(info.id)
+    assert run(backend, info.id, "import sk_demo_pkg; print(sk_demo_pkg.VALUE)") == "1.0"
+    # Destroy drops the sandbox filesystem (tier 2) but never the workspace (tier 3).
+    backend.destroy(info.id)
+    fresh = backend.ensure(key).info
+    assert backend.exec(fresh.id, ["python3", "-c", "import sk_demo_pkg"]).exit_code != 0
+    assert run(backend, fresh.id, "import os; print(os.path.exists('/workspace/wheels'))") == "True"
+
+
+def test_user_scope_shares_one_container_and_users_are_separate(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
+    backend = DockerBackend(make_config())
+    a = backend.ensure(ScopeKey(test_user)).info
+    again = DockerBackend(make_config()).ensure(ScopeKey(test_user)).info  # another notebook
+    other = backend.ensure(ScopeKey(test_user + "-b")).info
+    assert a.engine_id == again.engine_id
+    assert other.engine_id != a.engine_id
+    assert other.workspace != a.workspace
+    assert [i.id for i in backend.list(test_user)] == [a.id]
+    run(backend, a.id, "open('/workspace/mine', 'w').write('a')")
+    assert run(backend, other.id, "import os; print(os.listdir('/workspace'))") == "[]"
+
+
+def test_thread_scope_separate_containers_shared_workspace(backend: DockerBackend, test_user: str) -> None:
+    one = backend.ensure(ScopeKey(test_user, "thread", "/nb/one.ipynb")).info
+    two = backend.ensure(ScopeKey(test_user, "thread", "/nb/two.ipynb")).info
+    assert one.engine_id != two.engine_id
+    assert (one.scope, one.thread) == ("thread", "/nb/one.ipynb")
+    run(backend, one.id, "open('/workspace/shared.txt', 'w').write('from one')")
+    assert run(backend, two.id, "print(open('/workspace/shared.txt').read())") == "from one"
+    assert sorted(i.id for i in backend.list(test_user)) == sorted([one.id, two.id])
+
+
+def test_destroy_keeps_workspace_and_is_idempotent(backend: DockerBackend, test_user: str) -> None:
+    key = ScopeKey(test_user)
+    info = backend.ensure(key).info
+    run(backend, info.id, "open('/workspace/data.csv', 'w').write('a,b\\n')")
+    assert backend.destroy(info.id) is True
+    assert backend.destroy(info.id) is False
+    with pytest.raises(SandboxNotFound):
+        backend.get(info.id)
+    assert not engine().containers.list(all=True, filters={"name": f"^{info.id}$"})
+    assert (workspace_dir(backend.config, key) / "data.csv").read_text() == "a,b\n"
+
+
+def test_recreated_after_removal_behind_our_back(backend: DockerBackend, test_user: str) -> None:
+    key = ScopeKey(test_user)
+    info = backend.ensure(key).info
+    engine().containers.get(info.id).remove(force=True)
+    ensured = backend.ensure(key)
+    assert ensured.event == "recreated"
+    assert ensured.info.engine_id != info.engine_id
+    assert "variables were lost, files in /workspace were kept" in ensured.notice
+
+
+def test_stopped_container_is_started_again(backend: DockerBackend, test_user: str) -> None:
+    key = ScopeKey(test_user)
+    info = backend.ensure(key).info
+    engine().containers.get(info.id).stop(timeout=1)
+    assert backend.get(info.id).state == "stopped"
+    ensured = backend.ensure(key)
+    assert (ensured.event, ensured.info.state, ensured.info.engine_id) == ("started", "running", info.engine_id)
+
+
+def _ensure_in_process(args: tuple[dict, str]) -> str:
+    values, user = args
+    from sandbox_kernel.config import load_config
+
+    return DockerBackend(load_config(environ={}, **values)).ensure(ScopeKey(user)).info.engine_id
+
+
+def test_ten_processes_get_one_container(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    cfg = make_config()
+    values = {"backend": "docker", "image": cfg.image, "workspace_root": cfg.workspace_root, "state_dir": cfg.state_dir}
+    with multiprocessing.get_context("spawn").Pool(10) as pool:
+        ids = pool.map(_ensure_in_process, [(values, test_user)] * 10)
+    assert len(set(ids)) == 1
+    found = engine().containers.list(all=True, filters={"label": f"sandbox-kernel.user-id={test_user}"})
+    assert [c.id for c in found] == [ids[0]]
+    assert found[0].status == "running"
+
+
+def test_hardening_is_applied(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    backend = DockerBackend(make_config(flavor="medium", pids_limit=100, network=False))
+    info = backend.ensure(ScopeKey(test_user)).info
+    attrs = engine().containers.get(info.id).attrs
+    host = attrs["HostConfig"]
+    assert attrs["Config"]["User"] == "1000:1000"
+    assert host["CapDrop"] == ["ALL"]
+    assert "no-new-privileges" in host["SecurityOpt"]
+    assert host["PidsLimit"] == 100
+    assert host["Memory"] == 2 << 30
+    assert host["NanoCpus"] == 2_000_000_000
+    assert host["NetworkMode"] == "none"
+    assert not host.get("PortBindings")
+    assert host["Privileged"] is False
+    # ... and seen from inside: not root, no capabilities, no network interface but lo.
+    inside = run(
+        backend,
+        info.id,
+        "import os; caps=[l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1];"
+        "print(os.getuid(), caps, sorted(os.listdir('/sys/class/net')))",
+    )
+    assert inside == "1000 0000000000000000 ['lo']"
+    assert info.limits == {"cpus": 2.0, "memory": 2 << 30, "pids": 100, "network": False}
+
+
+def test_fork_bomb_is_stopped_by_pids_limit(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    backend = DockerBackend(make_config(pids_limit=50))
+    info = backend.ensure(ScopeKey(test_user)).info
+    code = (
+        "import subprocess\nprocs=[]\n"
+        "try:\n    for _ in range(200): procs.append(subprocess.Popen(['sleep','30']))\n"
+        "except OSError as e: print('refused', e.errno)\n"
+        "for p in procs: p.kill()\n"
+    )
+    assert run(backend, info.id, code).startswith("refused")
+
+
+def test_shared_folder_is_read_only(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "ref.txt").write_text("reference")
+    backend = DockerBackend(make_config(shared_folder=str(shared)))
+    info = backend.ensure(ScopeKey(test_user)).info
+    assert run(backend, info.id, "print(open('/shared/ref.txt').read())") == "reference"
+    result = backend.exec(info.id, ["python3", "-c", "open('/shared/x', 'w')"])
+    assert result.exit_code != 0 and b"Read-only file system" in result.output
+
+
+def test_unsafe_names(backend: DockerBackend) -> None:
+    user = "test-Ünsafe user/../" + "x" * 80
+    try:
+        info = backend.ensure(ScopeKey(user, "thread", "/very/" + "long/" * 100 + "nb.ipynb")).info
+        assert info.user == user
+        assert [i.id for i in backend.list(user)] == [info.id]
+        assert Path(info.workspace).parent == Path(backend.config.workspace_root)
+    finally:
+        for i in backend.list(user):
+            backend.destroy(i.id)
+
+
+def test_files_round_trip_streamed(backend: DockerBackend, test_user: str, tmp_path: Path) -> None:
+    info = backend.ensure(ScopeKey(test_user)).info
+    payload = bytes(range(256)) * 40000 + b"tail"  # ~10 MB, not a multiple of 512
+    src = tmp_path / "blob.bin"
+    src.write_bytes(payload)
+    with src.open("rb") as fh:
+        backend.put_file(info.id, "deep/er/blob.bin", fh)
+    assert b"".join(backend.get_file(info.id, "deep/er/blob.bin")) == payload
+    assert (Path(info.workspace) / "deep/er/blob.bin").stat().st_size == len(payload)
+
+
+def test_exec_exit_code_output_and_timeout(backend: DockerBackend, test_user: str) -> None:
+    info = backend.ensure(ScopeKey(test_user)).info
+    result = backend.exec(info.id, ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(7)"])
+    assert result.exit_code == 7
+    assert b"out" in result.output and b"err" in result.output
+    result = backend.exec(info.id, ["python3", "-c", "import time; time.sleep(30)"], timeout=1)
+    assert result.exit_code == 124
+
+
+def test_channel_round_trip_and_process_ends_on_close(backend: DockerBackend, test_user: str) -> None:
+    info = backend.ensure(ScopeKey(test_user)).info
+    channel = backend.open_channel(
+        info.id, ["python3", "-u", "-c", "import sys\nfor line in sys.stdin: print(line.strip()[::-1], flush=True)"]
+    )
+    channel.write(b"abc\n")
+    assert channel.read() == b"cba\n"
+    channel.close()
+    # The marker is assembled at run time so the probe does not match itself.
+    probe = "import os,time\ntime.sleep(0.5)\nm=b'sys.'+b'stdin'\nprint(sum(1 for p in os.listdir('/proc') if p.isdigit() and m in open('/proc/'+p+'/cmdline','rb').read()))"
+    assert run(backend, info.id, probe) == "0"
+
+
+def test_foreign_container_with_our_name_is_refused(backend: DockerBackend, test_user: str) -> None:
+    key = ScopeKey(test_user)
+    foreign = engine().containers.create(backend.config.image, ["python3", "-c", "pass"], name=key.name)
+    try:
+        with pytest.raises(Exception, match="not made by sandbox-kernel"):
+            backend.ensure(key)
+        assert backend.destroy(key.name) is False  # never ours to remove
+        engine().containers.get(foreign.id)
+    finally:
+        foreign.remove(force=True)
+
+
+def test_unreachable_engine_says_what_to_do(make_config: Callable[..., SandboxConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    backend = DockerBackend(make_config())
+    health = backend.health()
+    assert not health.ok and "cannot reach the Docker engine" in health.message
+    with pytest.raises(EngineUnavailable, match="SANDBOX_KERNEL_BACKEND=local"):
+        backend.list()
+
+
+def test_list_only_shows_ours(backend: DockerBackend, test_user: str) -> None:
+    backend.ensure(ScopeKey(test_user))
+    everything = backend.list()
+    assert all(engine().containers.get(i.engine_id).labels.get(LABEL_MANAGED) == "1" for i in everything)
+
+
+def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+    cfg = make_config()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SANDBOX_KERNEL_BACKEND": "docker",
+        "SANDBOX_KERNEL_IMAGE": cfg.image,
+        "SANDBOX_KERNEL_WORKSPACE_ROOT": cfg.workspace_root,
+        "SANDBOX_KERNEL_STATE_DIR": cfg.state_dir,
+        "SANDBOX_KERNEL_USER": test_user,
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+        "HOME": str(tmp_path),
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sandbox_kernel.cli", *args], env=env, capture_output=True, text=True, timeout=120
+        )
+
+    created = cli("exec", "--", "python3", "-c", "print('hello from', open('/etc/hostname').read().strip())")
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.strip() == "hello from sandbox"
+    assert "creating sandbox" in created.stderr
+    listed = cli("list", "--json")
+    [row] = __import__("json").loads(listed.stdout)
+    assert (row["user"], row["state"], row["backend"]) == (test_user, "running", "docker")
+    assert cli("exec", row["id"], "--", "python3", "-c", "raise SystemExit(5)").returncode == 5
+    assert cli("stop", row["id"]).stdout.strip() == f"{row['id']}: stopped"
+    stopped = cli("exec", row["id"], "--", "true")
+    assert stopped.returncode == 1 and "start it with" in stopped.stderr
+    assert cli("start", row["id"]).returncode == 0
+    assert "destroyed" in cli("destroy", row["id"]).stdout
+    again = cli("destroy", row["id"])
+    assert again.returncode == 0 and "already gone" in again.stdout
+    unknown = cli("stop", "sk-no-such")
+    assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1 and "no sandbox with id" in unknown.stderr
+    env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
+    down = cli("list", "--backend", "docker")
+    assert down.returncode == 1 and down.stderr.count("\n") == 1 and "cannot reach the Docker engine" in down.stderr
+    assert shutil.which("python3")
