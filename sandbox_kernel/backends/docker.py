@@ -295,7 +295,7 @@ class DockerBackend(Backend):
         self.store.put(self.name, key.name, key.user, container.id)
         info = self._info(self._reload(container))
         if record is not None and record.engine_id and record.engine_id != container.id:
-            return Ensured(info, "recreated", f"sandbox {key.name} was gone and was recreated: {LOST_NOTICE}")
+            return Ensured(info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had been removed)")
         return Ensured(info, "created")
 
     def _call_lookup(self, name: str) -> Any:
@@ -351,7 +351,7 @@ class DockerBackend(Backend):
         info = self._info(self._reload(container))
         notice = ""
         if previous.exit_reason.startswith("out of memory"):
-            notice = f"sandbox {key.name} had stopped: {previous.exit_reason}; it was restarted: {LOST_NOTICE}"
+            notice = f"sandbox restarted: {LOST_NOTICE} ({key.name} had stopped: {previous.exit_reason})"
         return Ensured(info, "started" if status != "running" else "existing", notice)
 
     def _remember(self, key: ScopeKey, container: Any) -> None:

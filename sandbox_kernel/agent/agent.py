@@ -1,0 +1,628 @@
+"""sandbox-kernel agent: runs INSIDE the sandbox, one interpreter per kernel.
+
+Standard library only (IPython is used when the image has it), Python >= 3.8, so it
+works in any image with ``python3``. It is not installed: the kernel starts
+``python3 -u -c BOOT N`` and sends these N bytes of source on stdin, then the
+protocol follows on the same stdin.
+
+Protocol: newline-delimited JSON, one object per line.
+
+kernel -> agent (stdin)::
+
+    {"op": "execute", "code", "silent", "store_history", "user_expressions", "allow_stdin", "cwd"?}
+    {"op": "complete", "code", "cursor_pos"}   {"op": "inspect", "code", "cursor_pos", "detail_level"}
+    {"op": "is_complete", "code"}              {"op": "history", ...history_request content}
+    {"op": "interrupt"}     handled at once: SIGINT to the main thread (KeyboardInterrupt)
+    {"op": "input_reply", "value"}             {"op": "shutdown"}
+
+agent -> kernel (stdout)::
+
+    {"ev": "ready", "python_version", "ipython", "pid"}        once, first
+    {"ev": "stream", "name", "text"}
+    {"ev": "display", "data", "metadata", "transient", "update"}
+    {"ev": "clear", "wait"}
+    {"ev": "result", "execution_count", "data", "metadata"}
+    {"ev": "error", "ename", "evalue", "traceback"}
+    {"ev": "input_request", "prompt", "password"}
+    {"ev": "reply", "content"}       exactly one per request, the Jupyter reply content
+
+The real fds 0/1 are kept private for the protocol; fds 1/2 seen by user code are
+pipes whose output (subprocesses, C extensions) is forwarded as ``stream``.
+"""
+
+import ast
+import codeop
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+OUTPUT_LIMIT = int(os.environ.get("SANDBOX_AGENT_OUTPUT_LIMIT") or 10_000_000)
+CELL_TIMEOUT = float(os.environ.get("SANDBOX_AGENT_CELL_TIMEOUT") or 0)
+FLUSH_DELAY = 0.02
+FLUSH_SIZE = 64 * 1024
+
+
+class Wire:
+    """The protocol: private copies of fds 0 and 1, one JSON object per line."""
+
+    def __init__(self):
+        self.rfd = os.dup(0)
+        self.wfd = os.dup(1)
+        self.lock = threading.Lock()
+        self.reader = os.fdopen(self.rfd, "rb", buffering=1 << 16)
+
+    def send(self, **msg):
+        line = (json.dumps(msg, default=repr) + "\n").encode("utf-8", "surrogatepass")
+        with self.lock:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self.wfd, view):]
+
+    def recv(self):
+        line = self.reader.readline()
+        if not line:
+            return None
+        return json.loads(line.decode("utf-8", "surrogatepass"))
+
+
+class Output:
+    """Per-cell stream buffering and the output limit, shared by both streams."""
+
+    def __init__(self, wire):
+        self.wire = wire
+        self.lock = threading.Lock()
+        self.parts = []  # [(name, text)]
+        self.size = 0
+        self.sent = 0
+        self.truncated = False
+        self.wake = threading.Event()
+        threading.Thread(target=self._flusher, daemon=True).start()
+
+    def new_cell(self):
+        with self.lock:
+            self.sent = 0
+            self.truncated = False
+
+    def write(self, name, text):
+        if not text:
+            return
+        with self.lock:
+            if self.truncated:
+                return
+            if self.sent + self.size + len(text) > OUTPUT_LIMIT:
+                room = max(0, OUTPUT_LIMIT - self.sent - self.size)
+                if room:
+                    self.parts.append((name, text[:room]))
+                    self.size += room
+                self.parts.append(("stderr", "\n[output truncated: this cell printed more than %.0f MB; the rest was discarded]\n" % (OUTPUT_LIMIT / 1e6)))
+                self.truncated = True
+            else:
+                self.parts.append((name, text))
+                self.size += len(text)
+            big = self.size >= FLUSH_SIZE
+        if big:
+            self.flush()
+        else:
+            self.wake.set()
+
+    def flush(self):
+        with self.lock:
+            parts, self.parts = self.parts, []
+            self.sent += self.size
+            self.size = 0
+            # Consecutive writes to one stream become one message.
+            merged = []
+            for name, text in parts:
+                if merged and merged[-1][0] == name:
+                    merged[-1][1].append(text)
+                else:
+                    merged.append((name, [text]))
+            for name, texts in merged:
+                self.wire.send(ev="stream", name=name, text="".join(texts))
+
+    def _flusher(self):
+        while True:
+            self.wake.wait()
+            time.sleep(FLUSH_DELAY)
+            self.wake.clear()
+            try:
+                self.flush()
+            except Exception:
+                pass
+
+
+class Stream:
+    """sys.stdout / sys.stderr for user code."""
+
+    encoding = "utf-8"
+    errors = "replace"
+
+    def __init__(self, output, name):
+        self.output = output
+        self.name = name
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError("write() argument must be str, not %s" % type(text).__name__)
+        self.output.write(self.name, text)
+        return len(text)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return 1 if self.name == "stdout" else 2
+
+    def readable(self):
+        return False
+
+    def writable(self):
+        return True
+
+
+def capture_fd(fd, name, output):
+    """Point fd at a pipe and forward what arrives (subprocesses, C code) as a stream."""
+    r, w = os.pipe()
+    os.dup2(w, fd)
+    os.close(w)
+
+    def pump():
+        while True:
+            try:
+                data = os.read(r, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            output.write(name, data.decode("utf-8", "replace"))
+
+    threading.Thread(target=pump, daemon=True).start()
+
+
+class Agent:
+    def __init__(self, wire):
+        self.wire = wire
+        self.output = Output(wire)
+        self.requests = []
+        self.cond = threading.Condition()
+        self.inputs = []
+        self.running = False
+        self.main_ident = threading.get_ident()
+        self.execution_count = 0
+        self.history = []  # (session, line, input)
+        self.allow_stdin = False
+        self.shell = None
+        self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+        if not os.environ.get("SANDBOX_AGENT_NO_IPYTHON"):
+            try:
+                self.shell = make_shell(self)
+            except ImportError:
+                self.shell = None
+
+    # -- the reader thread: requests queue up, interrupts and input replies act at once --
+    def read_loop(self):
+        while True:
+            try:
+                msg = self.wire.recv()
+            except (OSError, ValueError):
+                msg = None
+            if msg is None:
+                os._exit(0)  # the kernel is gone: never outlive it
+            op = msg.get("op")
+            if op == "interrupt":
+                if self.running:
+                    signal.pthread_kill(self.main_ident, signal.SIGINT)
+            elif op == "input_reply":
+                with self.cond:
+                    self.inputs.append(msg.get("value", ""))
+                    self.cond.notify_all()
+            else:
+                with self.cond:
+                    self.requests.append(msg)
+                    self.cond.notify_all()
+
+    def serve(self):
+        threading.Thread(target=self.read_loop, daemon=True).start()
+        self.wire.send(
+            ev="ready",
+            python_version="%d.%d.%d" % sys.version_info[:3],
+            ipython=self.shell is not None,
+            pid=os.getpid(),
+        )
+        while True:
+            with self.cond:
+                while not self.requests:
+                    self.cond.wait()
+                msg = self.requests.pop(0)
+            op = msg.get("op")
+            if op == "shutdown":
+                self.output.flush()
+                self.wire.send(ev="reply", content={"status": "ok", "restart": False})
+                os._exit(0)
+            handler = getattr(self, "do_" + str(op), None)
+            try:
+                content = handler(msg) if handler else {"status": "error", "ename": "ValueError", "evalue": "unknown op %r" % op, "traceback": []}
+            except KeyboardInterrupt:
+                content = {"status": "error", "ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
+            except Exception as exc:  # an agent bug must not kill the interpreter
+                content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": traceback.format_exc().splitlines()}
+            self.output.flush()
+            self.wire.send(ev="reply", content=content)
+
+    # -- input() ---------------------------------------------------------------
+    def read_input(self, prompt="", password=False):
+        if not self.allow_stdin:
+            raise StdinNotImplementedError("input() was called, but this frontend does not support input requests.")
+        self.output.flush()
+        with self.cond:
+            self.inputs = []
+        self.wire.send(ev="input_request", prompt=str(prompt), password=bool(password))
+        with self.cond:
+            while not self.inputs:
+                self.cond.wait(0.1)  # a timeout keeps KeyboardInterrupt deliverable
+            value = self.inputs.pop(0)
+        if value == "\x04":
+            raise EOFError
+        return value
+
+    # -- execute -----------------------------------------------------------------
+    def do_execute(self, msg):
+        if msg.get("cwd"):
+            try:
+                os.chdir(msg["cwd"])
+            except OSError as exc:
+                self.output.write("stderr", "could not change to %s: %s\n" % (msg["cwd"], exc))
+        code = msg.get("code", "")
+        silent = bool(msg.get("silent"))
+        store = bool(msg.get("store_history", True)) and not silent
+        self.allow_stdin = bool(msg.get("allow_stdin"))
+        self.output.new_cell()
+        timer = None
+        if CELL_TIMEOUT > 0:
+            timer = threading.Timer(CELL_TIMEOUT, self._timeout)
+            timer.daemon = True
+            self.timed_out = False
+            timer.start()
+        self.running = True
+        try:
+            if self.shell is not None:
+                ok, error = self.shell.run(code, store, silent)
+                # IPython counts a stored cell after running it.
+                count = self.shell.execution_count - 1 if store else self.shell.execution_count
+            else:
+                if store:
+                    self.execution_count += 1
+                ok, error = self.run_plain(code, silent)
+                count = self.execution_count
+        finally:
+            self.running = False
+            if timer:
+                timer.cancel()
+        if store:
+            self.history.append((1, count, code))
+        if not ok:
+            if error is None:
+                error = {"ename": "Error", "evalue": "", "traceback": []}
+            if CELL_TIMEOUT > 0 and getattr(self, "timed_out", False) and error.get("ename") == "KeyboardInterrupt":
+                error["evalue"] = "cell time limit of %g s reached (SANDBOX_KERNEL_CELL_TIMEOUT)" % CELL_TIMEOUT
+            if not silent:
+                self.output.flush()
+                self.wire.send(ev="error", **error)
+            return dict(status="error", execution_count=count, **error)
+        user_expressions = {}
+        for name, expr in (msg.get("user_expressions") or {}).items():
+            user_expressions[name] = self.user_expression(expr)
+        return {"status": "ok", "execution_count": count, "user_expressions": user_expressions, "payload": []}
+
+    def _timeout(self):
+        if self.running:
+            self.timed_out = True
+            signal.pthread_kill(self.main_ident, signal.SIGINT)
+
+    def user_expression(self, expr):
+        try:
+            if self.shell is not None:
+                return self.shell.user_expressions({"x": expr})["x"]
+            value = eval(expr, self.namespace)
+            return {"status": "ok", "data": mime_bundle(value), "metadata": {}}
+        except Exception as exc:
+            return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+
+    def run_plain(self, code, silent):
+        """exec everything but a trailing expression, whose value becomes the result."""
+        try:
+            tree = ast.parse(code, "<cell-%d>" % self.execution_count)
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, "<cell-%d>" % self.execution_count, "exec"), self.namespace)
+            if last is not None:
+                value = eval(compile(last, "<cell-%d>" % self.execution_count, "eval"), self.namespace)
+                if value is not None and not silent:
+                    self.namespace["_"] = value
+                    self.output.flush()
+                    self.wire.send(ev="result", execution_count=self.execution_count, data=mime_bundle(value), metadata={})
+            return True, None
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt included: the cell failed
+            if isinstance(exc, SystemExit) and not exc.code:
+                return True, None
+            tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+            # Drop the agent's own frame from the top of the traceback.
+            tb = [line for i, line in enumerate(tb) if not (i == 1 and "sandbox_agent.py" in line)]
+            return False, {"ename": type(exc).__name__, "evalue": str(exc), "traceback": [line.rstrip("\n") for line in tb]}
+
+    # -- introspection -------------------------------------------------------------
+    def do_complete(self, msg):
+        code, pos = msg.get("code", ""), msg.get("cursor_pos")
+        pos = len(code) if pos is None else pos
+        if self.shell is not None:
+            return self.shell.complete_content(code, pos)
+        import rlcompleter
+
+        start = pos
+        while start > 0 and (code[start - 1].isalnum() or code[start - 1] in "_."):
+            start -= 1
+        token = code[start:pos]
+        completer = rlcompleter.Completer(self.namespace)
+        matches = []
+        for i in range(1000):
+            match = completer.complete(token, i)
+            if match is None:
+                break
+            matches.append(match.rstrip("("))
+        return {"status": "ok", "matches": sorted(set(matches)), "cursor_start": start, "cursor_end": pos, "metadata": {}}
+
+    def do_inspect(self, msg):
+        code, pos = msg.get("code", ""), msg.get("cursor_pos")
+        pos = len(code) if pos is None else pos
+        if self.shell is not None:
+            return self.shell.inspect_content(code, pos, msg.get("detail_level", 0))
+        start = end = min(pos, len(code))
+        while start > 0 and (code[start - 1].isalnum() or code[start - 1] in "_."):
+            start -= 1
+        while end < len(code) and (code[end].isalnum() or code[end] == "_"):
+            end += 1
+        name = code[start:end]
+        try:
+            obj = eval(name, self.namespace) if name else None
+        except Exception:
+            obj = None
+        if not name or obj is None and name not in self.namespace:
+            return {"status": "ok", "found": False, "data": {}, "metadata": {}}
+        import pydoc
+
+        text = pydoc.plaintext.document(obj)
+        return {"status": "ok", "found": True, "data": {"text/plain": text}, "metadata": {}}
+
+    def do_is_complete(self, msg):
+        code = msg.get("code", "")
+        if self.shell is not None:
+            return self.shell.is_complete_content(code)
+        try:
+            compiled = codeop.compile_command(code, "<cell>", "exec")
+        except (SyntaxError, ValueError, OverflowError):
+            return {"status": "invalid"}
+        if compiled is None or code.rstrip("\n").endswith(":") or (code.count("\n") and not code.endswith("\n")):
+            if compiled is None:
+                return {"status": "incomplete", "indent": "    " if code.rstrip().endswith(":") else ""}
+        return {"status": "complete"}
+
+    def do_history(self, msg):
+        items = self.history
+        kind = msg.get("hist_access_type", "tail")
+        if kind == "search":
+            import fnmatch
+
+            pattern = msg.get("pattern") or "*"
+            items = [h for h in items if fnmatch.fnmatch(h[2], pattern)]
+            if msg.get("unique"):
+                seen, unique = set(), []
+                for h in reversed(items):
+                    if h[2] not in seen:
+                        seen.add(h[2])
+                        unique.append(h)
+                items = list(reversed(unique))
+        elif kind == "range":
+            start, stop = msg.get("start") or 0, msg.get("stop")
+            items = [h for h in items if h[1] >= start and (stop is None or h[1] < stop)]
+        n = msg.get("n")
+        if n and kind in ("tail", "search"):
+            items = items[-int(n):]
+        if msg.get("output"):
+            history = [[s, line, [src, None]] for s, line, src in items]
+        else:
+            history = [list(h) for h in items]
+        return {"status": "ok", "history": history}
+
+
+class StdinNotImplementedError(RuntimeError):
+    """Same name and meaning as IPython's: the frontend cannot answer input()."""
+
+
+def mime_bundle(value):
+    """text/plain plus whatever _repr_*_ methods the object offers."""
+    data = {"text/plain": repr(value)}
+    for method, mime in (
+        ("_repr_html_", "text/html"), ("_repr_markdown_", "text/markdown"), ("_repr_svg_", "image/svg+xml"),
+        ("_repr_png_", "image/png"), ("_repr_jpeg_", "image/jpeg"), ("_repr_latex_", "text/latex"),
+        ("_repr_json_", "application/json"),
+    ):
+        fn = getattr(value, method, None)
+        if callable(fn):
+            try:
+                out = fn()
+            except Exception:
+                continue
+            if isinstance(out, tuple):
+                out = out[0]
+            if out is None:
+                continue
+            if isinstance(out, bytes):
+                import base64
+
+                out = base64.b64encode(out).decode("ascii")
+            data[mime] = out
+    return data
+
+
+def plain_display(agent):
+    """display(), update_display and clear_output for the stdlib path (no IPython)."""
+
+    def display(*objs, display_id=None, update=False, raw=False, metadata=None, **_):
+        agent.output.flush()
+        transient = {"display_id": display_id} if display_id else {}
+        for obj in objs:
+            data = obj if raw else mime_bundle(obj)
+            agent.wire.send(ev="display", data=data, metadata=metadata or {}, transient=transient, update=bool(update))
+
+    def clear_output(wait=False):
+        agent.output.flush()
+        agent.wire.send(ev="clear", wait=bool(wait))
+
+    return display, clear_output
+
+
+def make_shell(agent):
+    """An IPython InteractiveShell whose display machinery speaks our protocol."""
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+
+    class Publisher(DisplayPublisher):
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+            agent.output.flush()
+            agent.wire.send(ev="display", data=data, metadata=metadata or {}, transient=transient or {}, update=bool(update))
+
+        def clear_output(self, wait=False):
+            agent.output.flush()
+            agent.wire.send(ev="clear", wait=bool(wait))
+
+    class Hook(DisplayHook):
+        def start_displayhook(self):
+            self.msg = {"data": {}, "metadata": {}}
+
+        def write_output_prompt(self):
+            pass
+
+        def write_format_data(self, format_dict, md_dict=None):
+            self.msg["data"] = format_dict
+            self.msg["metadata"] = md_dict or {}
+
+        def finish_displayhook(self):
+            agent.output.flush()
+            agent.wire.send(ev="result", execution_count=self.prompt_count, **self.msg)
+
+    from traitlets import Type
+
+    class Shell(InteractiveShell):
+        displayhook_class = Type(Hook)
+        display_pub_class = Type(Publisher)
+
+        def init_io(self):
+            pass
+
+        def enable_gui(self, gui=None):
+            pass
+
+        def ask_exit(self):
+            pass
+
+        def run(self, code, store, silent):
+            """Run a cell; return (ok, error content) like the Jupyter reply needs."""
+            self.last_error = None
+            result = self.run_cell(code, store_history=store, silent=silent)
+            if result.success:
+                return True, None
+            return False, self.last_error or {"ename": "Error", "evalue": str(result.error_in_exec or result.error_before_exec), "traceback": []}
+
+        def _showtraceback(self, etype, evalue, stb):
+            self.last_error = {"ename": getattr(etype, "__name__", str(etype)), "evalue": str(evalue), "traceback": stb}
+
+        def complete_content(self, code, pos):
+            from IPython.core.completer import provisionalcompleter
+
+            with provisionalcompleter():
+                completions = list(self.Completer.completions(code, pos))
+            if completions:
+                start = min(c.start for c in completions)
+                end = max(c.end for c in completions)
+                matches = [code[start:c.start] + c.text + code[c.end:end] for c in completions]
+            else:
+                start = end = pos
+                matches = []
+            seen = []
+            for m in matches:
+                if m not in seen:
+                    seen.append(m)
+            return {"status": "ok", "matches": seen, "cursor_start": start, "cursor_end": end, "metadata": {}}
+
+        def inspect_content(self, code, pos, detail_level):
+            from IPython.utils.tokenutil import token_at_cursor
+
+            name = token_at_cursor(code, pos)
+            try:
+                bundle = self.object_inspect_mime(name, detail_level=detail_level)
+                if not self.enable_html_pager:
+                    bundle.pop("text/html", None)
+                return {"status": "ok", "found": True, "data": bundle, "metadata": {}}
+            except KeyError:
+                return {"status": "ok", "found": False, "data": {}, "metadata": {}}
+
+        def is_complete_content(self, code):
+            status, indent = self.input_transformer_manager.check_complete(code)
+            content = {"status": status}
+            if status == "incomplete":
+                content["indent"] = " " * (indent or 0)
+            return content
+
+    shell = Shell.instance(colors="NoColor" if os.environ.get("SANDBOX_AGENT_NO_COLOR") else "Linux")
+    shell.enable_html_pager = False
+    shell.readline_use = False
+    shell.autoindent = False
+    shell.has_readline = False
+    import builtins
+
+    builtins.input = lambda prompt="": agent.read_input(prompt)
+    shell.raw_input_original = builtins.input
+    return shell
+
+
+def main():
+    wire = Wire()
+    # fd 0 and 1 now belong to the protocol; user code gets /dev/null and pipes.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    agent = Agent(wire)
+    capture_fd(1, "stdout", agent.output)
+    capture_fd(2, "stderr", agent.output)
+    sys.stdout = Stream(agent.output, "stdout")
+    sys.stderr = Stream(agent.output, "stderr")
+    sys.stdin = open(os.devnull)
+    import builtins
+    import getpass
+
+    builtins.input = lambda prompt="": agent.read_input(prompt)
+    getpass.getpass = lambda prompt="Password: ", stream=None: agent.read_input(prompt, password=True)
+    if agent.shell is None:
+        display, clear_output = plain_display(agent)
+        builtins.display = display
+        agent.namespace["display"] = display
+        agent.namespace["clear_output"] = clear_output
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    agent.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,448 @@
+"""The Jupyter kernel: a thin relay between Jupyter and the agent inside the sandbox.
+
+Each cell goes to the agent (:mod:`sandbox_kernel.agent`) over the backend's byte
+channel, and what the agent sends back is published on IOPub as it arrives. The
+kernel process itself holds no user state: restarting it starts a new interpreter in
+the same sandbox, so files and installed packages stay.
+
+Three paths matter:
+
+* connect: started in the background when the kernel starts, so the first cell rarely
+  waits; a cell that does wait shows the backend's progress (creating, pulling).
+* stream: a reader thread turns channel bytes into messages on an asyncio queue; the
+  cell that is running drains the queue and publishes.
+* interrupt: ``interrupt_mode`` is ``message``, so Jupyter's interrupt arrives on the
+  control channel and becomes an ``interrupt`` message to the agent, which raises
+  KeyboardInterrupt in the cell; the interpreter and its variables survive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import re
+import sys
+import threading
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ipykernel.kernelbase import Kernel
+
+from . import __version__
+from .agent import agent_source, bootstrap_command
+from .backends import Backend, Channel, SandboxError, SandboxNotFound, make_backend
+from .backends.base import WORKSPACE, workspace_dir
+from .config import ConfigError, SandboxConfig, load_config
+from .identity import ScopeKey, scope_key
+from .store import Store
+
+CONNECT_WAIT_FOR_INFO = 5.0  # seconds kernel_info waits for the sandbox's Python version
+ACTIVITY_EVERY = 30.0  # seconds between activity marks while a cell runs
+LOST = "variables were lost, files in /workspace were kept"
+
+
+class AgentGone(Exception):
+    """The channel ended: the interpreter (or the whole sandbox) is gone."""
+
+
+class AgentConnection:
+    """One agent process: framed writes, and a reader thread feeding an asyncio queue."""
+
+    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self.channel = channel
+        self.loop = loop
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.lock = threading.Lock()
+        self.ready: dict[str, Any] = {}
+        self.alive = True
+
+    def start(self) -> dict[str, Any]:
+        """Send the agent's source and wait for its ``ready`` (runs in a worker thread)."""
+        self.channel.write(agent_source())
+        buf = bytearray()
+        while b"\n" not in buf:
+            chunk = self.channel.read()
+            if not chunk:
+                tail = getattr(self.channel, "stderr_tail", "")
+                raise SandboxError(
+                    "the interpreter in the sandbox did not start"
+                    + (f": {tail.strip()[-300:]}" if tail.strip() else " (does the image have python3?)")
+                )
+            buf += chunk
+        line, _, rest = bytes(buf).partition(b"\n")
+        self.ready = json.loads(line)
+        threading.Thread(target=self._read_loop, args=(rest,), daemon=True).start()
+        return self.ready
+
+    def _read_loop(self, pending: bytes) -> None:
+        buf = bytearray(pending)
+        try:
+            while True:
+                while (nl := buf.find(b"\n")) >= 0:
+                    msg = json.loads(bytes(buf[:nl]))
+                    del buf[: nl + 1]
+                    self.loop.call_soon_threadsafe(self.queue.put_nowait, msg)
+                chunk = self.channel.read()
+                if not chunk:
+                    break
+                buf += chunk
+        finally:
+            self.alive = False
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
+
+    def send(self, **msg: Any) -> None:
+        with self.lock:
+            self.channel.write(json.dumps(msg).encode() + b"\n")
+
+    async def next(self) -> dict[str, Any]:
+        msg = await self.queue.get()
+        if msg is None:
+            raise AgentGone()
+        return msg
+
+    def close(self) -> None:
+        self.alive = False
+        self.channel.close()
+
+
+class SandboxKernel(Kernel):
+    """Python 3 in a persistent sandbox."""
+
+    implementation = "sandbox"
+    implementation_version = __version__
+    language = "python"
+    banner = "Python 3 running in a persistent sandbox (sandbox-kernel)"
+    help_links = [{"text": "sandbox-kernel", "url": "https://pypi.org/project/sandbox-kernel/"}]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._python_version = platform.python_version()
+        self._agent: AgentConnection | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._progress: list[str] = []
+        self._notices: list[str] = []
+        self._setup_error = ""
+        self._sandbox_id = ""
+        self._engine_id = ""
+        self._lost: str = ""  # what the previous cell's failure said, to phrase the next notice
+        self._first_cell = True
+        try:
+            self.cfg: SandboxConfig | None = load_config()
+            self.key: ScopeKey | None = scope_key(self.cfg, self._kernel_id())
+            self.backend: Backend | None = None
+        except (ConfigError, SandboxError) as exc:
+            self.cfg = self.key = self.backend = None
+            self._setup_error = str(exc)
+
+    # -- kernel_info ------------------------------------------------------------
+    @property
+    def language_info(self) -> dict[str, Any]:  # type: ignore[override]
+        return {
+            "name": "python",
+            "version": self._python_version,
+            "mimetype": "text/x-python",
+            "file_extension": ".py",
+            "pygments_lexer": "ipython3",
+            "codemirror_mode": {"name": "ipython", "version": 3},
+            "nbconvert_exporter": "python",
+        }
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        info = super().kernel_info
+        info["supported_features"] = []  # no debugger, no subshells
+        return info
+
+    async def kernel_info_request(self, stream: Any, ident: Any, parent: Any) -> None:
+        task = self._start_connect()
+        if task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), CONNECT_WAIT_FOR_INFO)
+            except (asyncio.TimeoutError, Exception):
+                pass  # the first cell reports any problem
+        await super().kernel_info_request(stream, ident, parent)
+
+    # -- connecting to the sandbox ----------------------------------------------------
+    def _kernel_id(self) -> str | None:
+        connection_file = getattr(self.parent, "connection_file", "") or ""
+        match = re.search(r"kernel-(.+)\.json$", os.path.basename(connection_file))
+        return match.group(1) if match else None
+
+    def _start_connect(self) -> asyncio.Task[None] | None:
+        if self._agent is not None and self._agent.alive:
+            return None
+        if self._agent is not None:  # it died between cells
+            self._agent.close()
+            self._agent = None
+            self._first_cell = True
+            self._lost = "the interpreter had ended"
+        if self._connecting is None or self._connecting.done():
+            self._progress = []
+            self._connecting = asyncio.ensure_future(self._connect())
+        return self._connecting
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        ready = await asyncio.to_thread(self._open_agent, loop)
+        self._python_version = ready.get("python_version", self._python_version)
+
+    def _open_agent(self, loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+        """Find or create the sandbox, start an agent in it (worker thread)."""
+        if self.cfg is None or self.key is None:
+            raise SandboxError(self._setup_error)
+        if self.backend is None:
+            self.backend = make_backend(self.cfg)
+        ensured = self.backend.ensure(self.key, progress=self._progress.append)
+        info = ensured.info
+        if ensured.notice:
+            self._notices.append(ensured.notice)
+        elif self._engine_id and info.engine_id != self._engine_id:
+            self._notices.append(f"sandbox restarted: {LOST} ({info.id} had been recreated)")
+        elif self._lost:
+            self._notices.append(f"sandbox restarted: {LOST} ({self._lost})")
+        self._lost = ""
+        self._sandbox_id, self._engine_id = info.id, info.engine_id
+        env = {
+            "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
+            "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
+        }
+        channel = self.backend.open_channel(info.id, bootstrap_command(), cwd=self._cell_cwd(), env=env)
+        agent = AgentConnection(channel, loop)
+        ready = agent.start()
+        self._agent = agent
+        return ready
+
+    def _cell_cwd(self) -> str:
+        """/workspace/<folder of the notebook> when the notebook lies in the workspace."""
+        assert self.cfg is not None and self.key is not None
+        try:
+            rel = Path(os.getcwd()).resolve().relative_to(workspace_dir(self.cfg, self.key).resolve())
+        except (ValueError, OSError):
+            return WORKSPACE
+        return str(PurePosixPath(WORKSPACE, *rel.parts))
+
+    async def _ensure_agent(self) -> AgentConnection:
+        """The live agent; waits for the connection, showing progress to the cell."""
+        task = self._start_connect()
+        if task is not None:
+            shown = 0
+            while not task.done():
+                await asyncio.wait([task], timeout=0.2)
+                shown = self._show_progress(shown)
+            self._show_progress(shown)
+            task.result()  # raises what went wrong
+        assert self._agent is not None
+        return self._agent
+
+    def _show_progress(self, shown: int) -> int:
+        for line in self._progress[shown:]:
+            self._stream("stderr", line + "\n")
+        return len(self._progress)
+
+    # -- execute ---------------------------------------------------------------------
+    async def do_execute(  # type: ignore[override]
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, str] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: Any = None,
+        cell_id: Any = None,
+    ) -> dict[str, Any]:
+        try:
+            agent = await self._ensure_agent()
+        except Exception as exc:
+            return self._fail("SandboxUnavailable", _one_line(exc))
+        for notice in self._notices:
+            self._stream("stderr", notice + "\n")
+        self._notices.clear()
+        request: dict[str, Any] = {
+            "op": "execute",
+            "code": code,
+            "silent": silent,
+            "store_history": store_history,
+            "user_expressions": user_expressions or {},
+            "allow_stdin": allow_stdin,
+        }
+        if self._first_cell:
+            request["cwd"] = self._cell_cwd()
+            self._first_cell = False
+        self._touch()
+        stdin_parent = (self._parent_ident.get("shell"), self.get_parent("shell")) if allow_stdin else None
+        try:
+            agent.send(**request)
+            return await self._relay(agent, silent, stdin_parent)
+        except (AgentGone, SandboxError):
+            return self._fail("SandboxLost", await asyncio.to_thread(self._why_lost))
+
+    async def _relay(self, agent: AgentConnection, silent: bool, stdin_parent: Any) -> dict[str, Any]:
+        """Publish what the agent sends until its reply; that reply is ours."""
+        last_touch = time.monotonic()
+        while True:
+            msg = await agent.next()
+            if time.monotonic() - last_touch > ACTIVITY_EVERY:
+                last_touch = time.monotonic()
+                self._touch()
+            kind = msg.pop("ev", "")
+            if kind == "reply":
+                return msg["content"]
+            if kind == "input_request":
+                asyncio.ensure_future(self._answer_input(agent, msg, stdin_parent))
+                continue
+            if silent:
+                continue
+            if kind == "stream":
+                self._stream(msg["name"], msg["text"])
+            elif kind == "display":
+                update = msg.pop("update", False)
+                self._publish("update_display_data" if update else "display_data", msg)
+            elif kind == "result":
+                self._publish("execute_result", msg)
+            elif kind == "clear":
+                self._publish("clear_output", msg)
+            elif kind == "error":
+                self._publish("error", msg)
+
+    async def _answer_input(self, agent: AgentConnection, msg: dict[str, Any], stdin_parent: Any) -> None:
+        if stdin_parent is None:
+            agent.send(op="input_reply", value="\x04")
+            return
+        ident, parent = stdin_parent
+        try:
+            value = await asyncio.to_thread(
+                self._input_request, msg.get("prompt", ""), ident, parent, msg.get("password", False)
+            )
+        except EOFError:
+            value = "\x04"
+        except Exception:
+            value = "\x04"
+        agent.send(op="input_reply", value=value)
+
+    def _why_lost(self) -> str:
+        """One line on what happened to the sandbox, for the cell that lost it."""
+        if self._agent is not None:
+            self._agent.close()
+        self._agent = None
+        self._first_cell = True
+        sandbox = self._sandbox_id or "the sandbox"
+        try:
+            assert self.backend is not None
+            info = self.backend.get(self._sandbox_id)
+            if info.state == "running":
+                self._lost = "the interpreter had ended"
+                return f"the interpreter in {sandbox} ended: {LOST}; the next cell starts a new one"
+            reason = f" ({info.exit_reason})" if info.exit_reason else ""
+            self._lost = f"{sandbox} had stopped{reason}"
+            return f"sandbox {sandbox} stopped{reason}: {LOST}; the next cell restarts it"
+        except SandboxNotFound:
+            self._lost = f"{sandbox} had been removed"
+            return f"sandbox {sandbox} was removed: {LOST}; the next cell recreates it"
+        except SandboxError as exc:
+            self._lost = "the engine had lost it"
+            return f"lost the sandbox {sandbox}: {_one_line(exc)}"
+
+    def _touch(self) -> None:
+        if self.cfg is None or not self._sandbox_id or self.backend is None:
+            return
+        try:
+            Store(self.cfg).touch(self.backend.name, self._sandbox_id)
+        except Exception as exc:  # activity is best effort; a cell never fails for it
+            self.log.debug("could not record activity: %s", exc)
+
+    def _fail(self, ename: str, evalue: str) -> dict[str, Any]:
+        self._publish("error", {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]})
+        self._stream("stderr", evalue + "\n")
+        return {"status": "error", "execution_count": self.execution_count, "ename": ename, "evalue": evalue, "traceback": []}
+
+    def _stream(self, name: str, text: str) -> None:
+        self.send_response(self.iopub_socket, "stream", {"name": name, "text": text})
+
+    def _publish(self, msg_type: str, content: dict[str, Any]) -> None:
+        self.send_response(self.iopub_socket, msg_type, content)
+
+    # -- the other shell requests: forwarded as they are --------------------------------
+    async def _ask(self, op: str, **fields: Any) -> dict[str, Any]:
+        try:
+            agent = await self._ensure_agent()
+            agent.send(op=op, **fields)
+            while True:
+                msg = await agent.next()
+                if msg.get("ev") == "reply":
+                    return msg["content"]
+        except Exception as exc:
+            return {"status": "error", "ename": type(exc).__name__, "evalue": _one_line(exc), "traceback": []}
+
+    async def do_complete(self, code: str, cursor_pos: int) -> dict[str, Any]:  # type: ignore[override]
+        reply = await self._ask("complete", code=code, cursor_pos=cursor_pos)
+        if reply.get("status") != "ok":
+            return {"status": "ok", "matches": [], "cursor_start": cursor_pos, "cursor_end": cursor_pos, "metadata": {}}
+        return reply
+
+    async def do_inspect(self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()) -> dict[str, Any]:  # type: ignore[override]
+        reply = await self._ask("inspect", code=code, cursor_pos=cursor_pos, detail_level=detail_level)
+        if reply.get("status") != "ok":
+            return {"status": "ok", "found": False, "data": {}, "metadata": {}}
+        return reply
+
+    async def do_is_complete(self, code: str) -> dict[str, Any]:  # type: ignore[override]
+        reply = await self._ask("is_complete", code=code)
+        return reply if reply.get("status") in ("complete", "incomplete", "invalid") else {"status": "unknown"}
+
+    async def do_history(  # type: ignore[override]
+        self,
+        hist_access_type: str,
+        output: bool,
+        raw: bool,
+        session: int | None = None,
+        start: int | None = None,
+        stop: int | None = None,
+        n: int | None = None,
+        pattern: str | None = None,
+        unique: bool = False,
+    ) -> dict[str, Any]:
+        reply = await self._ask(
+            "history", hist_access_type=hist_access_type, output=output, raw=raw, session=session,
+            start=start, stop=stop, n=n, pattern=pattern, unique=unique,
+        )
+        return reply if reply.get("status") == "ok" else {"status": "ok", "history": []}
+
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:  # type: ignore[override]
+        """End the interpreter; the sandbox stays for the next kernel."""
+        agent, self._agent = self._agent, None
+        if agent is not None and agent.alive:
+            try:
+                agent.send(op="shutdown")
+            except SandboxError:
+                pass
+            agent.close()
+        return {"status": "ok", "restart": restart}
+
+    # -- interrupt (control channel) ---------------------------------------------------------
+    async def interrupt_request(self, stream: Any, ident: Any, parent: Any) -> None:
+        content: dict[str, Any] = {"status": "ok"}
+        agent = self._agent
+        if agent is not None and agent.alive:
+            try:
+                agent.send(op="interrupt")
+            except SandboxError as exc:
+                content = {"status": "error", "ename": "SandboxError", "evalue": str(exc), "traceback": []}
+        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def main() -> None:
+    """``python -m sandbox_kernel -f CONNECTION_FILE``."""
+    from ipykernel.kernelapp import IPKernelApp
+
+    if sys.argv[1:2] == ["install"]:
+        sys.exit("use `sandbox-kernel install` to install the kernelspec")
+    IPKernelApp.launch_instance(kernel_class=SandboxKernel)
