@@ -332,7 +332,16 @@ class SandboxKernel(Kernel):
         sandbox = self._sandbox_id or "the sandbox"
         try:
             assert self.backend is not None
+            # The interpreter dies a moment before its container does (a forced removal
+            # kills processes first): give the engine a second before judging.
+            time.sleep(1.0)
             info = self.backend.get(self._sandbox_id)
+            deadline = time.monotonic() + 3
+            while info.state != "running" and time.monotonic() < deadline:
+                time.sleep(0.2)  # a forced removal kills first: let the engine settle
+                info = self.backend.get(self._sandbox_id)
+            if info.engine_id != self._engine_id:  # replaced, e.g. by another kernel of this user
+                raise SandboxNotFound(sandbox)
             if info.state == "running":
                 self._lost = "the interpreter had ended"
                 return f"the interpreter in {sandbox} ended: {LOST}; the next cell starts a new one"

@@ -323,7 +323,11 @@ class Agent:
         user_expressions = {}
         for name, expr in (msg.get("user_expressions") or {}).items():
             user_expressions[name] = self.user_expression(expr)
-        return {"status": "ok", "execution_count": count, "user_expressions": user_expressions, "payload": []}
+        payload = []
+        if self.shell is not None:  # `obj?` and friends page through payloads, as in ipykernel
+            payload = self.shell.payload_manager.read_payload()
+            self.shell.payload_manager.clear_payload()
+        return {"status": "ok", "execution_count": count, "user_expressions": user_expressions, "payload": payload}
 
     def _timeout(self):
         if self.running:
@@ -588,6 +592,9 @@ def make_shell(agent):
 
     shell = Shell.instance(colors="NoColor" if os.environ.get("SANDBOX_AGENT_NO_COLOR") else "Linux")
     shell.enable_html_pager = False
+    from IPython.core import page, payloadpage
+
+    shell.set_hook("show_in_pager", page.as_hook(payloadpage.page), 99)
     shell.readline_use = False
     shell.autoindent = False
     shell.has_readline = False
@@ -598,8 +605,28 @@ def make_shell(agent):
     return shell
 
 
+def enable_user_site():
+    """Make `pip install` (a user install for a non-root sandbox) importable at once.
+
+    Python adds the user site folder to sys.path only if it exists at start-up; a
+    package installed by the first %pip of a fresh sandbox would need a restart.
+    """
+    import site
+
+    if not site.ENABLE_USER_SITE:
+        return
+    try:
+        path = site.getusersitepackages()
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return
+    if path not in sys.path:
+        site.addsitedir(path)
+
+
 def main():
     wire = Wire()
+    enable_user_site()
     # fd 0 and 1 now belong to the protocol; user code gets /dev/null and pipes.
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

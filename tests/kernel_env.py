@@ -1,0 +1,67 @@
+"""A `sandbox` kernelspec pointed at the Docker test image, for kernel-level tests.
+
+The spec's ``env`` carries the settings (backend, image, workspace, user), so every
+kernel started from it, by jupyter_client, nbclient or ``jupyter execute``, lands in
+the same test sandbox, exactly as a user's kernelspec variant would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from .conftest import TEST_IMAGE
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class KernelEnv:
+    root: Path
+    user: str
+    kernel_name: str = "sandbox"
+
+    @property
+    def jupyter_path(self) -> str:
+        return str(self.root / "share")
+
+    @property
+    def workspace(self) -> Path:
+        return self.root / "workspaces" / self.user
+
+    def environ(self) -> dict[str, str]:
+        """Environment for a process (jupyter execute) that should find the test kernelspec."""
+        env = dict(os.environ)
+        env["JUPYTER_PATH"] = self.jupyter_path
+        env["PYTHONPATH"] = str(REPO)
+        return env
+
+
+def make_kernel_env(root: Path, **settings: str) -> KernelEnv:
+    """Write kernelspec ``sandbox`` under root/share/kernels with the test settings."""
+    kenv = KernelEnv(root=root, user=f"test-k{uuid.uuid4().hex[:8]}")
+    spec_dir = root / "share" / "kernels" / kenv.kernel_name
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    env = {
+        "PYTHONPATH": str(REPO),
+        "SANDBOX_KERNEL_BACKEND": "docker",
+        "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,
+        "SANDBOX_KERNEL_WORKSPACE_ROOT": str(root / "workspaces"),
+        "SANDBOX_KERNEL_STATE_DIR": str(root / "state"),
+        "SANDBOX_KERNEL_USER": kenv.user,
+        **settings,
+    }
+    spec = {
+        "argv": [sys.executable, "-m", "sandbox_kernel", "-f", "{connection_file}"],
+        "display_name": "Python 3 (sandbox, tests)",
+        "language": "python",
+        "interrupt_mode": "message",
+        "env": env,
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+    kenv.workspace.mkdir(parents=True, exist_ok=True)
+    return kenv

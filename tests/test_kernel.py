@@ -1,0 +1,336 @@
+"""The sandbox kernel end to end: real kernels (jupyter_client, nbclient, jupyter
+execute) against real Docker sandboxes of the locally built test image."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import jupyter_kernel_test
+import nbformat
+import pytest
+from jupyter_client.manager import start_new_kernel
+from nbclient import NotebookClient
+
+from .conftest import remove_user_containers
+from .helpers import make_wheel
+from .kernel_env import KernelEnv, make_kernel_env
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def kenv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelEnv]:
+    env = make_kernel_env(tmp_path_factory.mktemp("kernel"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JUPYTER_PATH", env.jupyter_path)
+        yield env
+    remove_user_containers(env.user)
+
+
+@pytest.fixture(autouse=True)
+def _kernelspec_visible(kenv: KernelEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUPYTER_PATH", kenv.jupyter_path)
+
+
+def run(kc: Any, code: str, timeout: float = 60, allow_stdin: bool = False) -> tuple[dict, list[dict]]:
+    """Execute and collect (reply content, iopub messages of that request)."""
+    msg_id = kc.execute(code, allow_stdin=allow_stdin)
+    outputs = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+        if msg["msg_type"] not in ("status", "execute_input"):
+            outputs.append(msg)
+    while True:
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"], outputs
+
+
+def text_of(outputs: list[dict], name: str = "stdout") -> str:
+    return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
+
+
+def container_id(user: str) -> str:
+    return docker.from_env().containers.get(f"sk-{user}").id
+
+
+@pytest.fixture
+def kernel(kenv: KernelEnv) -> Iterator[tuple[Any, Any]]:
+    km, kc = start_new_kernel(kernel_name="sandbox")
+    yield km, kc
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+class TestConformance(jupyter_kernel_test.KernelTests):
+    """The official kernel conformance suite, against the Docker backend."""
+
+    kernel_name = "sandbox"
+    language_name = "python"
+    file_extension = ".py"
+    code_hello_world = "print('hello, world')"
+    code_stderr = "import sys; print('test', file=sys.stderr)"
+    completion_samples = [{"text": "zi", "matches": {"zip"}}]
+    complete_code_samples = ["1", "print('hello, world')", "def f(x):\n  return x*2\n\n\n"]
+    incomplete_code_samples = ["print('''hello", "def f(x):\n  x*2"]
+    invalid_code_samples = ["import = 7q"]
+    code_page_something = "zip?"
+    code_generate_error = "raise ValueError('oops')"
+    code_execute_result = [
+        {"code": "1+2+3", "result": "6"},
+        {"code": "[n*n for n in range(1, 4)]", "result": "[1, 4, 9]"},
+    ]
+    code_display_data = [
+        {"code": "from IPython.display import HTML, display; display(HTML('<b>test</b>'))", "mime": "text/html"},
+        {"code": "from IPython.display import Math, display; display(Math('\\\\frac{1}{2}'))", "mime": "text/latex"},
+        {"code": "from IPython.display import JSON, display; display(JSON({'a': 1}))", "mime": "application/json"},
+    ]
+    code_history_pattern = "1?2*"
+    supported_history_operations = ("tail", "search", "range")
+    code_inspect_sample = "zip"
+    code_clear_output = "from IPython.display import clear_output; clear_output()"
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        import tempfile
+
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.kenv = make_kernel_env(Path(cls._tmp.name))
+        cls._old_path = os.environ.get("JUPYTER_PATH")
+        os.environ["JUPYTER_PATH"] = cls.kenv.jupyter_path
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        super().tearDownClass()
+        if cls._old_path is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = cls._old_path
+        remove_user_containers(cls.kenv.user)
+        cls._tmp.cleanup()
+
+    def test_language_version_is_the_sandboxes(self) -> None:
+        self.flush_channels()
+        info = self.kc.kernel_info(reply=True, timeout=30)["content"]
+        assert info["language_info"]["version"].startswith("3.11")  # the image's python
+        assert info["supported_features"] == []
+
+
+def test_streams_incrementally(kernel: tuple[Any, Any]) -> None:
+    _, kc = kernel
+    msg_id = kc.execute("import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.6)")
+    arrivals = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            arrivals.append(time.monotonic())
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert len(arrivals) == 3  # one message per printed line, not one at the end
+    assert arrivals[-1] - arrivals[0] > 0.9
+
+
+def test_interrupt_keeps_variables(kernel: tuple[Any, Any]) -> None:
+    km, kc = kernel
+    run(kc, "kept = 'still here'")
+    msg_id = kc.execute("import time; time.sleep(60)")
+    time.sleep(1)
+    started = time.monotonic()
+    km.interrupt_kernel()
+    while True:
+        reply = kc.get_shell_msg(timeout=10)
+        if reply["parent_header"]["msg_id"] == msg_id:
+            break
+    assert time.monotonic() - started < 2
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    reply, outputs = run(kc, "print(kept)")
+    assert reply["status"] == "ok" and text_of(outputs) == "still here\n"
+
+
+def test_input_through_stdin(kernel: tuple[Any, Any]) -> None:
+    _, kc = kernel
+    msg_id = kc.execute("name = input('who? ')\nprint('hi', name)", allow_stdin=True)
+    request = kc.get_stdin_msg(timeout=30)
+    assert request["content"]["prompt"] == "who? "
+    kc.input("ada")
+    outputs = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+        outputs.append(msg)
+    assert "hi ada" in text_of(outputs)
+    reply, outputs = run(kc, "input()")
+    assert reply["status"] == "error" and "does not support input" in reply["evalue"]
+
+
+def test_update_display_and_rich_outputs(kernel: tuple[Any, Any]) -> None:
+    _, kc = kernel
+    code = (
+        "from IPython.display import display, update_display, SVG\n"
+        "h = display('first', display_id='d1')\n"
+        "update_display('second', display_id='d1')\n"
+        "class P:\n    def _repr_png_(self): return b'\\x89PNG\\r\\n\\x1a\\nfake'\n"
+        "display(P())\n"
+        "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>'))\n"
+    )
+    reply, outputs = run(kc, code)
+    assert reply["status"] == "ok"
+    kinds = [m["msg_type"] for m in outputs]
+    assert kinds == ["display_data", "update_display_data", "display_data", "display_data"]
+    assert outputs[1]["content"]["transient"] == {"display_id": "d1"}
+    assert "image/png" in outputs[2]["content"]["data"]
+    assert "image/svg+xml" in outputs[3]["content"]["data"]
+
+
+def test_two_kernels_share_files_not_variables(kenv: KernelEnv) -> None:
+    km1, kc1 = start_new_kernel(kernel_name="sandbox")
+    km2, kc2 = start_new_kernel(kernel_name="sandbox")
+    try:
+        run(kc1, "secret = 1\nopen('/workspace/shared.txt', 'w').write('from one')")
+        reply, outputs = run(kc2, "print(open('/workspace/shared.txt').read())\nsecret")
+        assert "from one" in text_of(outputs)
+        assert reply["status"] == "error" and reply["ename"] == "NameError"
+    finally:
+        for km, kc in ((km1, kc1), (km2, kc2)):
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+
+
+def test_restart_keeps_files_and_container(kernel: tuple[Any, Any], kenv: KernelEnv) -> None:
+    km, kc = kernel
+    run(kc, "v = 5\nopen('/home/sandbox/outside-workspace.txt', 'w').write('tier 2')")
+    before = container_id(kenv.user)
+    km.restart_kernel(now=False)
+    kc.wait_for_ready(timeout=60)
+    reply, outputs = run(kc, "print(open('/home/sandbox/outside-workspace.txt').read())\nv")
+    assert "tier 2" in text_of(outputs)
+    assert reply["ename"] == "NameError"  # variables start fresh, as after any restart
+    assert container_id(kenv.user) == before
+
+
+def test_container_removed_between_cells(kernel: tuple[Any, Any], kenv: KernelEnv) -> None:
+    _, kc = kernel
+    run(kc, "x = 1\nopen('/workspace/survivor.txt', 'w').write('kept')")
+    docker.from_env().containers.get(f"sk-{kenv.user}").remove(force=True)
+    reply, outputs = run(kc, "print(open('/workspace/survivor.txt').read())")
+    notices = [line for line in text_of(outputs, "stderr").splitlines() if "sandbox restarted" in line]
+    assert notices == [notices[0]] and "variables were lost, files in /workspace were kept" in notices[0]
+    assert reply["status"] == "ok" and text_of(outputs) == "kept\n"
+    reply, outputs = run(kc, "x")
+    assert reply["ename"] == "NameError"
+
+
+def test_container_removed_during_a_cell(kernel: tuple[Any, Any], kenv: KernelEnv) -> None:
+    _, kc = kernel
+    msg_id = kc.execute("import time; time.sleep(30)")
+    time.sleep(1)
+    docker.from_env().containers.get(f"sk-{kenv.user}").remove(force=True)
+    while True:
+        reply = kc.get_shell_msg(timeout=30)
+        if reply["parent_header"]["msg_id"] == msg_id:
+            break
+    assert reply["content"]["status"] == "error"
+    assert "was removed" in reply["content"]["evalue"]
+    reply, outputs = run(kc, "print('back')")
+    assert reply["status"] == "ok" and text_of(outputs) == "back\n"
+    assert "sandbox restarted" in text_of(outputs, "stderr")
+
+
+def test_output_flood_is_truncated(kernel: tuple[Any, Any]) -> None:
+    _, kc = kernel
+    reply, outputs = run(kc, "import sys\nchunk = 'y' * 1_000_000 + '\\n'\nfor _ in range(200):\n    sys.stdout.write(chunk)", timeout=120)
+    assert reply["status"] == "ok"
+    total = sum(len(m["content"]["text"]) for m in outputs if m["msg_type"] == "stream")
+    assert total < 11_000_000
+    assert "output truncated" in text_of(outputs, "stderr")
+    reply, outputs = run(kc, "print('responsive')")
+    assert text_of(outputs) == "responsive\n"
+
+
+def _notebook(cells: list[str]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "sandbox", "display_name": "Python 3 (sandbox)", "language": "python"}
+    return nb
+
+
+def test_notebooks_with_nbclient(kenv: KernelEnv) -> None:
+    project = kenv.workspace / "project"
+    project.mkdir(exist_ok=True)
+    (project / "data.csv").write_text("a,b\n1,2\n")
+    wheel = make_wheel(kenv.workspace / "wheels")
+    os.chown(project, 1000, 1000) if os.getuid() == 0 else None
+    nb = _notebook(
+        [
+            "rows = open('data.csv').read().splitlines()\nrows",
+            "len(rows)",
+            "from IPython.display import HTML\nHTML('<i>rich</i>')",
+            "1/0",
+            f"%pip install --no-index -q /workspace/wheels/{wheel.name}",
+            "import sk_demo_pkg\nprint(sk_demo_pkg.VALUE)",
+            "!echo from-shell",
+            "%%bash\necho from-bash",
+            "import os\nprint(os.getcwd())\nopen('made-by-notebook.txt', 'w').write('ok')",
+        ]
+    )
+    NotebookClient(nb, kernel_name="sandbox", allow_errors=True, timeout=120, resources={"metadata": {"path": str(project)}}).execute()
+    out = [c.outputs for c in nb.cells]
+    assert out[0][0]["data"]["text/plain"] == "['a,b', '1,2']"
+    assert out[1][0]["data"]["text/plain"] == "2"
+    assert out[2][0]["data"]["text/html"] == "<i>rich</i>"
+    assert out[3][0]["ename"] == "ZeroDivisionError"
+    assert "1.0" in out[5][0]["text"]
+    assert "from-shell" in out[6][0]["text"]
+    assert "from-bash" in out[7][0]["text"]
+    assert out[8][0]["text"].strip() == "/workspace/project"
+    assert (project / "made-by-notebook.txt").read_text() == "ok"
+    # A second run is a new kernel in the same sandbox: files and the package are there.
+    nb2 = _notebook(["import sk_demo_pkg, os\nprint(sk_demo_pkg.VALUE, os.path.exists('made-by-notebook.txt'))"])
+    NotebookClient(nb2, kernel_name="sandbox", timeout=120, resources={"metadata": {"path": str(project)}}).execute()
+    assert nb2.cells[0].outputs[0]["text"].strip() == "1.0 True"
+
+
+def test_jupyter_execute(kenv: KernelEnv) -> None:
+    project = kenv.workspace / "cli"
+    project.mkdir(exist_ok=True)
+    (project / "input.txt").write_text("41")
+    os.chown(project, 1000, 1000) if os.getuid() == 0 else None
+    path = project / "run.ipynb"
+    nbformat.write(_notebook(["n = int(open('input.txt').read())", "print(n + 1)"]), path)
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter", "execute", "--kernel_name=sandbox", "--inplace", str(path)],
+        env=kenv.environ(), cwd=project, capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert nbformat.read(path, 4).cells[1].outputs[0]["text"] == "42\n"
+
+
+def test_engine_unreachable_kernel_still_starts(tmp_path: Path) -> None:
+    env = make_kernel_env(tmp_path, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    os.environ["JUPYTER_PATH"] = env.jupyter_path
+    km, kc = start_new_kernel(kernel_name="sandbox")
+    try:
+        reply, outputs = run(kc, "1+1")
+        assert reply["status"] == "error"
+        assert "cannot reach the Docker engine" in reply["evalue"]
+        assert "SANDBOX_KERNEL_BACKEND=local" in text_of(outputs, "stderr")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
