@@ -325,8 +325,10 @@ class SandboxKernel(Kernel):
 
     def _why_lost(self) -> str:
         """One line on what happened to the sandbox, for the cell that lost it."""
+        status = None
         if self._agent is not None:
             self._agent.close()
+            status = self._agent.channel.exit_status()
         self._agent = None
         self._first_cell = True
         sandbox = self._sandbox_id or "the sandbox"
@@ -344,6 +346,13 @@ class SandboxKernel(Kernel):
                 raise SandboxNotFound(sandbox)
             if info.state == "running":
                 self._lost = "the interpreter had ended"
+                if status in (137, -9):
+                    memory = info.limits.get("memory") or 0
+                    limit = f"the memory limit of {memory / 2**30:g} GiB" if memory else "a limit"
+                    return (
+                        f"the interpreter in {sandbox} was killed, most likely by {limit} "
+                        f"(flavor {info.flavor or '?'}; SANDBOX_KERNEL_FLAVOR picks a larger one): {LOST}"
+                    )
                 return f"the interpreter in {sandbox} ended: {LOST}; the next cell starts a new one"
             reason = f" ({info.exit_reason})" if info.exit_reason else ""
             self._lost = f"{sandbox} had stopped{reason}"

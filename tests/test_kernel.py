@@ -334,3 +334,14 @@ def test_engine_unreachable_kernel_still_starts(tmp_path: Path) -> None:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_out_of_memory_names_the_limit(kernel: tuple[Any, Any]) -> None:
+    _, kc = kernel
+    run(kc, "before = 1")
+    reply, _ = run(kc, "hog = []\nwhile True:\n    hog.append(bytearray(50_000_000))", timeout=120)
+    assert reply["status"] == "error"
+    assert "memory limit of 1 GiB" in reply["evalue"], reply["evalue"]
+    reply, outputs = run(kc, "print('alive')")
+    assert text_of(outputs) == "alive\n"
+    assert "sandbox restarted" in text_of(outputs, "stderr")

@@ -163,6 +163,10 @@ class Channel(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
+    def exit_status(self) -> int | None:
+        """The process's exit status once it has ended, when the engine can tell."""
+        return None
+
     def read_exactly(self, size: int) -> bytes:
         buf = bytearray()
         while len(buf) < size:

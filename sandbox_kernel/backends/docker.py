@@ -87,8 +87,11 @@ class DockerChannel(Channel):
     a process that died at once (a missing python3, say).
     """
 
-    def __init__(self, sock: socket.socket, exec_id: str, merge_stderr: bool = False) -> None:
+    def __init__(
+        self, sock: socket.socket, exec_id: str, merge_stderr: bool = False, api: Any = None
+    ) -> None:
         self._sock = sock
+        self._api = api
         self._merge_stderr = merge_stderr
         self.exec_id = exec_id
         self._pending = b""  # stdout bytes of a frame not yet returned
@@ -100,6 +103,15 @@ class DockerChannel(Channel):
     @property
     def stderr_tail(self) -> str:
         return b"".join(self._stderr).decode("utf-8", "replace")[-8192:]
+
+    def exit_status(self) -> int | None:
+        if self._api is None:
+            return None
+        try:
+            state = self._api.exec_inspect(self.exec_id)
+        except Exception:
+            return None
+        return None if state.get("Running") else state.get("ExitCode")
 
     def write(self, data: bytes) -> None:
         with self._write_lock:
@@ -559,7 +571,7 @@ class DockerBackend(Backend):
         sock = self._call(self.client.api.exec_start, exec_id, socket=True, demux=False)
         raw = getattr(sock, "_sock", sock)
         raw.settimeout(None)
-        return DockerChannel(raw, exec_id, merge_stderr=merge_stderr)
+        return DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=self.client.api)
 
     def exec(
         self,
