@@ -1,0 +1,427 @@
+"""Sandboxes without an engine: the workspace folder plus processes started in it.
+
+This is the embedded default when no container engine answers (``backend=auto``).
+When bubblewrap (``bwrap``) works, each process gets its own namespaces and sees only
+the system folders (read-only), its workspace at /workspace, a private HOME at
+/home/sandbox and an empty /tmp; otherwise the processes are plain children of the
+host with the workspace as working folder. Either way the isolation is weaker than a
+container's (no memory/CPU cgroup limits), and ``SandboxInfo.isolation`` says so.
+
+Everything that must outlive a process is on disk under ``<state_dir>/local/``:
+``<id>.json`` (the record), ``<id>/home`` (tier-2 files: ``pip install`` lands here),
+``<id>/procs/<pgid>`` (live process groups, so stop and destroy can end them from any
+process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from ..config import SandboxConfig
+from ..identity import ScopeKey
+from .base import (
+    SHARED,
+    WORKSPACE,
+    Backend,
+    Channel,
+    Ensured,
+    ExecResult,
+    Health,
+    Progress,
+    SandboxError,
+    SandboxInfo,
+    not_found,
+    sandbox_labels,
+    spec_hash,
+    workspace_dir,
+)
+
+HOME = "/home/sandbox"
+BWRAP_ISOLATION = "bubblewrap (own namespaces, read-only system; no memory/CPU limits: weaker than a container)"
+PLAIN_ISOLATION = "none: plain host processes in the workspace folder, no isolation"
+
+
+@lru_cache(maxsize=1)
+def bwrap_works() -> bool:
+    """Whether bubblewrap can create namespaces here (it can't in some containers)."""
+    if os.environ.get("SANDBOX_KERNEL_LOCAL_NO_BWRAP") == "1" or not shutil.which("bwrap"):
+        return False
+    try:
+        probe = subprocess.run(
+            ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+class LocalChannel(Channel):
+    """stdin/stdout pipes of a child process; closing ends its whole process group."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], marker: Path) -> None:
+        self.proc = proc
+        self._marker = marker
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        with self._lock:
+            try:
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+            except (OSError, ValueError) as exc:
+                raise SandboxError(f"the sandbox process is gone ({exc})") from exc
+
+    def read(self, size: int = 65536) -> bytes:
+        assert self.proc.stdout is not None
+        try:
+            return os.read(self.proc.stdout.fileno(), size)
+        except (OSError, ValueError):
+            return b""
+
+    def exit_status(self) -> int | None:
+        code = self.proc.poll()
+        return None if code is None else (128 - code if code < 0 else code)
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.proc.pid)
+            self.proc.wait()
+        self._marker.unlink(missing_ok=True)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalBackend(Backend):
+    """Sandboxes as workspace folders and (bubblewrap'd) child processes."""
+
+    name = "local"
+
+    def __init__(self, config: SandboxConfig) -> None:
+        super().__init__(config)
+        self.root = Path(config.state_dir) / "local"
+
+    # -- records ----------------------------------------------------------------
+    def _record_path(self, sandbox_id: str) -> Path:
+        if "/" in sandbox_id or sandbox_id.startswith("."):
+            raise not_found(sandbox_id)
+        return self.root / f"{sandbox_id}.json"
+
+    def _load(self, sandbox_id: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self._record_path(sandbox_id).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _save(self, record: dict[str, Any]) -> None:
+        path = self._record_path(record["id"])
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".rec-")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, path)
+
+    def _info(self, record: dict[str, Any]) -> SandboxInfo:
+        isolation = BWRAP_ISOLATION if bwrap_works() else PLAIN_ISOLATION
+        return SandboxInfo(
+            id=record["id"],
+            backend=self.name,
+            scope=record["scope"],
+            user=record["user"],
+            thread=record["thread"],
+            state=record["state"],
+            image=f"host python {'.'.join(map(str, sys.version_info[:3]))}",
+            created=record["created"],
+            engine_id=record["engine_id"],
+            flavor=record["flavor"],
+            isolation=isolation,
+            workspace=record["workspace"],
+            limits={"memory": self.config.memory, "cpus": 0, "pids": 0, "network": True},
+        )
+
+    # -- engine -------------------------------------------------------------------
+    def health(self) -> Health:
+        how = "bubblewrap works" if bwrap_works() else "bubblewrap unavailable: plain processes"
+        return Health(True, self.name, f"local sandboxes ({how})")
+
+    # -- sandboxes ------------------------------------------------------------------
+    def ensure(self, key: ScopeKey, progress: Progress | None = None) -> Ensured:
+        self.root.mkdir(parents=True, exist_ok=True)
+        workspace = workspace_dir(self.config, key)
+        workspace.mkdir(parents=True, exist_ok=True)
+        record = self._load(key.name)
+        if record is not None:
+            if record["state"] != "running":
+                record["state"] = "running"
+                self._save(record)
+                return Ensured(self._info(record), "started")
+            return Ensured(self._info(record), "existing")
+        (progress or (lambda _m: None))(f"creating local sandbox {key.name} in {workspace}")
+        record = {
+            "id": key.name,
+            "user": key.user,
+            "scope": key.scope,
+            "thread": key.thread,
+            "state": "running",
+            "created": time.time(),
+            "engine_id": uuid.uuid4().hex,
+            "flavor": self.config.flavor,
+            "workspace": str(workspace),
+            "labels": sandbox_labels(key, self.config, str(workspace)),
+            "spec": spec_hash(self.config),
+        }
+        (self.root / key.name / "home").mkdir(parents=True, exist_ok=True)
+        (self.root / key.name / "procs").mkdir(parents=True, exist_ok=True)
+        body = json.dumps(record).encode()
+        try:  # O_EXCL: of many processes creating at once, exactly one writes the record
+            fd = os.open(self._record_path(key.name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            deadline = time.monotonic() + 5
+            while (existing := self._load(key.name)) is None and time.monotonic() < deadline:
+                time.sleep(0.02)  # the winner is still writing it
+            if existing is None:
+                raise SandboxError(f"the record of {key.name} is unreadable: destroy it and retry") from None
+            return Ensured(self._info(existing), "existing")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
+        return Ensured(self._info(record), "created")
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        return self._info(record)
+
+    def list(self, user: str | None = None) -> list[SandboxInfo]:
+        if not self.root.is_dir():
+            return []
+        records = (self._load(p.stem) for p in self.root.glob("*.json"))
+        return sorted(
+            (self._info(r) for r in records if r and (user is None or r["user"] == user)),
+            key=lambda i: i.id,
+        )
+
+    def _end_processes(self, sandbox_id: str) -> None:
+        procs = self.root / sandbox_id / "procs"
+        for marker in procs.glob("*") if procs.is_dir() else []:
+            if marker.name.isdigit():
+                _kill_group(int(marker.name))
+            marker.unlink(missing_ok=True)
+
+    def stop(self, sandbox_id: str) -> SandboxInfo:
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        self._end_processes(sandbox_id)
+        record["state"] = "stopped"
+        self._save(record)
+        return self._info(record)
+
+    def start(self, sandbox_id: str) -> SandboxInfo:
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        record["state"] = "running"
+        self._save(record)
+        return self._info(record)
+
+    def destroy(self, sandbox_id: str) -> bool:
+        if self._load(sandbox_id) is None:
+            return False
+        self._end_processes(sandbox_id)
+        try:
+            self._record_path(sandbox_id).unlink()
+        except FileNotFoundError:
+            return False  # another process destroyed it first
+        shutil.rmtree(self.root / sandbox_id, ignore_errors=True)  # HOME: tier 2 goes; workspace stays
+        return True
+
+    # -- processes -------------------------------------------------------------------
+    def host_path(self, sandbox_id: str, sandbox_path: str) -> Path:
+        """The host file behind a sandbox path under /workspace (or /shared)."""
+        record = self._running(sandbox_id)
+        path = PurePosixPath(sandbox_path)
+        for mount, host in ((WORKSPACE, record["workspace"]), (SHARED, self.config.shared_folder)):
+            if host and (path == PurePosixPath(mount) or PurePosixPath(mount) in path.parents):
+                return Path(host, *path.relative_to(mount).parts)
+        raise SandboxError(f"{sandbox_path} is not under {WORKSPACE}")
+
+    def _running(self, sandbox_id: str) -> dict[str, Any]:
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        if record["state"] != "running":
+            raise SandboxError(
+                f"sandbox {sandbox_id} is {record['state']}; start it with `sandbox-kernel start {sandbox_id}`"
+            )
+        return record
+
+    def _command(self, record: dict[str, Any], cmd: list[str], cwd: str, env: dict[str, str] | None) -> tuple[list[str], dict[str, str], str]:
+        """argv, environment and host cwd for a process of this sandbox."""
+        if cmd and cmd[0] in ("python3", "python"):
+            cmd = [sys.executable, *cmd[1:]]  # the interpreter running sandbox-kernel: it has IPython
+        home = self.root / record["id"] / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        base_env = {
+            "PATH": f"{HOME if bwrap_works() else home}/.local/bin:{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "USER": "sandbox",
+            "LOGNAME": "sandbox",
+            "PYTHONUNBUFFERED": "1",
+            "PIP_BREAK_SYSTEM_PACKAGES": "1",
+            "PIP_USER": "1",  # the interpreter's site-packages are the host's: never write there
+        }
+        if not bwrap_works():
+            host_cwd = str(self.host_path(record["id"], cwd)) if cwd.startswith(WORKSPACE) else record["workspace"]
+            return cmd, {**base_env, "HOME": str(home), **(env or {})}, host_cwd
+        argv = ["bwrap", "--die-with-parent", "--unshare-all", "--new-session"]
+        if self.config.network:
+            argv.append("--share-net")
+        if os.getuid() == 0:
+            argv += ["--uid", "1000", "--gid", "1000"]
+        for top in ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc"):
+            if os.path.islink(top):
+                argv += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                argv += ["--ro-bind", top, top]
+        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        for prefix in {sys.prefix, sys.base_prefix}:
+            if not prefix.startswith("/usr/"):
+                argv += ["--ro-bind", prefix, prefix]
+        argv += ["--bind", record["workspace"], WORKSPACE, "--bind", str(home), HOME]
+        if self.config.shared_folder:
+            argv += ["--ro-bind", self.config.shared_folder, SHARED]
+        argv += ["--chdir", cwd, "--clearenv"]
+        for name, value in {**base_env, "HOME": HOME, **(env or {})}.items():
+            argv += ["--setenv", name, value]
+        return argv + ["--", *cmd], {}, record["workspace"]
+
+    def _spawn(self, sandbox_id: str, cmd: list[str], cwd: str, env: dict[str, str] | None, **kw: Any) -> tuple[subprocess.Popen[bytes], Path]:
+        record = self._running(sandbox_id)
+        argv, child_env, host_cwd = self._command(record, cmd, cwd, env)
+        memory = self.config.memory
+
+        def limits() -> None:  # runs in the child before exec
+            try:
+                resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+            except (ValueError, OSError):
+                pass
+
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=host_cwd, env=child_env or None, start_new_session=True, preexec_fn=limits, **kw
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start {cmd[0]} in {sandbox_id}: {exc}") from None
+        marker = self.root / sandbox_id / "procs" / str(proc.pid)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        return proc, marker
+
+    def open_channel(
+        self,
+        sandbox_id: str,
+        cmd: list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+    ) -> LocalChannel:
+        log = (self.root / sandbox_id / "stderr.log").open("ab")
+        try:
+            proc, marker = self._spawn(
+                sandbox_id, cmd, cwd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+            )
+        finally:
+            log.close()
+        return LocalChannel(proc, marker)
+
+    def exec(
+        self,
+        sandbox_id: str,
+        cmd: list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        proc, marker = self._spawn(
+            sandbox_id, cmd, cwd, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            out, _ = proc.communicate()
+            out += f"timed out after {timeout} s\n".encode()
+            code = 124
+        finally:
+            marker.unlink(missing_ok=True)
+        return ExecResult(code if code >= 0 else 128 - code, out)
+
+    # -- files ------------------------------------------------------------------------
+    def _confined(self, sandbox_id: str, path: str) -> Path:
+        """The host path of a workspace file; anything resolving outside is refused."""
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        pure = PurePosixPath(path)
+        if pure.is_absolute():
+            if not (pure == PurePosixPath(WORKSPACE) or PurePosixPath(WORKSPACE) in pure.parents):
+                raise SandboxError(f"{path!r} is outside {WORKSPACE}")
+            pure = pure.relative_to(WORKSPACE)
+        root = Path(record["workspace"]).resolve()
+        target = (root / pure).resolve()
+        if target != root and root not in target.parents:
+            raise SandboxError(f"{path!r} leads outside the workspace")
+        return target
+
+    def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
+        target = self._confined(sandbox_id, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                if isinstance(data, bytes | bytearray):
+                    fh.write(data)
+                else:
+                    shutil.copyfileobj(data, fh, 1 << 20)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
+        target = self._confined(sandbox_id, path)
+        if not target.is_file():
+            raise SandboxError(f"no file {path!r} in sandbox {sandbox_id}")
+        with target.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                yield chunk

@@ -1,0 +1,196 @@
+"""The embedded local backend (bubblewrap when it works, plain processes otherwise)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from sandbox_kernel.backends import SandboxError, SandboxNotFound, make_backend
+from sandbox_kernel.backends.local import (
+    BWRAP_ISOLATION,
+    PLAIN_ISOLATION,
+    LocalBackend,
+    bwrap_works,
+)
+from sandbox_kernel.config import SandboxConfig, load_config
+from sandbox_kernel.identity import ScopeKey
+
+needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces here")
+
+
+def config(tmp_path: Path, **extra: object) -> SandboxConfig:
+    return load_config(
+        environ={}, backend="local", workspace_root=str(tmp_path / "ws"), state_dir=str(tmp_path / "st"), **extra
+    )
+
+
+@pytest.fixture(params=["bwrap", "plain"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalBackend:
+    if request.param == "bwrap" and not bwrap_works():
+        pytest.skip("bubblewrap cannot create namespaces here")
+    if request.param == "plain":
+        monkeypatch.setenv("SANDBOX_KERNEL_LOCAL_NO_BWRAP", "1")
+    bwrap_works.cache_clear()
+    yield LocalBackend(config(tmp_path))
+    bwrap_works.cache_clear()
+
+
+def py(backend: LocalBackend, sandbox_id: str, code: str) -> str:
+    result = backend.exec(sandbox_id, ["python3", "-c", code])
+    assert result.exit_code == 0, result.output
+    return result.output.decode().strip()
+
+
+def test_reuse_state_and_tiers(backend: LocalBackend) -> None:
+    key = ScopeKey("ann")
+    first = backend.ensure(key)
+    again = backend.ensure(key)
+    assert (first.event, again.event) == ("created", "existing")
+    assert first.info.engine_id == again.info.engine_id
+    sid = first.info.id
+    py(backend, sid, "import os; open('note.txt', 'w').write('w'); open(os.path.expanduser('~/t2.txt'), 'w').write('h')")
+    assert py(backend, sid, "print(open('note.txt').read())") == "w"
+    backend.stop(sid)
+    with pytest.raises(SandboxError, match="start it with"):
+        backend.exec(sid, ["true"])
+    backend.start(sid)
+    assert py(backend, sid, "import os; print(open(os.path.expanduser('~/t2.txt')).read())") == "h"
+    assert backend.destroy(sid) is True
+    assert backend.destroy(sid) is False
+    with pytest.raises(SandboxNotFound):
+        backend.get(sid)
+    fresh = backend.ensure(key).info
+    assert fresh.engine_id != first.info.engine_id
+    assert py(backend, fresh.id, "import os; print(os.path.exists(os.path.expanduser('~/t2.txt')), open('note.txt').read())") == "False w"
+
+
+def test_sharing_and_separation(backend: LocalBackend) -> None:
+    one = backend.ensure(ScopeKey("ann", "thread", "/a.ipynb")).info
+    two = backend.ensure(ScopeKey("ann", "thread", "/b.ipynb")).info
+    bob = backend.ensure(ScopeKey("bob")).info
+    assert one.id != two.id and one.workspace == two.workspace != bob.workspace
+    py(backend, one.id, "open('/workspace/s.txt' if __import__('os').path.isdir('/workspace') else 's.txt', 'w').write('1')")
+    assert py(backend, two.id, "import os; print(os.path.exists('s.txt'))") == "True"
+    assert py(backend, bob.id, "import os; print(os.path.exists('s.txt'))") == "False"
+    assert [i.id for i in backend.list("bob")] == [bob.id]
+
+
+def test_channel_ends_with_close(backend: LocalBackend) -> None:
+    info = backend.ensure(ScopeKey("ann")).info
+    channel = backend.open_channel(info.id, ["python3", "-u", "-c", "import sys\nfor l in sys.stdin: print(l.strip()[::-1], flush=True)"])
+    channel.write(b"abc\n")
+    assert channel.read() == b"cba\n"
+    pid = channel.proc.pid
+    channel.close()
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_stop_ends_live_processes(backend: LocalBackend) -> None:
+    info = backend.ensure(ScopeKey("ann")).info
+    channel = backend.open_channel(info.id, ["python3", "-c", "import time; time.sleep(60)"])
+    backend.stop(info.id)
+    assert channel.read() == b""
+    channel.proc.wait(timeout=5)
+
+
+def _ensure(args: tuple[str, str]) -> str:
+    ws, st = args
+    cfg = load_config(environ={}, backend="local", workspace_root=ws, state_dir=st)
+    return LocalBackend(cfg).ensure(ScopeKey("racer")).info.engine_id
+
+
+def test_ten_processes_one_sandbox(tmp_path: Path) -> None:
+    args = (str(tmp_path / "ws"), str(tmp_path / "st"))
+    with multiprocessing.get_context("spawn").Pool(10) as pool:
+        ids = pool.map(_ensure, [args] * 10)
+    assert len(set(ids)) == 1
+    assert len(list((tmp_path / "st" / "local").glob("*.json"))) == 1
+
+
+def test_files_confined(backend: LocalBackend, tmp_path: Path) -> None:
+    info = backend.ensure(ScopeKey("ann")).info
+    backend.put_file(info.id, "a/b/c.txt", b"data")
+    assert b"".join(backend.get_file(info.id, "/workspace/a/b/c.txt")) == b"data"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host")
+    os.symlink(str(tmp_path), Path(info.workspace) / "escape")
+    for bad in ("../secret.txt", "/etc/passwd", "escape/secret.txt", "a/../../secret.txt"):
+        with pytest.raises(SandboxError):
+            backend.put_file(info.id, bad, b"x")
+        with pytest.raises(SandboxError):
+            b"".join(backend.get_file(info.id, bad))
+    assert secret.read_text() == "host"
+
+
+@needs_bwrap
+def test_bubblewrap_hides_the_host(tmp_path: Path) -> None:
+    bwrap_works.cache_clear()
+    backend = LocalBackend(config(tmp_path))
+    secret = tmp_path / "outside.txt"
+    secret.write_text("host only")
+    info = backend.ensure(ScopeKey("ann")).info
+    assert info.isolation == BWRAP_ISOLATION
+    assert py(backend, info.id, f"import os; print(os.path.exists({str(secret)!r}), os.getcwd())") == "False /workspace"
+    py(backend, info.id, "open('/workspace/w.txt', 'w').write('ok')")
+    assert (Path(info.workspace) / "w.txt").read_text() == "ok"
+    assert py(backend, info.id, "import os; print(os.path.exists('/etc/passwd'), os.access('/usr', os.W_OK))") == "True False"
+
+
+def test_plain_mode_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_KERNEL_LOCAL_NO_BWRAP", "1")
+    bwrap_works.cache_clear()
+    info = LocalBackend(config(tmp_path)).ensure(ScopeKey("ann")).info
+    assert info.isolation == PLAIN_ISOLATION and info.isolation.startswith("none")
+    bwrap_works.cache_clear()
+
+
+def test_auto_without_engine_is_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    backend = make_backend(load_config(environ={}, backend="auto", state_dir=str(tmp_path)))
+    assert backend.name == "local"
+
+
+def test_kernel_on_local_backend_with_jupyter_execute(tmp_path: Path) -> None:
+    """The README's main command on a machine without an engine."""
+    share = tmp_path / "share" / "kernels" / "sandbox"
+    share.mkdir(parents=True)
+    spec = {"argv": [sys.executable, "-m", "sandbox_kernel", "-f", "{connection_file}"],
+            "display_name": "s", "language": "python", "interrupt_mode": "message"}
+    (share / "kernel.json").write_text(json.dumps(spec))
+    ws = tmp_path / "ws" / "me" / "project"
+    ws.mkdir(parents=True)
+    (ws / "data.csv").write_text("1,2\n")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("import os\nprint(os.getcwd(), open('data.csv').read().strip())"),
+        nbformat.v4.new_code_cell("from IPython.display import HTML\nHTML('<b>x</b>')"),
+    ]
+    nbformat.write(nb, ws / "nb.ipynb")
+    env = {
+        **os.environ,
+        "JUPYTER_PATH": str(tmp_path / "share"),
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "DOCKER_HOST": "unix:///nonexistent/docker.sock",  # no engine: auto picks local
+        "SANDBOX_KERNEL_WORKSPACE_ROOT": str(tmp_path / "ws"),
+        "SANDBOX_KERNEL_STATE_DIR": str(tmp_path / "st"),
+        "SANDBOX_KERNEL_USER": "me",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter", "execute", "--kernel_name=sandbox", "--inplace", str(ws / "nb.ipynb")],
+        env=env, cwd=ws, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = nbformat.read(ws / "nb.ipynb", 4).cells
+    expected_cwd = "/workspace/project" if bwrap_works() else str(ws)
+    assert out[0].outputs[0]["text"].strip() == f"{expected_cwd} 1,2"
+    assert out[1].outputs[0]["data"]["text/html"] == "<b>x</b>"
