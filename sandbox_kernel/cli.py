@@ -30,6 +30,8 @@ def _config(args: argparse.Namespace) -> SandboxConfig:
         backend=getattr(args, "backend", None),
         scope=getattr(args, "scope", None),
         image=getattr(args, "image", None),
+        snapshot=getattr(args, "snapshot", None),
+        flavor=getattr(args, "flavor", None) if getattr(args, "command", "") != "install" else None,
     )
 
 
@@ -112,6 +114,69 @@ def _one(action: str):
     return run
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Stop idle sandboxes, remove long-stopped ones and orphans (workspaces kept)."""
+    from .lifecycle import gc
+
+    cfg, backend = _backend(args)
+    actions = gc(backend, cfg, dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps([a.to_dict() for a in actions], indent=2))
+    elif not actions:
+        print("nothing to do")
+    for a in actions if not args.json else []:
+        state = "would " + a.action if args.dry_run else (a.action if a.done else f"failed to {a.action}")
+        print(f"{a.sandbox_id}: {state} ({a.reason}){': ' + a.error if a.error else ''}")
+    return 1 if any(a.error for a in actions) else 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Sandboxes by state and flavor, memory and CPU reserved and used, quota headroom."""
+    from .lifecycle import stats
+
+    cfg, backend = _backend(args)
+    totals = stats(backend, cfg)
+    if args.json:
+        print(json.dumps(totals, indent=2))
+        return 0
+    gib = 2**30
+    print(f"backend: {totals['backend']}   sandboxes: {totals['sandboxes']}")
+    print("by state: " + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_state"].items())) or "-"))
+    print("by flavor: " + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_flavor"].items())) or "-"))
+    mem = totals["memory"]
+    print(f"memory: {mem['reserved'] / gib:.1f} GiB reserved, {mem['used'] / gib:.2f} GiB used")
+    print(f"cpus reserved: {totals['cpus']['reserved']:g}")
+    quota = totals["quota"]
+    left = quota["sandboxes_left"]
+    print(f"quota: {quota['max_sandboxes'] or 'no'} sandboxes max ({'unlimited' if left is None else left} left)")
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """Snapshots of a sandbox's filesystem (create ID NAME | list | delete NAME)."""
+    cfg, backend = _backend(args)
+    if args.action == "create":
+        if not args.id or not args.name:
+            raise _UsageError("usage: sandbox-kernel snapshot create ID NAME")
+        snap = backend.create_snapshot(args.id, args.name)
+        print(json.dumps(snap.to_dict(), indent=2) if args.json else f"snapshot {snap.name} of {snap.source} ({snap.size / 2**20:.0f} MiB)")
+    elif args.action == "list":
+        snaps = backend.list_snapshots(None if args.all else scope_key(cfg).user)
+        if args.json:
+            print(json.dumps([s.to_dict() for s in snaps], indent=2))
+        for s in snaps if not args.json else []:
+            print(f"{s.name}  from {s.source}  {s.size / 2**20:.0f} MiB  {_age(time.time() - s.created)} ago")
+        if not snaps and not args.json:
+            print("no snapshots")
+    else:
+        name = args.id
+        if not name:
+            raise _UsageError("usage: sandbox-kernel snapshot delete NAME")
+        gone = backend.delete_snapshot(name)
+        print(f"deleted snapshot {name}" if gone else f"no snapshot named {name}")
+    return 0
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     """Install the `sandbox` kernelspec, or a variant with its own settings."""
     from jupyter_client.kernelspec import KernelSpecManager
@@ -174,12 +239,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="kill the command after S seconds")
     p.add_argument("--scope", choices=["user", "thread"], help="override SANDBOX_KERNEL_SCOPE")
     p.add_argument("--image", help="override SANDBOX_KERNEL_IMAGE for a new sandbox")
+    p.add_argument("--snapshot", help="start a new sandbox from this snapshot")
+    p.add_argument("--flavor", choices=["small", "medium", "large"], help="flavor of a new sandbox")
     p.set_defaults(cmd=[])
 
     for action in ("stop", "start", "destroy"):
         p = add(action, _one(action))
         p.add_argument("id", help="sandbox id, as `sandbox-kernel list` shows it")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = add("gc", cmd_gc)
+    p.add_argument("--dry-run", action="store_true", help="say what would be done, do nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = add("stats", cmd_stats)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = add("snapshot", cmd_snapshot, usage="sandbox-kernel snapshot {create ID NAME | list | delete NAME} [--json]")
+    p.add_argument("action", choices=["create", "list", "delete"])
+    p.add_argument("id", nargs="?", help="sandbox id (create) or snapshot name (delete)")
+    p.add_argument("name", nargs="?", help="snapshot name (create)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--all", action="store_true", help="every user's snapshots")
 
     p = add("install", cmd_install)
     where = p.add_mutually_exclusive_group()

@@ -38,6 +38,20 @@ FLAVORS: dict[str, dict[str, float | int]] = {
 }
 
 
+def parse_size(text: str) -> int:
+    """'64g', '512m', '1073741824' -> bytes; raises TraitError naming the accepted forms."""
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    raw = str(text).strip().lower().removesuffix("b").removesuffix("i")
+    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
+    try:
+        value = float(number)
+    except ValueError:
+        raise TraitError(f"{text!r} is not a size like 64g, 512m or a number of bytes") from None
+    if value < 0:
+        raise TraitError(f"must be zero or more, got {text!r}")
+    return int(value * units[unit])
+
+
 class ConfigError(ValueError):
     """A setting has a value we cannot run with; the message says which and why."""
 
@@ -101,6 +115,19 @@ class SandboxConfig(Configurable):
         config=True
     )
     max_sandboxes = Int(100, help="Most sandboxes that may exist at once (0: no limit).").tag(config=True)
+    max_total_memory = Unicode(
+        "0", help="Most memory all sandboxes may reserve together, e.g. 64g or 65536m (0: no limit)."
+    ).tag(config=True)
+    max_age = Float(0.0, help="Minutes after which a sandbox is removed whatever its use (0: never).").tag(
+        config=True
+    )
+    idle_stop_with_kernel = Float(
+        0.0, help="Minutes without activity before a sandbox with a live but idle kernel is stopped (0: never)."
+    ).tag(config=True)
+    orphan_grace = Float(
+        10.0, help="Minutes before a sandbox of ours with no owner record or an outdated spec is reaped."
+    ).tag(config=True)
+    snapshot = Unicode("", help="Snapshot that new sandboxes start from instead of the image.").tag(config=True)
 
     @default("workspace_root")
     def _default_workspace_root(self) -> str:
@@ -117,7 +144,12 @@ class SandboxConfig(Configurable):
             raise TraitError(f"must be a positive number, got {proposal['value']}")
         return proposal["value"]
 
-    @validate("start_timeout", "cell_timeout", "idle_stop", "idle_delete")
+    @validate("max_total_memory")
+    def _memory_size(self, proposal: Any) -> str:
+        parse_size(proposal["value"])
+        return proposal["value"]
+
+    @validate("start_timeout", "cell_timeout", "idle_stop", "idle_delete", "max_age", "idle_stop_with_kernel", "orphan_grace")
     def _non_negative_float(self, proposal: Any) -> float:
         if proposal["value"] < 0:
             raise TraitError(f"must be zero or more, got {proposal['value']}")
@@ -147,6 +179,11 @@ class SandboxConfig(Configurable):
         if not proposal["value"].strip():
             raise TraitError("must name an image")
         return proposal["value"].strip()
+
+    @property
+    def max_total_memory_bytes(self) -> int:
+        """max_total_memory in bytes (0: no limit)."""
+        return parse_size(self.max_total_memory)
 
     @property
     def cpus(self) -> float:

@@ -37,10 +37,10 @@ from .backends import Backend, Channel, SandboxError, SandboxNotFound, make_back
 from .backends.base import WORKSPACE, workspace_dir
 from .config import ConfigError, SandboxConfig, load_config
 from .identity import ScopeKey, scope_key
-from .store import Store
+from .lifecycle import gc
+from .store import HEARTBEAT, Store
 
 CONNECT_WAIT_FOR_INFO = 5.0  # seconds kernel_info waits for the sandbox's Python version
-ACTIVITY_EVERY = 30.0  # seconds between activity marks while a cell runs
 LOST = "variables were lost, files in /workspace were kept"
 
 
@@ -129,6 +129,8 @@ class SandboxKernel(Kernel):
         self._engine_id = ""
         self._lost: str = ""  # what the previous cell's failure said, to phrase the next notice
         self._first_cell = True
+        self._busy = False
+        self._heart: threading.Thread | None = None
         try:
             self.cfg: SandboxConfig | None = load_config()
             self.key: ScopeKey | None = scope_key(self.cfg, self._kernel_id())
@@ -202,7 +204,8 @@ class SandboxKernel(Kernel):
         elif self._engine_id and info.engine_id != self._engine_id:
             self._notices.append(f"sandbox restarted: {LOST} ({info.id} had been recreated)")
         elif self._lost:
-            self._notices.append(f"sandbox restarted: {LOST} ({self._lost})")
+            why = f"{info.id} had been stopped" if ensured.event == "started" else self._lost
+            self._notices.append(f"sandbox restarted: {LOST} ({why})")
         self._lost = ""
         self._sandbox_id, self._engine_id = info.id, info.engine_id
         env = {
@@ -213,7 +216,39 @@ class SandboxKernel(Kernel):
         agent = AgentConnection(channel, loop)
         ready = agent.start()
         self._agent = agent
+        self._beat()
+        if self._heart is None:
+            self._heart = threading.Thread(target=self._heartbeat_loop, daemon=True)
+            self._heart.start()
+            threading.Thread(target=self._collect_garbage, daemon=True).start()
         return ready
+
+    def _heartbeat_loop(self) -> None:
+        """Tell every process (the reaper above all) that this kernel lives, and if it is busy."""
+        while True:
+            time.sleep(HEARTBEAT)
+            self._beat()
+
+    def _beat(self) -> None:
+        if self.cfg is None or self.backend is None or not self._sandbox_id:
+            return
+        try:
+            Store(self.cfg).kernel_heartbeat(self._heartbeat_id, self.backend.name, self._sandbox_id, self._busy)
+        except Exception as exc:  # best effort: a cell never fails for bookkeeping
+            self.log.debug("heartbeat failed: %s", exc)
+
+    @property
+    def _heartbeat_id(self) -> str:
+        return self._kernel_id() or f"pid{os.getpid()}"
+
+    def _collect_garbage(self) -> None:
+        """Apply the lifecycle policies once per kernel start (hosts without a server need it)."""
+        try:
+            assert self.backend is not None and self.cfg is not None
+            for action in gc(self.backend, self.cfg):
+                self.log.info("lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
+        except Exception as exc:
+            self.log.warning("lifecycle check failed: %s", exc)
 
     def _cell_cwd(self) -> str:
         """/workspace/<folder of the notebook> when the notebook lies in the workspace."""
@@ -272,22 +307,21 @@ class SandboxKernel(Kernel):
         if self._first_cell:
             request["cwd"] = self._cell_cwd()
             self._first_cell = False
-        self._touch()
+        self._busy = True
+        self._beat()
         stdin_parent = (self._parent_ident.get("shell"), self.get_parent("shell")) if allow_stdin else None
         try:
             agent.send(**request)
             return await self._relay(agent, silent, stdin_parent)
         except (AgentGone, SandboxError):
             return self._fail("SandboxLost", await asyncio.to_thread(self._why_lost))
+        finally:
+            self._busy = False
 
     async def _relay(self, agent: AgentConnection, silent: bool, stdin_parent: Any) -> dict[str, Any]:
         """Publish what the agent sends until its reply; that reply is ours."""
-        last_touch = time.monotonic()
         while True:
             msg = await agent.next()
-            if time.monotonic() - last_touch > ACTIVITY_EVERY:
-                last_touch = time.monotonic()
-                self._touch()
             kind = msg.pop("ev", "")
             if kind == "reply":
                 return msg["content"]
@@ -364,14 +398,6 @@ class SandboxKernel(Kernel):
             self._lost = "the engine had lost it"
             return f"lost the sandbox {sandbox}: {_one_line(exc)}"
 
-    def _touch(self) -> None:
-        if self.cfg is None or not self._sandbox_id or self.backend is None:
-            return
-        try:
-            Store(self.cfg).touch(self.backend.name, self._sandbox_id)
-        except Exception as exc:  # activity is best effort; a cell never fails for it
-            self.log.debug("could not record activity: %s", exc)
-
     def _fail(self, ename: str, evalue: str) -> dict[str, Any]:
         self._publish("error", {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]})
         self._stream("stderr", evalue + "\n")
@@ -432,6 +458,11 @@ class SandboxKernel(Kernel):
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:  # type: ignore[override]
         """End the interpreter; the sandbox stays for the next kernel."""
         agent, self._agent = self._agent, None
+        if self.cfg is not None:
+            try:
+                Store(self.cfg).kernel_gone(self._heartbeat_id)
+            except Exception as exc:
+                self.log.debug("could not record shutdown: %s", exc)
         if agent is not None and agent.alive:
             try:
                 agent.send(op="shutdown")

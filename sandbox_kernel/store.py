@@ -26,8 +26,18 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     created REAL NOT NULL,
     last_activity REAL NOT NULL,
     PRIMARY KEY (backend, id)
+);
+CREATE TABLE IF NOT EXISTS kernels (
+    kernel_id TEXT PRIMARY KEY,
+    backend TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    last_seen REAL NOT NULL,
+    busy INTEGER NOT NULL DEFAULT 0
 )
 """
+# A kernel beats every HEARTBEAT seconds; one silent for STALE_AFTER is taken as dead.
+HEARTBEAT = 30.0
+STALE_AFTER = 3 * HEARTBEAT
 
 
 @dataclass
@@ -50,7 +60,7 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(_SCHEMA)
+        conn.executescript(_SCHEMA)
         return conn
 
     def get(self, backend: str, sandbox_id: str) -> Record | None:
@@ -94,3 +104,36 @@ class Store:
     def delete(self, backend: str, sandbox_id: str) -> None:
         with closing(self._connect()) as conn:
             conn.execute("DELETE FROM sandboxes WHERE backend = ? AND id = ?", (backend, sandbox_id))
+
+    def kernel_heartbeat(self, kernel_id: str, backend: str, sandbox_id: str, busy: bool) -> None:
+        """A kernel says it is alive (and whether a cell runs); a busy kernel is activity too."""
+        now = time.time()
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "INSERT INTO kernels (kernel_id, backend, sandbox_id, last_seen, busy) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (kernel_id) DO UPDATE SET backend = excluded.backend,"
+                " sandbox_id = excluded.sandbox_id, last_seen = excluded.last_seen, busy = excluded.busy",
+                (kernel_id, backend, sandbox_id, now, int(busy)),
+            )
+            if busy:
+                conn.execute(
+                    "UPDATE sandboxes SET last_activity = MAX(last_activity, ?) WHERE backend = ? AND id = ?",
+                    (now, backend, sandbox_id),
+                )
+
+    def kernel_gone(self, kernel_id: str) -> None:
+        with closing(self._connect()) as conn:
+            conn.execute("DELETE FROM kernels WHERE kernel_id = ?", (kernel_id,))
+
+    def live_kernels(self, backend: str, stale_after: float = STALE_AFTER) -> dict[str, list[tuple[str, bool]]]:
+        """Sandbox id -> [(kernel id, busy)] of kernels heard from recently; drops the dead."""
+        cutoff = time.time() - stale_after
+        with closing(self._connect()) as conn:
+            conn.execute("DELETE FROM kernels WHERE last_seen < ?", (cutoff,))
+            rows = conn.execute(
+                "SELECT sandbox_id, kernel_id, busy FROM kernels WHERE backend = ?", (backend,)
+            ).fetchall()
+        live: dict[str, list[tuple[str, bool]]] = {}
+        for sandbox_id, kernel_id, busy in rows:
+            live.setdefault(sandbox_id, []).append((kernel_id, bool(busy)))
+        return live

@@ -87,7 +87,12 @@ def test_channel_ends_with_close(backend: LocalBackend) -> None:
     info = backend.ensure(ScopeKey("ann")).info
     channel = backend.open_channel(info.id, ["python3", "-u", "-c", "import sys\nfor l in sys.stdin: print(l.strip()[::-1], flush=True)"])
     channel.write(b"abc\n")
-    assert channel.read() == b"cba\n"
+    got = b""
+    while not got.endswith(b"\n"):
+        chunk = channel.read()
+        assert chunk, f"channel ended early after {got!r}"
+        got += chunk
+    assert got == b"cba\n"
     pid = channel.proc.pid
     channel.close()
     time.sleep(0.2)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,7 @@ LABEL_THREAD = LABEL_PREFIX + "thread"
 LABEL_FLAVOR = LABEL_PREFIX + "flavor"
 LABEL_SPEC = LABEL_PREFIX + "spec"
 LABEL_WORKSPACE = LABEL_PREFIX + "workspace"
+LABEL_INSTALLATION = LABEL_PREFIX + "installation"
 
 WORKSPACE = "/workspace"
 SHARED = "/shared"
@@ -52,8 +54,16 @@ class SandboxNotFound(SandboxError):
     """No sandbox of ours has this id."""
 
 
+class BadRequest(SandboxError):
+    """The caller asked for something malformed (a bad name, a bad path)."""
+
+
 class NotSupported(SandboxError):
     """This backend cannot do that (the REST API maps it to 501)."""
+
+
+class QuotaExceeded(SandboxError):
+    """A new sandbox would pass a quota; the message names it and what to destroy."""
 
 
 class SandboxFailed(SandboxError):
@@ -69,10 +79,16 @@ def spec_hash(config: SandboxConfig) -> str:
             "network": config.network,
             "pids": config.pids_limit,
             "shared": config.shared_folder,
+            "snapshot": config.snapshot,
         },
         sort_keys=True,
     )
     return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+def installation_id(config: SandboxConfig) -> str:
+    """Which installation (state file) owns a sandbox: the reaper only touches its own."""
+    return hashlib.sha256(str(config.state_dir).encode()).hexdigest()[:12]
 
 
 def workspace_dir(config: SandboxConfig, key: ScopeKey) -> Path:
@@ -91,6 +107,7 @@ def sandbox_labels(key: ScopeKey, config: SandboxConfig, workspace: str) -> dict
         LABEL_FLAVOR: config.flavor,
         LABEL_SPEC: spec_hash(config),
         LABEL_WORKSPACE: workspace,
+        LABEL_INSTALLATION: installation_id(config),
     }
 
 
@@ -120,9 +137,42 @@ class SandboxInfo:
     limits: dict[str, Any] = field(default_factory=dict)  # cpus, memory, pids
     usage: dict[str, Any] = field(default_factory=dict)  # cpu (fraction), memory (bytes)
     exit_reason: str = ""  # why it is not running, when known (OOM, exit code)
+    finished: float = 0.0  # when it last stopped (epoch seconds; 0 if never)
+    snapshot: str = ""  # the snapshot it was created from, if any
+    spec: str = ""  # spec_hash of the settings it was made with
+    installation: str = ""  # installation_id of the state file that owns it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class SnapshotInfo:
+    """A saved sandbox filesystem (never the workspace) that new sandboxes can start from."""
+
+    name: str
+    backend: str
+    user: str
+    source: str  # the sandbox it was taken from
+    size: int
+    created: float
+    id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SNAPSHOT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
+
+
+def check_snapshot_name(name: str) -> str:
+    """Snapshot names become engine tags: refuse anything else with a clear message."""
+    if not isinstance(name, str) or not SNAPSHOT_NAME.fullmatch(name):
+        raise BadRequest(
+            f"bad snapshot name {name!r}: use 1-63 lowercase letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
 
 
 @dataclass
@@ -254,6 +304,20 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
         """Read a file from the sandbox in chunks."""
+
+    # -- usage and snapshots: optional ------------------------------------------------
+    def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, float]]:
+        """Live use per sandbox id ({"memory": bytes, ...}); empty when the engine can't tell."""
+        return {}
+
+    def create_snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+        raise NotSupported(f"the {self.name} backend cannot take snapshots")
+
+    def list_snapshots(self, user: str | None = None) -> list[SnapshotInfo]:
+        raise NotSupported(f"the {self.name} backend has no snapshots")
+
+    def delete_snapshot(self, name: str) -> bool:
+        raise NotSupported(f"the {self.name} backend has no snapshots")
 
     # -- helpers shared by all engines ------------------------------------------
     def wait_until(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -28,11 +28,15 @@ from typing import IO, Any
 
 from ..config import SandboxConfig
 from ..identity import ScopeKey
+from ..lifecycle import check_quota
 from ..store import Store
 from .base import (
     LABEL_FLAVOR,
+    LABEL_INSTALLATION,
     LABEL_MANAGED,
+    LABEL_PREFIX,
     LABEL_SCOPE,
+    LABEL_SPEC,
     LABEL_THREAD,
     LABEL_USER,
     LABEL_USER_ID,
@@ -40,6 +44,7 @@ from .base import (
     SHARED,
     WORKSPACE,
     Backend,
+    BadRequest,
     Channel,
     EngineUnavailable,
     Ensured,
@@ -49,12 +54,21 @@ from .base import (
     SandboxError,
     SandboxFailed,
     SandboxInfo,
+    SandboxNotFound,
+    SnapshotInfo,
+    check_snapshot_name,
     not_found,
     sandbox_labels,
     workspace_dir,
 )
 
 HOME = "/home/sandbox"
+SNAPSHOT_REPO = "sandbox-kernel-snapshot"
+LABEL_SNAPSHOT = LABEL_PREFIX + "snapshot"
+LABEL_SNAPSHOT_OF = LABEL_PREFIX + "from-snapshot"
+LABEL_CPUS = LABEL_PREFIX + "cpus"
+LABEL_MEMORY = LABEL_PREFIX + "memory"
+LABEL_PIDS = LABEL_PREFIX + "pids"
 DEFAULT_UID = 1000
 # The container's PID 1 (under docker-init) only waits; python3 is the one thing every
 # image we support has, so we do not depend on `sleep` or a shell.
@@ -206,6 +220,11 @@ class DockerBackend(Backend):
             return Health(False, self.name, self._unreachable(exc))
         return Health(True, self.name, f"Docker engine {version} answers")
 
+    def _engine_cpus(self) -> float:
+        if not hasattr(self, "_ncpu"):
+            self._ncpu = float(self._call(self.client.info).get("NCPU") or os.cpu_count() or 1)
+        return self._ncpu
+
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """Run an SDK call, turning a lost connection into EngineUnavailable."""
         import docker.errors
@@ -240,8 +259,8 @@ class DockerBackend(Backend):
         return container
 
     def _info(self, container: Any) -> SandboxInfo:
+        """Everything about one container, from a full inspect (exit reason, stop time)."""
         attrs = container.attrs
-        labels = container.labels
         state = attrs.get("State", {})
         host = attrs.get("HostConfig", {})
         exit_reason = ""
@@ -249,27 +268,53 @@ class DockerBackend(Backend):
             exit_reason = f"out of memory (limit {_human_bytes(host.get('Memory') or 0)})"
         elif state.get("Status") == "exited":
             exit_reason = f"exited with code {state.get('ExitCode')}"
-        created = attrs.get("Created", "")
+        info = self._summary_info(
+            {
+                "Names": ["/" + container.name],
+                "Id": container.id,
+                "State": state.get("Status", ""),
+                "Labels": container.labels,
+                "Image": attrs.get("Config", {}).get("Image", ""),
+                "Created": _parse_time(attrs.get("Created", "")),
+                "HostConfig": {"NetworkMode": host.get("NetworkMode", "")},
+            }
+        )
+        info.limits = {
+            "cpus": (host.get("NanoCpus") or 0) / 1e9,
+            "memory": host.get("Memory") or 0,
+            "pids": host.get("PidsLimit") or 0,
+            "network": host.get("NetworkMode") != "none",
+        }
+        info.exit_reason = exit_reason
+        if state.get("Status") != "running":
+            info.finished = _parse_time(state.get("FinishedAt", ""))
+        return info
+
+    def _summary_info(self, summary: dict[str, Any]) -> SandboxInfo:
+        """A listing entry: built from one list call, with limits read from our labels."""
+        labels = summary.get("Labels") or {}
         return SandboxInfo(
-            id=container.name,
+            id=(summary.get("Names") or ["/?"])[0].lstrip("/"),
             backend=self.name,
             scope=labels.get(LABEL_SCOPE, "user"),
             user=labels.get(LABEL_USER, ""),
             thread=labels.get(LABEL_THREAD, ""),
-            state=_STATES.get(state.get("Status", ""), "error"),
-            image=labels.get("sandbox-kernel.image") or attrs.get("Config", {}).get("Image", ""),
-            created=_parse_time(created),
-            engine_id=container.id,
+            state=_STATES.get(summary.get("State", ""), "error"),
+            image=labels.get("sandbox-kernel.image") or summary.get("Image", ""),
+            created=float(summary.get("Created") or 0),
+            engine_id=summary.get("Id", ""),
             flavor=labels.get(LABEL_FLAVOR, ""),
             isolation="container (non-root, no capabilities, pids/memory/CPU limits)",
             workspace=labels.get(LABEL_WORKSPACE, ""),
             limits={
-                "cpus": (host.get("NanoCpus") or 0) / 1e9,
-                "memory": host.get("Memory") or 0,
-                "pids": host.get("PidsLimit") or 0,
-                "network": host.get("NetworkMode") != "none",
+                "cpus": float(labels.get(LABEL_CPUS) or 0),
+                "memory": int(labels.get(LABEL_MEMORY) or 0),
+                "pids": int(labels.get(LABEL_PIDS) or 0),
+                "network": (summary.get("HostConfig") or {}).get("NetworkMode") != "none",
             },
-            exit_reason=exit_reason,
+            snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
+            spec=labels.get(LABEL_SPEC, ""),
+            installation=labels.get(LABEL_INSTALLATION, ""),
         )
 
     def get(self, sandbox_id: str) -> SandboxInfo:
@@ -279,8 +324,9 @@ class DockerBackend(Backend):
         filters = [f"{LABEL_MANAGED}=1"]
         if user is not None:
             filters.append(f"{LABEL_USER_ID}={ScopeKey(user).user_id}")
-        containers = self._call(self.client.containers.list, all=True, filters={"label": filters})
-        return sorted((self._info(c) for c in containers), key=lambda i: i.id)
+        # One round trip for the whole list (the SDK's containers.list inspects each one).
+        summaries = self._call(self.client.api.containers, all=True, filters={"label": filters})
+        return sorted((self._summary_info(s) for s in summaries), key=lambda i: i.id)
 
     # -- create / find -------------------------------------------------------
     def ensure(self, key: ScopeKey, progress: Progress | None = None) -> Ensured:
@@ -291,7 +337,8 @@ class DockerBackend(Backend):
         if container is not None:
             return self._revive(container, key, say)
         record = self.store.get(self.name, key.name)
-        image = self._ensure_image(say)
+        check_quota(self, self.config, self.config.memory)
+        image = self._snapshot_image() if self.config.snapshot else self._ensure_image(say)
         workspace = self._ensure_workspace(key)
         say(f"creating sandbox {key.name} from {self.config.image} ({self.config.flavor})")
         try:
@@ -437,8 +484,11 @@ class DockerBackend(Backend):
         if self.config.shared_folder:
             mounts.append(Mount(SHARED, self.config.shared_folder, type="bind", read_only=True))
         cfg = self.config
+        # Docker refuses more CPUs than the engine's machine has: a large flavor on a
+        # small host gets all of its CPUs rather than an error.
+        cpus = min(cfg.cpus, self._engine_cpus())
         return {
-            "image": self.config.image,
+            "image": image.id,
             "name": key.name,
             "command": IDLE_COMMAND,
             "entrypoint": [],
@@ -456,14 +506,21 @@ class DockerBackend(Backend):
                 "PIP_BREAK_SYSTEM_PACKAGES": "1",
                 "PYTHONUNBUFFERED": "1",
             },
-            "labels": {**sandbox_labels(key, cfg, str(workspace)), "sandbox-kernel.image": cfg.image},
+            "labels": {
+                **sandbox_labels(key, cfg, str(workspace)),
+                "sandbox-kernel.image": f"snapshot {cfg.snapshot}" if cfg.snapshot else cfg.image,
+                LABEL_SNAPSHOT_OF: cfg.snapshot,
+                LABEL_CPUS: f"{cpus:g}",
+                LABEL_MEMORY: str(cfg.memory),
+                LABEL_PIDS: str(cfg.pids_limit),
+            },
             "mounts": mounts,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],
             "pids_limit": cfg.pids_limit,
             "mem_limit": cfg.memory,
             "memswap_limit": cfg.memory,
-            "nano_cpus": int(cfg.cpus * 1e9),
+            "nano_cpus": int(cpus * 1e9),
             "network_mode": "bridge" if cfg.network else "none",
             "detach": True,
         }
@@ -598,6 +655,113 @@ class DockerBackend(Backend):
             channel.close()
         code = self._call(self.client.api.exec_inspect, channel.exec_id).get("ExitCode")
         return ExecResult(code if code is not None else -1, bytes(out))
+
+    # -- usage -----------------------------------------------------------------------
+    def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, float]]:
+        """Memory in use per running sandbox (one-shot stats: no second sample needed)."""
+        found: dict[str, dict[str, float]] = {}
+        for info in infos:
+            try:
+                raw = self._call(self.client.api.stats, info.engine_id, stream=False, one_shot=True)
+            except Exception:
+                continue  # it stopped meanwhile: no figure rather than an error
+            mem = raw.get("memory_stats") or {}
+            cache = (mem.get("stats") or {}).get("total_inactive_file", 0) or (mem.get("stats") or {}).get("cache", 0)
+            found[info.id] = {"memory": max(0, (mem.get("usage") or 0) - cache), "pids": (raw.get("pids_stats") or {}).get("current", 0)}
+        return found
+
+    # -- snapshots -----------------------------------------------------------------------
+    def _snapshot_ref(self, name: str) -> str:
+        return f"{SNAPSHOT_REPO}:{check_snapshot_name(name)}"
+
+    def _snapshot_image(self) -> Any:
+        import docker.errors
+
+        try:
+            image = self._call(self.client.images.get, self._snapshot_ref(self.config.snapshot))
+        except docker.errors.ImageNotFound:
+            raise SandboxFailed(
+                f"no snapshot named {self.config.snapshot!r}; `sandbox-kernel snapshot list` shows yours"
+            ) from None
+        return image
+
+    def _snapshot_info(self, image: Any) -> SnapshotInfo:
+        labels = image.labels or {}
+        return SnapshotInfo(
+            name=labels.get(LABEL_SNAPSHOT, ""),
+            backend=self.name,
+            user=labels.get(LABEL_USER, ""),
+            source=labels.get(LABEL_PREFIX + "source", ""),
+            size=int(image.attrs.get("Size") or 0),
+            created=_parse_time(image.attrs.get("Created", "")),
+            id=image.id,
+        )
+
+    def create_snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+        """Commit the sandbox's filesystem (never the workspace: it is a bind mount)."""
+        import docker.errors
+
+        container = self._require(sandbox_id)
+        ref = self._snapshot_ref(name)
+        try:
+            self._call(self.client.images.get, ref)
+            raise BadRequest(f"a snapshot named {name!r} exists; delete it first or pick another name")
+        except docker.errors.ImageNotFound:
+            pass
+        labels = {
+            LABEL_SNAPSHOT: name,
+            LABEL_USER: container.labels.get(LABEL_USER, ""),
+            LABEL_USER_ID: container.labels.get(LABEL_USER_ID, ""),
+            LABEL_PREFIX + "source": container.name,
+        }
+        try:
+            image = self._call(
+                container.commit, repository=SNAPSHOT_REPO, tag=name, conf={"Labels": labels}, pause=True
+            )
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"Docker could not snapshot {container.name}: {exc.explanation}") from None
+        return self._snapshot_info(self._call(self.client.images.get, image.id))
+
+    def list_snapshots(self, user: str | None = None) -> list[SnapshotInfo]:
+        filters = [f"{LABEL_SNAPSHOT}"]
+        if user is not None:
+            filters.append(f"{LABEL_USER_ID}={ScopeKey(user).user_id}")
+        images = self._call(self.client.images.list, filters={"label": filters})
+        return sorted((self._snapshot_info(i) for i in images), key=lambda s: s.created)
+
+    def get_snapshot(self, name: str) -> SnapshotInfo:
+        import docker.errors
+
+        try:
+            image = self._call(self.client.images.get, self._snapshot_ref(name))
+        except docker.errors.ImageNotFound:
+            raise SandboxNotFound(f"no snapshot named {name!r}; `sandbox-kernel snapshot list` shows yours") from None
+        if LABEL_SNAPSHOT not in (image.labels or {}):
+            raise SandboxNotFound(f"no snapshot named {name!r}")
+        return self._snapshot_info(image)
+
+    def delete_snapshot(self, name: str) -> bool:
+        """Remove a snapshot no sandbox uses; refuse (naming them) while some do."""
+        import docker.errors
+
+        try:
+            snap = self.get_snapshot(name)
+        except SandboxNotFound:
+            return False
+        users = self._call(
+            self.client.containers.list, all=True, filters={"label": f"{LABEL_SNAPSHOT_OF}={name}"}
+        )
+        if users:
+            raise BadRequest(
+                f"snapshot {name!r} is used by {', '.join(c.name for c in users)}; destroy those sandboxes first"
+            )
+        try:
+            self._call(self.client.images.remove, snap.id)
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"Docker could not delete snapshot {name!r}: {exc.explanation}") from None
+        return True
 
     # -- files -------------------------------------------------------------------
     @staticmethod

@@ -33,7 +33,9 @@ from typing import IO, Any
 
 from ..config import SandboxConfig
 from ..identity import ScopeKey
+from ..lifecycle import check_quota
 from .base import (
+    LABEL_INSTALLATION,
     SHARED,
     WORKSPACE,
     Backend,
@@ -164,6 +166,9 @@ class LocalBackend(Backend):
             isolation=isolation,
             workspace=record["workspace"],
             limits={"memory": self.config.memory, "cpus": 0, "pids": 0, "network": True},
+            finished=record.get("stopped_at", 0.0) if record["state"] == "stopped" else 0.0,
+            spec=record.get("spec", ""),
+            installation=record["labels"].get(LABEL_INSTALLATION, ""),
         )
 
     # -- engine -------------------------------------------------------------------
@@ -183,6 +188,7 @@ class LocalBackend(Backend):
                 self._save(record)
                 return Ensured(self._info(record), "started")
             return Ensured(self._info(record), "existing")
+        check_quota(self, self.config, self.config.memory)
         (progress or (lambda _m: None))(f"creating local sandbox {key.name} in {workspace}")
         record = {
             "id": key.name,
@@ -241,6 +247,7 @@ class LocalBackend(Backend):
             raise not_found(sandbox_id)
         self._end_processes(sandbox_id)
         record["state"] = "stopped"
+        record["stopped_at"] = time.time()
         self._save(record)
         return self._info(record)
 

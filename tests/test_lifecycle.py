@@ -1,0 +1,261 @@
+"""Lifecycle policies, quotas, stats and snapshots against the real Docker engine.
+
+Times are made short by configuration (fractions of a minute), never by sleeping for
+the real defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import docker
+import pytest
+
+from sandbox_kernel.backends.base import (
+    LABEL_MANAGED,
+    BadRequest,
+    QuotaExceeded,
+    SandboxNotFound,
+    installation_id,
+    sandbox_labels,
+)
+from sandbox_kernel.backends.docker import DockerBackend
+from sandbox_kernel.config import SandboxConfig
+from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.lifecycle import gc, stats
+from sandbox_kernel.store import Store
+
+from .helpers import make_wheel
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_cleanup")]
+SECONDS = 1 / 60  # config values are minutes
+
+
+def engine() -> docker.DockerClient:
+    return docker.from_env()
+
+
+def test_idle_stop_then_delete_keeps_workspace(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    cfg = make_config(idle_stop=1 * SECONDS, idle_delete=1 * SECONDS)
+    backend = DockerBackend(cfg)
+    key = ScopeKey(test_user)
+    info = backend.ensure(key).info
+    backend.exec(info.id, ["python3", "-c", "open('/workspace/keep.txt', 'w').write('k')"])
+    assert [a for a in gc(backend, cfg) if a.sandbox_id == info.id] == []  # fresh: not idle yet
+    time.sleep(1.5)
+    [action] = [a for a in gc(backend, cfg) if a.sandbox_id == info.id]
+    assert (action.action, action.done) == ("stop", True)
+    assert backend.get(info.id).state == "stopped"
+    time.sleep(1.5)
+    [action] = [a for a in gc(backend, cfg, dry_run=True) if a.sandbox_id == info.id]
+    assert (action.action, action.done) == ("destroy", False)  # dry run touches nothing
+    assert backend.get(info.id).state == "stopped"
+    [action] = [a for a in gc(backend, cfg) if a.sandbox_id == info.id]
+    assert (action.action, action.done) == ("destroy", True)
+    with pytest.raises(SandboxNotFound):
+        backend.get(info.id)
+    assert (Path(info.workspace) / "keep.txt").read_text() == "k"
+
+
+def test_busy_kernel_is_not_idle(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    """A long silent cell: its kernel beats busy, so a 3 s idle policy leaves it alone."""
+    cfg = make_config(idle_stop=3 * SECONDS, idle_stop_with_kernel=3 * SECONDS)
+    backend = DockerBackend(cfg)
+    info = backend.ensure(ScopeKey(test_user)).info
+    store = Store(cfg)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            store.kernel_heartbeat("kernel-1", "docker", info.id, busy=True)
+            stop.wait(1)
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        for _ in range(8):
+            time.sleep(1)
+            assert [a for a in gc(backend, cfg) if a.sandbox_id == info.id] == []
+    finally:
+        stop.set()
+        thread.join()
+    assert backend.get(info.id).state == "running"
+    # The same kernel now idle: after idle_stop_with_kernel it is stopped.
+    store.kernel_heartbeat("kernel-1", "docker", info.id, busy=False)
+    time.sleep(3.5)
+    store.kernel_heartbeat("kernel-1", "docker", info.id, busy=False)
+    [action] = [a for a in gc(backend, cfg) if a.sandbox_id == info.id]
+    assert action.action == "stop" and "idle kernel" in action.reason
+
+
+def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    cfg = make_config(orphan_grace=1 * SECONDS)
+    backend = DockerBackend(cfg)
+    client = engine()
+    image = cfg.image
+    foreign = client.containers.create(image, ["python3", "-c", "import time; time.sleep(600)"], name=f"{test_user}-foreign")
+    foreign.start()
+    labelled_foreign = client.containers.create(
+        image, ["python3", "-c", "pass"], name=f"{test_user}-other-tool", labels={"sandbox-kernel.user-id": test_user}
+    )
+    try:
+        no_record = backend.ensure(ScopeKey(test_user + "-a")).info
+        Store(cfg).delete("docker", no_record.id)  # its owner record is gone
+        key = ScopeKey(test_user + "-b")
+        half = client.containers.create(  # a create that crashed before start
+            image, ["python3", "-c", "pass"], name=key.name,
+            labels=sandbox_labels(key, cfg, str(Path(cfg.workspace_root) / key.user_id)),
+        )
+        outdated_cfg = make_config(flavor="medium")  # same installation, older spec
+        outdated = DockerBackend(outdated_cfg).ensure(ScopeKey(test_user + "-c")).info
+        healthy = backend.ensure(ScopeKey(test_user + "-d")).info
+        time.sleep(1.5)
+        done = {a.sandbox_id: a for a in gc(backend, cfg)}
+        assert "no owner record" in done[no_record.id].reason
+        assert "half-created" in done[key.name].reason
+        assert "older configuration" in done[outdated.id].reason
+        assert healthy.id not in done
+        for gone in (no_record.id, key.name, outdated.id):
+            with pytest.raises(docker.errors.NotFound):
+                client.containers.get(gone)
+        assert half.id  # created above
+        assert client.containers.get(foreign.id).status == "running"
+        assert client.containers.get(labelled_foreign.id).status == "created"
+    finally:
+        foreign.remove(force=True)
+        labelled_foreign.remove(force=True)
+
+
+def test_other_installations_are_left_alone(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+    mine = make_config(orphan_grace=0, idle_stop=0)
+    theirs = make_config(state_dir=str(tmp_path / "elsewhere"))
+    other = DockerBackend(theirs).ensure(ScopeKey(test_user)).info
+    assert installation_id(mine) != installation_id(theirs)
+    assert all(a.sandbox_id != other.id for a in gc(DockerBackend(mine), mine))
+    assert engine().containers.get(other.id).status == "running"
+
+
+def test_concurrent_reapers(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    cfg = make_config(idle_stop=1 * SECONDS, idle_delete=0)
+    backend = DockerBackend(cfg)
+    ids = [backend.ensure(ScopeKey(f"{test_user}-{i}")).info.id for i in range(3)]
+    time.sleep(1.5)
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: gc(DockerBackend(cfg), cfg), range(2)))
+    for run in runs:
+        assert all(not a.error for a in run)
+    assert all(backend.get(i).state == "stopped" for i in ids)
+
+
+def test_quotas(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    cfg = make_config(max_sandboxes=2)
+    backend = DockerBackend(cfg)
+    mine = [i.id for i in backend.list()]
+    if len(mine) >= 2:
+        pytest.skip("other sandboxes on this engine exceed the test quota")
+    created = [backend.ensure(ScopeKey(f"{test_user}-{i}")).info.id for i in range(2 - len(mine))]
+    started = time.monotonic()
+    with pytest.raises(QuotaExceeded) as err:
+        backend.ensure(ScopeKey(f"{test_user}-over"))
+    assert time.monotonic() - started < 10
+    assert "max_sandboxes=2" in str(err.value) and "sandbox-kernel destroy" in str(err.value)
+    assert created
+    backend.ensure(ScopeKey(f"{test_user}-0"))  # an existing one is still reachable
+    mem_cfg = make_config(max_sandboxes=0, max_total_memory="1m")
+    with pytest.raises(QuotaExceeded, match="max_total_memory=1m"):
+        DockerBackend(mem_cfg).ensure(ScopeKey(f"{test_user}-mem"))
+
+
+@pytest.mark.parametrize(("flavor", "cpus", "memory"), [("small", 1, 1 << 30), ("large", 4, 4 << 30)])
+def test_flavor_limits(make_config: Callable[..., SandboxConfig], test_user: str, flavor: str, cpus: int, memory: int) -> None:
+    info = DockerBackend(make_config(flavor=flavor)).ensure(ScopeKey(test_user)).info
+    host = engine().containers.get(info.id).attrs["HostConfig"]
+    cpus = min(cpus, engine().info()["NCPU"])  # clamped to what the machine has
+    assert (host["NanoCpus"], host["Memory"], info.flavor) == (cpus * 10**9, memory, flavor)
+
+
+def test_stats_add_up(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    cfg = make_config(max_sandboxes=1000)
+    backend = DockerBackend(cfg)
+    backend.ensure(ScopeKey(f"{test_user}-run"))
+    stopped = backend.ensure(ScopeKey(f"{test_user}-stop")).info
+    backend.stop(stopped.id)
+    totals = stats(backend, cfg)
+    everything = backend.list()
+    assert totals["sandboxes"] == len(everything) == sum(totals["by_state"].values())
+    assert sum(totals["by_flavor"].values()) == len(everything)
+    running = [i for i in everything if i.state == "running"]
+    assert totals["memory"]["reserved"] == sum(i.limits["memory"] for i in running)
+    assert 0 < totals["memory"]["used"] < totals["memory"]["reserved"]
+    assert totals["quota"]["sandboxes_left"] == 1000 - len(everything)
+
+
+def test_snapshot_round_trip(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+    cfg = make_config()
+    backend = DockerBackend(cfg)
+    info = backend.ensure(ScopeKey(test_user)).info
+    wheel = make_wheel(tmp_path / "w")
+    backend.put_file(info.id, f"w/{wheel.name}", wheel.read_bytes())
+    assert backend.exec(info.id, ["python3", "-m", "pip", "install", "--no-index", "-q", f"/workspace/w/{wheel.name}"]).exit_code == 0
+    name = f"{test_user}-snap"
+    with pytest.raises(BadRequest, match="bad snapshot name"):
+        backend.create_snapshot(info.id, "Bad Name!")
+    snap = backend.create_snapshot(info.id, name)
+    try:
+        assert (snap.name, snap.source, snap.user) == (name, info.id, test_user)
+        assert snap.size > 0
+        assert name in [s.name for s in backend.list_snapshots(test_user)]
+        assert name not in [s.name for s in backend.list_snapshots(test_user + "-other")]
+        from_snap = DockerBackend(make_config(snapshot=name))
+        clone = from_snap.ensure(ScopeKey(test_user + "-clone")).info
+        assert clone.snapshot == name
+        out = from_snap.exec(clone.id, ["python3", "-c", "import sk_demo_pkg, os; print(sk_demo_pkg.VALUE, os.listdir('/workspace'))"])
+        assert out.output.decode().strip() == "1.0 []"  # package kept, the workspace never in it
+        with pytest.raises(BadRequest, match="used by"):
+            backend.delete_snapshot(name)
+        from_snap.destroy(clone.id)
+        assert backend.delete_snapshot(name) is True
+        assert backend.delete_snapshot(name) is False
+    finally:
+        try:
+            engine().images.remove(f"sandbox-kernel-snapshot:{name}", force=True)
+        except docker.errors.ImageNotFound:
+            pass
+
+
+def test_cli_gc_stats_snapshot(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+    cfg = make_config()
+    env = {
+        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JUPYTER_CONFIG_DIR": str(tmp_path / "c"),
+        "SANDBOX_KERNEL_BACKEND": "docker", "SANDBOX_KERNEL_IMAGE": cfg.image,
+        "SANDBOX_KERNEL_WORKSPACE_ROOT": cfg.workspace_root, "SANDBOX_KERNEL_STATE_DIR": cfg.state_dir,
+        "SANDBOX_KERNEL_USER": test_user,
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+
+    assert cli("exec", "--", "true").returncode == 0
+    totals = json.loads(cli("stats", "--json").stdout)
+    assert totals["sandboxes"] >= 1 and "by_state" in totals
+    assert "sandboxes:" in cli("stats").stdout
+    assert json.loads(cli("gc", "--dry-run", "--json").stdout) == []
+    name = f"{test_user}-cli"
+    made = cli("snapshot", "create", f"sk-{test_user}", name, "--json")
+    assert made.returncode == 0, made.stderr
+    try:
+        listed = json.loads(cli("snapshot", "list", "--json").stdout)
+        assert [s["name"] for s in listed] == [name]
+        bad = cli("snapshot", "create", f"sk-{test_user}", "NO WAY")
+        assert bad.returncode == 1 and "bad snapshot name" in bad.stderr
+        assert "deleted" in cli("snapshot", "delete", name).stdout
+    finally:
+        subprocess.run(["docker", "rmi", "-f", f"sandbox-kernel-snapshot:{name}"], capture_output=True)
+    assert LABEL_MANAGED
