@@ -1,0 +1,74 @@
+"""The server extension: settings, one shared service object, handlers, the reaper."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Enum, Float, Int
+
+from sandbox_kernel.config import ConfigError, load_config
+from sandbox_kernel.identity import resolve_user
+from sandbox_kernel.lifecycle import gc
+from sandbox_kernel.service import SandboxService
+
+from .handlers import handlers
+
+
+class SandboxExtension(ExtensionApp):
+    """REST API for the sandboxes of this server's users (see openapi.yaml)."""
+
+    name = "jupyter_ext"
+
+    owner_from = Enum(
+        ["server", "request"],
+        default_value="server",
+        help=(
+            "Whose sandboxes a request sees. server: the server's own user (single-user "
+            "servers, JupyterHub single-user servers: every authenticated request acts for the "
+            "owner, whatever name the identity provider invents). request: the request's "
+            "Jupyter username (servers with several users)."
+        ),
+    ).tag(config=True)
+    max_upload_size = Int(
+        10 << 30, help="Largest file accepted by an upload, in bytes (larger is 413)."
+    ).tag(config=True)
+    gc_interval = Float(
+        300.0, help="Seconds between runs of the lifecycle reaper in the server (0: never)."
+    ).tag(config=True)
+
+    def initialize_settings(self) -> None:
+        try:
+            config = load_config(config=self.config)
+        except ConfigError as exc:
+            self.log.error("sandbox-kernel settings: %s", exc)
+            raise
+        self.settings.update(
+            sandbox_service=SandboxService(config),
+            sandbox_owner=None if self.owner_from == "request" else resolve_user(config),
+            sandbox_max_upload=self.max_upload_size,
+        )
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(handlers())
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        if self.gc_interval > 0:
+            self._reaper = asyncio.ensure_future(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        service: SandboxService = self.settings["sandbox_service"]
+        while True:
+            await asyncio.sleep(self.gc_interval)
+            try:
+                actions = await asyncio.to_thread(gc, service.backend, service.config)
+                for action in actions:
+                    self.log.info("sandbox lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
+            except Exception as exc:  # the reaper must never take the server down
+                self.log.warning("sandbox lifecycle run failed: %s", exc)
+
+    async def stop_extension(self) -> None:
+        reaper = getattr(self, "_reaper", None)
+        if reaper is not None:
+            reaper.cancel()

@@ -1,0 +1,258 @@
+"""REST handlers: parse, authorize, call the service off the event loop, map errors.
+
+Every verb is ``@authenticated`` and ``@authorized`` against the resource
+``sandboxes``, so a deployment restricts this API like any other Jupyter API. Domain
+errors become statuses with a JSON ``{"message": ...}`` body and never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+
+from sandbox_kernel.backends.base import (
+    BadRequest,
+    EngineUnavailable,
+    NotSupported,
+    QuotaExceeded,
+    SandboxError,
+    SandboxNotFound,
+)
+from sandbox_kernel.files import FileMissing, Upload
+from sandbox_kernel.service import Forbidden, SandboxService
+
+AUTH_RESOURCE = "sandboxes"
+
+_STATUS: list[tuple[type[Exception], int]] = [
+    (BadRequest, 400),
+    (Forbidden, 403),
+    (SandboxNotFound, 404),
+    (FileMissing, 404),
+    (QuotaExceeded, 409),
+    (NotSupported, 501),
+    (EngineUnavailable, 503),
+    (SandboxError, 500),
+]
+
+
+class BaseHandler(APIHandler):
+    """Shared plumbing: the owner of the request, the service, error mapping."""
+
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def service(self) -> SandboxService:
+        return self.settings["sandbox_service"]
+
+    @property
+    def owner(self) -> str:
+        """The sandbox owner this request acts for (see SandboxExtension.owner_from)."""
+        return self.settings.get("sandbox_owner") or self.current_user.username
+
+    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a service call in a thread (the docker SDK blocks) and map its errors."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except SandboxError as exc:
+            raise self.http_error(exc) from None
+
+    def http_error(self, exc: SandboxError) -> web.HTTPError:
+        status = next(code for kind, code in _STATUS if isinstance(exc, kind))
+        return web.HTTPError(status, reason=_reason(exc), log_message=str(exc))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Always JSON with a message; never a traceback."""
+        self.set_header("Content-Type", "application/json")
+        message = self._reason or "error"
+        exc_info = kwargs.get("exc_info")
+        if exc_info and isinstance(exc_info[1], web.HTTPError) and exc_info[1].log_message:
+            message = exc_info[1].log_message % exc_info[1].args if exc_info[1].args else exc_info[1].log_message
+        elif exc_info and not isinstance(exc_info[1], web.HTTPError):
+            message = "internal error in the sandbox API; the server log has details"
+        self.finish(json.dumps({"message": message}))
+
+    def json_body(self) -> dict[str, Any]:
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except (ValueError, UnicodeDecodeError):
+            raise web.HTTPError(400, log_message="the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, log_message="the body must be a JSON object")
+        return body
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:200].encode("latin-1", "replace").decode("latin-1")
+
+
+class SandboxesHandler(BaseHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply(await self.call(self.service.list, self.owner))
+
+
+class SandboxHandler(BaseHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, sandbox_id: str) -> None:
+        self.reply(await self.call(self.service.get, self.owner, sandbox_id))
+
+    @web.authenticated
+    @authorized
+    async def delete(self, sandbox_id: str) -> None:
+        await self.call(self.service.destroy, self.owner, sandbox_id)
+        self.set_status(204)
+        self.finish()
+
+
+class SandboxActionHandler(BaseHandler):
+    @web.authenticated
+    @authorized
+    async def post(self, sandbox_id: str, action: str) -> None:
+        fn = self.service.stop if action == "stop" else self.service.start
+        self.reply(await self.call(fn, self.owner, sandbox_id))
+
+
+class FolderHandler(BaseHandler):
+    @web.authenticated
+    @authorized
+    async def get(self, sandbox_id: str) -> None:
+        path = self.get_argument("path", "")
+        workspace = await self.call(self.service.workspace, self.owner, sandbox_id)
+        entries = await self.call(workspace.list, path)
+        self.reply({"path": path, "entries": [e.to_dict() for e in entries]})
+
+
+@web.stream_request_body
+class FileHandler(BaseHandler):
+    """Download, upload (raw body, streamed to a temporary file), delete."""
+
+    _upload: Upload | None = None
+    _refused: web.HTTPError | None = None
+
+    async def prepare(self) -> None:
+        # With a streamed body, put() runs only after the body arrived: check who is
+        # asking and how much before a byte is written.
+        await super().prepare()
+        if self.request.method != "PUT":
+            return
+        if not self.current_user:
+            raise web.HTTPError(403, log_message="authentication required")
+        if not self.authorizer.is_authorized(self, self.current_user, "write", AUTH_RESOURCE):
+            raise web.HTTPError(403, log_message="not allowed to write sandbox files")
+        limit = self.settings["sandbox_max_upload"]
+        length = int(self.request.headers.get("Content-Length") or 0)
+        if length > limit:
+            raise web.HTTPError(413, log_message=f"the file is {length} bytes; the limit is {limit} bytes")
+        self.request.connection.set_max_body_size(limit + 1)
+        workspace = await self.call(self.service.workspace, self.owner, self.path_kwargs["sandbox_id"])
+        self._upload = await self.call(workspace.start_upload, self.path_kwargs["path"])
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._upload is None:
+            return
+        if self._upload.size + len(chunk) > self.settings["sandbox_max_upload"]:
+            self._upload.abort()
+            self._upload = None
+            self._refused = web.HTTPError(413, log_message="the upload passed the size limit")
+            return
+        self._upload.write(chunk)
+
+    def on_connection_close(self) -> None:
+        if self._upload is not None:
+            self._upload.abort()
+            self._upload = None
+
+    @web.authenticated
+    @authorized
+    async def put(self, sandbox_id: str, path: str) -> None:
+        if self._refused is not None:
+            raise self._refused
+        assert self._upload is not None
+        upload, self._upload = self._upload, None
+        size = await asyncio.to_thread(upload.commit)
+        self.reply({"path": path, "size": size}, status=201)
+
+    @web.authenticated
+    @authorized
+    async def get(self, sandbox_id: str, path: str) -> None:
+        workspace = await self.call(self.service.workspace, self.owner, sandbox_id)
+        size, chunks = await self.call(workspace.open_read, path)
+        name = path.rsplit("/", 1)[-1]
+        self.set_header("Content-Type", "application/octet-stream")
+        self.set_header("Content-Length", str(size))
+        self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}")
+        for chunk in chunks:
+            self.write(chunk)
+            await self.flush()
+        self.finish()
+
+    @web.authenticated
+    @authorized
+    async def delete(self, sandbox_id: str, path: str) -> None:
+        workspace = await self.call(self.service.workspace, self.owner, sandbox_id)
+        await self.call(workspace.delete, path)
+        self.set_status(204)
+        self.finish()
+
+
+class SnapshotsHandler(BaseHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply(await self.call(self.service.snapshots, self.owner))
+
+
+class SandboxSnapshotsHandler(BaseHandler):
+    @web.authenticated
+    @authorized
+    async def post(self, sandbox_id: str) -> None:
+        name = self.json_body().get("name")
+        self.reply(await self.call(self.service.create_snapshot, self.owner, sandbox_id, name), status=201)
+
+
+class SnapshotHandler(BaseHandler):
+    @web.authenticated
+    @authorized
+    async def delete(self, name: str) -> None:
+        await self.call(self.service.delete_snapshot, self.owner, name)
+        self.set_status(204)
+        self.finish()
+
+
+class StatsHandler(BaseHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply(await self.call(self.service.stats, self.owner))
+
+
+_ID = r"(?P<sandbox_id>[^/]+)"
+
+
+def handlers() -> list[tuple[str, type[BaseHandler]]]:
+    """Routes relative to the server's base_url (ExtensionApp adds it)."""
+    return [
+        (r"/api/sandboxes", SandboxesHandler),
+        (r"/api/sandboxes-stats", StatsHandler),
+        (rf"/api/sandboxes/{_ID}", SandboxHandler),
+        (rf"/api/sandboxes/{_ID}/(?P<action>stop|start)", SandboxActionHandler),
+        (rf"/api/sandboxes/{_ID}/files", FolderHandler),
+        (rf"/api/sandboxes/{_ID}/files/(?P<path>.+)", FileHandler),
+        (rf"/api/sandboxes/{_ID}/snapshots", SandboxSnapshotsHandler),
+        (r"/api/snapshots", SnapshotsHandler),
+        (r"/api/snapshots/(?P<name>[^/]+)", SnapshotHandler),
+    ]

@@ -1,0 +1,121 @@
+"""What the REST API does, without Jupyter: ownership, listing, actions, files, snapshots.
+
+The server extension's handlers are thin: they parse a request, call one method here
+(off the event loop) and map the domain errors below to HTTP statuses. Keeping this
+free of Jupyter lets the same rules be tested and reused (CLI, other servers).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .backends import Backend, make_backend
+from .backends.base import BadRequest, SandboxError, SandboxInfo, SandboxNotFound, SnapshotInfo
+from .config import SandboxConfig
+from .files import Workspace
+from .lifecycle import stats
+from .store import Store
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+class Forbidden(SandboxError):
+    """The sandbox (or snapshot) belongs to another user (403)."""
+
+
+def check_id(value: str, what: str = "sandbox id") -> str:
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        shown = value[:40] + "..." if isinstance(value, str) and len(value) > 40 else value
+        raise BadRequest(f"bad {what} {shown!r}: ids are 1-128 letters, digits, '.', '_' or '-'")
+    return value
+
+
+class SandboxService:
+    """The sandboxes of one installation, seen as one user at a time."""
+
+    def __init__(self, config: SandboxConfig, backend: Backend | None = None) -> None:
+        self.config = config
+        self._backend = backend
+        self.store = Store(config)
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = make_backend(self.config)
+        return self._backend
+
+    # -- sandboxes ----------------------------------------------------------------
+    def _describe(self, infos: list[SandboxInfo]) -> list[dict[str, Any]]:
+        kernels = self.store.live_kernels(self.backend.name)
+        records = {r.id: r for r in self.store.all(self.backend.name)}
+        usage = self.backend.usage([i for i in infos if i.state == "running"])
+        out = []
+        for info in infos:
+            item = info.to_dict()
+            item["kernels"] = len(kernels.get(info.id, []))
+            record = records.get(info.id)
+            item["last_activity"] = record.last_activity if record else info.created
+            item["usage"] = usage.get(info.id, {})
+            out.append(item)
+        return out
+
+    def list(self, user: str) -> list[dict[str, Any]]:
+        return self._describe(self.backend.list(user))
+
+    def owned(self, user: str, sandbox_id: str) -> SandboxInfo:
+        """The sandbox if ``user`` owns it: 404 when unknown, 403 when someone else's."""
+        info = self.backend.get(check_id(sandbox_id))
+        if info.user != user:
+            raise Forbidden(f"sandbox {sandbox_id} belongs to another user")
+        return info
+
+    def get(self, user: str, sandbox_id: str) -> dict[str, Any]:
+        return self._describe([self.owned(user, sandbox_id)])[0]
+
+    def destroy(self, user: str, sandbox_id: str) -> None:
+        self.owned(user, sandbox_id)
+        self.backend.destroy(sandbox_id)
+        self.store.delete(self.backend.name, sandbox_id)
+
+    def stop(self, user: str, sandbox_id: str) -> dict[str, Any]:
+        self.owned(user, sandbox_id)
+        self.backend.stop(sandbox_id)
+        return self.get(user, sandbox_id)
+
+    def start(self, user: str, sandbox_id: str) -> dict[str, Any]:
+        self.owned(user, sandbox_id)
+        self.backend.start(sandbox_id)
+        self.store.touch(self.backend.name, sandbox_id)
+        return self.get(user, sandbox_id)
+
+    def stats(self, user: str) -> dict[str, Any]:
+        totals = stats(self.backend, self.config)
+        totals["yours"] = len(self.backend.list(user))
+        return totals
+
+    # -- files ----------------------------------------------------------------------
+    def workspace(self, user: str, sandbox_id: str) -> Workspace:
+        info = self.owned(user, sandbox_id)
+        self.store.touch(self.backend.name, sandbox_id)  # file use is activity
+        return Workspace(info.workspace)
+
+    # -- snapshots ------------------------------------------------------------------
+    def snapshots(self, user: str) -> list[dict[str, Any]]:
+        return [s.to_dict() for s in self.backend.list_snapshots(user)]
+
+    def create_snapshot(self, user: str, sandbox_id: str, name: Any) -> dict[str, Any]:
+        if not isinstance(name, str):
+            raise BadRequest('give the snapshot a name: {"name": "my-snapshot"}')
+        self.owned(user, sandbox_id)
+        return self.backend.create_snapshot(sandbox_id, name).to_dict()
+
+    def delete_snapshot(self, user: str, name: str) -> None:
+        check_id(name, "snapshot name")
+        mine: list[SnapshotInfo] = self.backend.list_snapshots(None)
+        found = [s for s in mine if s.name == name]
+        if not found:
+            raise SandboxNotFound(f"no snapshot named {name!r}")
+        if found[0].user != user:
+            raise Forbidden(f"snapshot {name} belongs to another user")
+        self.backend.delete_snapshot(name)

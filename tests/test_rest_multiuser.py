@@ -1,0 +1,83 @@
+"""Two users on one server (owner_from=request): neither sees nor touches the other's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_server.auth.identity import IdentityProvider, User
+from tornado.httpclient import HTTPClientError
+
+from sandbox_kernel.backends.docker import DockerBackend
+from sandbox_kernel.config import SandboxConfig
+from sandbox_kernel.identity import ScopeKey
+
+from .conftest import TEST_IMAGE, remove_user_containers
+
+pytestmark = pytest.mark.docker
+
+
+class HeaderIdentity(IdentityProvider):
+    """Test identity: the user named in X-Test-User; no header means not logged in."""
+
+    def get_user(self, handler: Any) -> User | None:
+        name = handler.request.headers.get("X-Test-User")
+        return User(username=name) if name else None
+
+
+@pytest.fixture
+def users(test_user: str) -> Iterator[tuple[str, str]]:
+    pair = (f"{test_user}-alice", f"{test_user}-bob")
+    yield pair
+    remove_user_containers(test_user)
+
+
+@pytest.fixture
+def jp_server_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setenv("SANDBOX_KERNEL_BACKEND", "docker")
+    monkeypatch.setenv("SANDBOX_KERNEL_IMAGE", TEST_IMAGE)
+    monkeypatch.setenv("SANDBOX_KERNEL_WORKSPACE_ROOT", str(tmp_path / "ws"))
+    monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(tmp_path / "st"))
+    return {
+        "ServerApp": {
+            "jpserver_extensions": {"jupyter_ext": True},
+            "identity_provider_class": HeaderIdentity,
+            "disable_check_xsrf": True,
+        },
+        "SandboxExtension": {"owner_from": "request", "gc_interval": 0},
+    }
+
+
+async def call(jp_fetch: Any, user: str, *parts: str, **kw: Any) -> tuple[int, Any]:
+    try:
+        response = await jp_fetch(*parts, headers={"X-Test-User": user, "Authorization": ""}, **kw)
+    except HTTPClientError as err:
+        return err.code, json.loads(err.response.body)
+    return response.code, json.loads(response.body) if response.body else None
+
+
+async def test_users_are_separate(jp_fetch: Any, users: tuple[str, str], make_config: Callable[..., SandboxConfig], tmp_path: Path) -> None:
+    alice, bob = users
+    cfg = make_config(workspace_root=str(tmp_path / "ws"), state_dir=str(tmp_path / "st"))
+    backend = DockerBackend(cfg)
+    a = backend.ensure(ScopeKey(alice)).info
+    b = backend.ensure(ScopeKey(bob)).info
+    code, listed = await call(jp_fetch, alice, "api", "sandboxes")
+    assert code == 200 and [s["id"] for s in listed] == [a.id]
+    code, listed = await call(jp_fetch, bob, "api", "sandboxes")
+    assert code == 200 and [s["id"] for s in listed] == [b.id]
+    for method, parts in (("GET", ("api", "sandboxes", b.id)), ("DELETE", ("api", "sandboxes", b.id)),
+                          ("GET", ("api", "sandboxes", b.id, "files")),
+                          ("PUT", ("api", "sandboxes", b.id, "files", "planted.txt"))):
+        kw: dict[str, Any] = {"method": method}
+        if method == "PUT":
+            kw["body"] = b"x"
+        code, body = await call(jp_fetch, alice, *parts, **kw)
+        assert code == 403, (method, parts, code, body)
+    assert not (Path(b.workspace) / "planted.txt").exists()
+    assert backend.get(b.id).state == "running"
+    code, body = await call(jp_fetch, "", "api", "sandboxes")
+    assert code == 403
