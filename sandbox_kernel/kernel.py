@@ -123,6 +123,7 @@ class SandboxKernel(Kernel):
         self._agent: AgentConnection | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._progress: list[str] = []
+        self._progress_shown = 0
         self._notices: list[str] = []
         self._setup_error = ""
         self._sandbox_id = ""
@@ -183,6 +184,7 @@ class SandboxKernel(Kernel):
             self._lost = "the interpreter had ended"
         if self._connecting is None or self._connecting.done():
             self._progress = []
+            self._progress_shown = 0
             self._connecting = asyncio.ensure_future(self._connect())
         return self._connecting
 
@@ -259,23 +261,24 @@ class SandboxKernel(Kernel):
             return WORKSPACE
         return str(PurePosixPath(WORKSPACE, *rel.parts))
 
-    async def _ensure_agent(self) -> AgentConnection:
+    async def _ensure_agent(self, show_progress: bool = True) -> AgentConnection:
         """The live agent; waits for the connection, showing progress to the cell."""
-        task = self._start_connect()
+        task = self._start_connect() or self._connecting
         if task is not None:
-            shown = 0
             while not task.done():
                 await asyncio.wait([task], timeout=0.2)
-                shown = self._show_progress(shown)
-            self._show_progress(shown)
+                if show_progress:
+                    self._show_progress()
             task.result()  # raises what went wrong
+        if show_progress:
+            self._show_progress()  # what creating the sandbox took, even if it finished before
         assert self._agent is not None
         return self._agent
 
-    def _show_progress(self, shown: int) -> int:
-        for line in self._progress[shown:]:
+    def _show_progress(self) -> None:
+        for line in self._progress[self._progress_shown :]:
             self._stream("stderr", line + "\n")
-        return len(self._progress)
+        self._progress_shown = len(self._progress)
 
     # -- execute ---------------------------------------------------------------------
     async def do_execute(  # type: ignore[override]
@@ -412,7 +415,7 @@ class SandboxKernel(Kernel):
     # -- the other shell requests: forwarded as they are --------------------------------
     async def _ask(self, op: str, **fields: Any) -> dict[str, Any]:
         try:
-            agent = await self._ensure_agent()
+            agent = await self._ensure_agent(show_progress=False)
             agent.send(op=op, **fields)
             while True:
                 msg = await agent.next()

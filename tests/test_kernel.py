@@ -128,6 +128,22 @@ class TestConformance(jupyter_kernel_test.KernelTests):
         assert info["supported_features"] == []
 
 
+def test_first_cell_shows_creation(tmp_path: Path) -> None:
+    env = make_kernel_env(tmp_path)
+    os.environ["JUPYTER_PATH"] = env.jupyter_path
+    km, kc = start_new_kernel(kernel_name="sandbox")
+    try:
+        reply, outputs = run(kc, "1")
+        assert reply["status"] == "ok"
+        assert f"creating sandbox sk-{env.user}" in text_of(outputs, "stderr")
+        reply, outputs = run(kc, "2")
+        assert text_of(outputs, "stderr") == ""
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        remove_user_containers(env.user)
+
+
 def test_streams_incrementally(kernel: tuple[Any, Any]) -> None:
     _, kc = kernel
     msg_id = kc.execute("import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.6)")
