@@ -23,7 +23,6 @@ from .backends.base import (
     SandboxInfo,
     SandboxNotFound,
     installation_id,
-    spec_hash,
 )
 from .config import SandboxConfig
 from .store import Store
@@ -60,7 +59,6 @@ def plan(
     now = time.time() if now is None else now
     records = {r.id: r for r in store.all(backend_name)}
     kernels = store.live_kernels(backend_name)
-    current_spec = spec_hash(config)
     actions: list[Action] = []
     for info in infos:
         record = records.get(info.id)
@@ -73,7 +71,7 @@ def plan(
             actions.append(Action(info.id, "destroy", f"left half-created for {age / MINUTE:.0f} min"))
         elif record is None and not live and age > grace:
             actions.append(Action(info.id, "destroy", "orphan: no owner record"))
-        elif info.spec and info.spec != current_spec and not live and age > grace:
+        elif record.spec and info.spec and info.spec != record.spec and not live and age > grace:
             actions.append(Action(info.id, "destroy", "orphan: made with an older configuration (image, flavor or mounts)"))
         elif config.max_age and age > _minutes(config.max_age) and not busy:
             actions.append(Action(info.id, "destroy", f"older than max_age={config.max_age:g} min"))

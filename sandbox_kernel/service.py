@@ -8,6 +8,7 @@ free of Jupyter lets the same rules be tested and reused (CLI, other servers).
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from .backends import Backend, make_backend
@@ -38,6 +39,9 @@ class SandboxService:
         self.config = config
         self._backend = backend
         self.store = Store(config)
+        # CPU use is a rate: the previous sample per sandbox, kept by this (long-lived)
+        # service object, turns cumulative CPU seconds into a live fraction.
+        self._cpu_samples: dict[str, tuple[float, float]] = {}
 
     @property
     def backend(self) -> Backend:
@@ -56,9 +60,21 @@ class SandboxService:
             item["kernels"] = len(kernels.get(info.id, []))
             record = records.get(info.id)
             item["last_activity"] = record.last_activity if record else info.created
-            item["usage"] = usage.get(info.id, {})
+            item["usage"] = self._with_cpu_rate(info.id, usage.get(info.id, {}))
             out.append(item)
         return out
+
+    def _with_cpu_rate(self, sandbox_id: str, usage: dict[str, float]) -> dict[str, float]:
+        usage = dict(usage)
+        seconds = usage.pop("cpu_seconds", None)
+        if seconds is None:
+            return usage
+        now = time.monotonic()
+        previous = self._cpu_samples.get(sandbox_id)
+        self._cpu_samples[sandbox_id] = (now, seconds)
+        if previous and now > previous[0] and seconds >= previous[1]:
+            usage["cpu"] = round((seconds - previous[1]) / (now - previous[0]), 3)
+        return usage
 
     def list(self, user: str) -> list[dict[str, Any]]:
         return self._describe(self.backend.list(user))

@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     engine_id TEXT NOT NULL DEFAULT '',
     created REAL NOT NULL,
     last_activity REAL NOT NULL,
+    spec TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (backend, id)
 );
 CREATE TABLE IF NOT EXISTS kernels (
@@ -48,6 +49,7 @@ class Record:
     engine_id: str
     created: float
     last_activity: float
+    spec: str = ""  # spec_hash of the settings its owner last used it with
 
 
 class Store:
@@ -55,18 +57,24 @@ class Store:
 
     def __init__(self, config: SandboxConfig) -> None:
         self.path = Path(config.state_dir) / "state.sqlite"
+        self._checked = False
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.executescript(_SCHEMA)
+        if not self._checked:
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
+            if "spec" not in columns:  # a state file from before owner specs were kept
+                conn.execute("ALTER TABLE sandboxes ADD COLUMN spec TEXT NOT NULL DEFAULT ''")
+            self._checked = True
         return conn
 
     def get(self, backend: str, sandbox_id: str) -> Record | None:
         with closing(self._connect()) as conn:
             row = conn.execute(
-                "SELECT id, backend, user, engine_id, created, last_activity"
+                "SELECT id, backend, user, engine_id, created, last_activity, spec"
                 " FROM sandboxes WHERE backend = ? AND id = ?",
                 (backend, sandbox_id),
             ).fetchone()
@@ -75,22 +83,22 @@ class Store:
     def all(self, backend: str) -> list[Record]:
         with closing(self._connect()) as conn:
             rows = conn.execute(
-                "SELECT id, backend, user, engine_id, created, last_activity"
+                "SELECT id, backend, user, engine_id, created, last_activity, spec"
                 " FROM sandboxes WHERE backend = ?",
                 (backend,),
             ).fetchall()
         return [Record(*row) for row in rows]
 
-    def put(self, backend: str, sandbox_id: str, user: str, engine_id: str) -> None:
+    def put(self, backend: str, sandbox_id: str, user: str, engine_id: str, spec: str = "") -> None:
         """Record (or re-point) a sandbox; keeps its activity time when it already exists."""
         now = time.time()
         with closing(self._connect()) as conn:
             conn.execute(
-                "INSERT INTO sandboxes (id, backend, user, engine_id, created, last_activity)"
-                " VALUES (?, ?, ?, ?, ?, ?)"
+                "INSERT INTO sandboxes (id, backend, user, engine_id, created, last_activity, spec)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (backend, id) DO UPDATE SET engine_id = excluded.engine_id,"
-                " user = excluded.user",
-                (sandbox_id, backend, user, engine_id, now, now),
+                " user = excluded.user, spec = excluded.spec",
+                (sandbox_id, backend, user, engine_id, now, now, spec),
             )
 
     def touch(self, backend: str, sandbox_id: str, when: float | None = None) -> None:

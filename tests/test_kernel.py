@@ -152,7 +152,7 @@ def test_streams_incrementally(kernel: tuple[Any, Any]) -> None:
         msg = kc.get_iopub_msg(timeout=30)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
-        if msg["msg_type"] == "stream":
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
             arrivals.append(time.monotonic())
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break

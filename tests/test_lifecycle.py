@@ -113,8 +113,9 @@ def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConf
             image, ["python3", "-c", "pass"], name=key.name,
             labels=sandbox_labels(key, cfg, str(Path(cfg.workspace_root) / key.user_id)),
         )
-        outdated_cfg = make_config(flavor="medium")  # same installation, older spec
-        outdated = DockerBackend(outdated_cfg).ensure(ScopeKey(test_user + "-c")).info
+        # Made with flavor medium; its owner's configuration has since become small.
+        outdated = DockerBackend(make_config(flavor="medium")).ensure(ScopeKey(test_user + "-c")).info
+        backend.ensure(ScopeKey(test_user + "-c"))
         healthy = backend.ensure(ScopeKey(test_user + "-d")).info
         time.sleep(1.5)
         done = {a.sandbox_id: a for a in gc(backend, cfg)}

@@ -197,5 +197,7 @@ def test_kernel_on_local_backend_with_jupyter_execute(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     out = nbformat.read(ws / "nb.ipynb", 4).cells
     expected_cwd = "/workspace/project" if bwrap_works() else str(ws)
-    assert out[0].outputs[0]["text"].strip() == f"{expected_cwd} 1,2"
+    stdout = [o for o in out[0].outputs if o.get("name") == "stdout"]
+    assert stdout[0]["text"].strip() == f"{expected_cwd} 1,2"
+    assert any("creating local sandbox" in o.get("text", "") for o in out[0].outputs if o.get("name") == "stderr")
     assert out[1].outputs[0]["data"]["text/html"] == "<b>x</b>"

@@ -88,6 +88,8 @@ async def test_list_get_stop_start_destroy(jp_fetch: Any, sandbox: dict[str, str
     assert (item["user"], item["state"], item["backend"], item["scope"]) == (test_user, "running", "docker", "user")
     assert item["limits"]["memory"] == 1 << 30 and "kernels" in item and "last_activity" in item
     assert item["usage"].get("memory", 0) > 0
+    again = await fetch(jp_fetch, "api", "sandboxes")
+    assert again[0]["usage"]["cpu"] >= 0  # a rate needs two samples: the second listing has it
     one = await fetch(jp_fetch, "api", "sandboxes", sandbox["id"])
     assert one["id"] == sandbox["id"]
     stopped = await fetch(jp_fetch, "api", "sandboxes", sandbox["id"], "stop", method="POST", body="")

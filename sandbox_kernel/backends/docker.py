@@ -59,6 +59,7 @@ from .base import (
     check_snapshot_name,
     not_found,
     sandbox_labels,
+    spec_hash,
     workspace_dir,
 )
 
@@ -351,7 +352,7 @@ class DockerBackend(Backend):
             return self._revive(self._wait_created(key.name), key, say)
         self._prepare(container, image)
         self._start(container)
-        self.store.put(self.name, key.name, key.user, container.id)
+        self.store.put(self.name, key.name, key.user, container.id, spec_hash(self.config))
         info = self._info(self._reload(container))
         if record is not None and record.engine_id and record.engine_id != container.id:
             return Ensured(info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had been removed)")
@@ -415,8 +416,9 @@ class DockerBackend(Backend):
 
     def _remember(self, key: ScopeKey, container: Any) -> None:
         record = self.store.get(self.name, key.name)
-        if record is None or record.engine_id != container.id:
-            self.store.put(self.name, key.name, key.user, container.id)
+        spec = spec_hash(self.config)
+        if record is None or record.engine_id != container.id or record.spec != spec:
+            self.store.put(self.name, key.name, key.user, container.id, spec)
 
     def _reload(self, container: Any) -> Any:
         self._call(container.reload)
@@ -665,9 +667,9 @@ class DockerBackend(Backend):
         """
         found: dict[str, dict[str, float]] = {}
         for info in infos:
-            local = _cgroup_memory(info.engine_id)
+            local = _cgroup_usage(info.engine_id)
             if local is not None:
-                found[info.id] = {"memory": local}
+                found[info.id] = local
                 continue
             try:
                 raw = self._call(self.client.api.stats, info.engine_id, stream=False, one_shot=True)
@@ -822,6 +824,32 @@ _TIMEOUT_RUNNER = (
     "except subprocess.TimeoutExpired:\n"
     " os.killpg(p.pid,signal.SIGKILL);print('timed out after',sys.argv[1],'s',file=sys.stderr);sys.exit(124)\n"
 )
+
+
+def _cgroup_usage(container_id: str) -> dict[str, float] | None:
+    """Memory use and CPU seconds of a container from this host's cgroup files, if visible."""
+    memory = _cgroup_memory(container_id)
+    if memory is None:
+        return None
+    found: dict[str, float] = {"memory": memory}
+    for path, scale in (
+        (f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage", 1e-9),
+        (f"/sys/fs/cgroup/cpu,cpuacct/docker/{container_id}/cpuacct.usage", 1e-9),
+    ):
+        try:
+            found["cpu_seconds"] = int(Path(path).read_text()) * scale
+            return found
+        except (OSError, ValueError):
+            continue
+    for base in (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope", f"/sys/fs/cgroup/docker/{container_id}"):
+        try:
+            for line in Path(base, "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    found["cpu_seconds"] = int(line.split()[1]) * 1e-6
+                    return found
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _cgroup_memory(container_id: str) -> int | None:

@@ -34,6 +34,7 @@ from typing import IO, Any
 from ..config import SandboxConfig
 from ..identity import ScopeKey
 from ..lifecycle import check_quota
+from ..store import Store
 from .base import (
     LABEL_INSTALLATION,
     SHARED,
@@ -130,6 +131,7 @@ class LocalBackend(Backend):
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)
         self.root = Path(config.state_dir) / "local"
+        self.store = Store(config)
 
     # -- records ----------------------------------------------------------------
     def _record_path(self, sandbox_id: str) -> Path:
@@ -183,6 +185,7 @@ class LocalBackend(Backend):
         workspace.mkdir(parents=True, exist_ok=True)
         record = self._load(key.name)
         if record is not None:
+            self.store.put(self.name, key.name, key.user, record["engine_id"], spec_hash(self.config))
             if record["state"] != "running":
                 record["state"] = "running"
                 self._save(record)
@@ -217,6 +220,7 @@ class LocalBackend(Backend):
             return Ensured(self._info(existing), "existing")
         with os.fdopen(fd, "wb") as fh:
             fh.write(body)
+        self.store.put(self.name, key.name, key.user, record["engine_id"], spec_hash(self.config))
         return Ensured(self._info(record), "created")
 
     def get(self, sandbox_id: str) -> SandboxInfo:
@@ -268,6 +272,7 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             return False  # another process destroyed it first
         shutil.rmtree(self.root / sandbox_id, ignore_errors=True)  # HOME: tier 2 goes; workspace stays
+        self.store.delete(self.name, sandbox_id)
         return True
 
     # -- processes -------------------------------------------------------------------
