@@ -20,6 +20,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .config import SandboxConfig
 
@@ -57,6 +58,20 @@ def resolve_user(cfg: SandboxConfig) -> str:
         return f"uid{os.getuid()}"
 
 
+def notebook_metadata(session_name: str | None) -> dict[str, Any]:
+    """``metadata.sandbox`` of the notebook JPY_SESSION_NAME points to ({} if none)."""
+    if not session_name:
+        return {}
+    path = Path(session_name).expanduser()
+    try:
+        if path.suffix == ".ipynb" and path.is_file() and path.stat().st_size < 64 << 20:
+            meta = json.loads(path.read_text("utf-8")).get("metadata", {}).get("sandbox") or {}
+            return meta if isinstance(meta, dict) else {}
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
+
+
 def notebook_thread(session_name: str | None) -> str | None:
     """The stable notebook identity for ``scope=thread``, if one can be found.
 
@@ -68,14 +83,9 @@ def notebook_thread(session_name: str | None) -> str | None:
     if not session_name:
         return None
     path = Path(session_name).expanduser()
-    try:
-        if path.suffix == ".ipynb" and path.is_file() and path.stat().st_size < 64 << 20:
-            meta = json.loads(path.read_text("utf-8")).get("metadata", {})
-            thread = (meta.get("sandbox") or {}).get("thread")
-            if isinstance(thread, str) and thread:
-                return thread
-    except (OSError, ValueError, AttributeError):
-        pass
+    thread = notebook_metadata(session_name).get("thread")
+    if isinstance(thread, str) and thread:
+        return thread
     return str(path.resolve()) if path.exists() else session_name
 
 

@@ -36,7 +36,7 @@ from .agent import agent_source, bootstrap_command
 from .backends import Backend, Channel, SandboxError, SandboxNotFound, make_backend
 from .backends.base import WORKSPACE, workspace_dir
 from .config import ConfigError, SandboxConfig, load_config
-from .identity import ScopeKey, scope_key
+from .identity import ScopeKey, notebook_metadata, scope_key
 from .lifecycle import gc
 from .store import HEARTBEAT, Store
 
@@ -133,7 +133,7 @@ class SandboxKernel(Kernel):
         self._busy = False
         self._heart: threading.Thread | None = None
         try:
-            self.cfg: SandboxConfig | None = load_config()
+            self.cfg: SandboxConfig | None = load_config(**notebook_choices())
             self.key: ScopeKey | None = scope_key(self.cfg, self._kernel_id())
             self.backend: Backend | None = None
         except (ConfigError, SandboxError) as exc:
@@ -484,6 +484,17 @@ class SandboxKernel(Kernel):
             except SandboxError as exc:
                 content = {"status": "error", "ename": "SandboxError", "evalue": str(exc), "traceback": []}
         self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+
+
+def notebook_choices() -> dict[str, Any]:
+    """flavor / snapshot from the notebook's ``metadata.sandbox``, unless the environment
+    (a kernelspec variant, an admin) already fixes them: the environment wins."""
+    meta = notebook_metadata(os.environ.get("JPY_SESSION_NAME"))
+    return {
+        name: meta[name]
+        for name in ("flavor", "snapshot")
+        if isinstance(meta.get(name), str) and not os.environ.get(f"SANDBOX_KERNEL_{name.upper()}")
+    }
 
 
 def _one_line(exc: BaseException) -> str:

@@ -233,7 +233,12 @@ def test_channel_round_trip_and_process_ends_on_close(backend: DockerBackend, te
         info.id, ["python3", "-u", "-c", "import sys\nfor line in sys.stdin: print(line.strip()[::-1], flush=True)"]
     )
     channel.write(b"abc\n")
-    assert channel.read() == b"cba\n"
+    got = b""
+    while not got.endswith(b"\n"):  # unbuffered print writes text and newline apart
+        chunk = channel.read()
+        assert chunk, f"channel ended early after {got!r}"
+        got += chunk
+    assert got == b"cba\n"
     channel.close()
     # The marker is assembled at run time so the probe does not match itself.
     probe = "import os,time\ntime.sleep(0.5)\nm=b'sys.'+b'stdin'\nprint(sum(1 for p in os.listdir('/proc') if p.isdigit() and m in open('/proc/'+p+'/cmdline','rb').read()))"

@@ -3,6 +3,7 @@ execute) against real Docker sandboxes of the locally built test image."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
-from .conftest import remove_user_containers
+from .conftest import TEST_IMAGE, remove_user_containers
 from .helpers import make_wheel
 from .kernel_env import KernelEnv, make_kernel_env
 
@@ -361,3 +362,38 @@ def test_out_of_memory_names_the_limit(kernel: tuple[Any, Any]) -> None:
     reply, outputs = run(kc, "print('alive')")
     assert text_of(outputs) == "alive\n"
     assert "sandbox restarted" in text_of(outputs, "stderr")
+
+
+def test_notebook_metadata_picks_the_flavor(tmp_path: Path) -> None:
+    env = make_kernel_env(tmp_path)
+    os.environ["JUPYTER_PATH"] = env.jupyter_path
+    nb = _notebook(["1"])
+    nb.metadata["sandbox"] = {"flavor": "medium"}
+    path = tmp_path / "medium.ipynb"
+    nbformat.write(nb, path)
+    km, kc = start_new_kernel(kernel_name="sandbox", env={**os.environ, "JPY_SESSION_NAME": str(path)})
+    try:
+        reply, _ = run(kc, "1")
+        assert reply["status"] == "ok"
+        host = docker.from_env().containers.get(f"sk-{env.user}").attrs["HostConfig"]
+        assert host["Memory"] == 2 << 30
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        remove_user_containers(env.user)
+
+
+def test_install_kernelspec_variant(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox_kernel.cli", "install", "--prefix", str(tmp_path), "--name", "sandbox-big",
+         "--display-name", "Python 3 (sandbox, large)", "--flavor", "large", "--scope", "thread", "--image", TEST_IMAGE],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    spec = json.loads((tmp_path / "share" / "jupyter" / "kernels" / "sandbox-big" / "kernel.json").read_text())
+    assert spec["display_name"] == "Python 3 (sandbox, large)"
+    assert spec["interrupt_mode"] == "message"
+    assert spec["argv"][1:3] == ["-m", "sandbox_kernel"]
+    assert spec["env"] == {"SANDBOX_KERNEL_FLAVOR": "large", "SANDBOX_KERNEL_SCOPE": "thread", "SANDBOX_KERNEL_IMAGE": TEST_IMAGE}
+    bad = subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", "install", "--prefix", str(tmp_path), "--scope", "team"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
