@@ -19,6 +19,7 @@ Three paths matter:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import platform
@@ -51,13 +52,14 @@ class AgentGone(Exception):
 class AgentConnection:
     """One agent process: framed writes, and a reader thread feeding an asyncio queue."""
 
-    def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.loop = loop
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.lock = threading.Lock()
         self.ready: dict[str, Any] = {}
         self.alive = True
+        self._pending = b""
 
     def start(self) -> dict[str, Any]:
         """Send the agent's source and wait for its ``ready`` (runs in a worker thread)."""
@@ -72,12 +74,17 @@ class AgentConnection:
                     + (f": {tail.strip()[-300:]}" if tail.strip() else " (does the image have python3?)")
                 )
             buf += chunk
-        line, _, rest = bytes(buf).partition(b"\n")
+        line, _, self._pending = bytes(buf).partition(b"\n")
         self.ready = json.loads(line)
-        threading.Thread(target=self._read_loop, args=(rest,), daemon=True).start()
         return self.ready
 
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start relaying to ``loop`` (the connection may be made before the loop runs)."""
+        self.loop = loop
+        threading.Thread(target=self._read_loop, args=(self._pending,), daemon=True).start()
+
     def _read_loop(self, pending: bytes) -> None:
+        assert self.loop is not None
         buf = bytearray(pending)
         try:
             while True:
@@ -132,6 +139,8 @@ class SandboxKernel(Kernel):
         self._first_cell = True
         self._busy = False
         self._heart: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._early: concurrent.futures.Future[AgentConnection] | None = None
         try:
             self.cfg: SandboxConfig | None = load_config(**notebook_choices())
             self.key: ScopeKey | None = scope_key(self.cfg, self._kernel_id())
@@ -139,6 +148,16 @@ class SandboxKernel(Kernel):
         except (ConfigError, SandboxError) as exc:
             self.cfg = self.key = self.backend = None
             self._setup_error = str(exc)
+        # Start reaching the sandbox now, while the rest of the kernel starts: starting an
+        # interpreter in it takes about as long as starting this process.
+        self._early = concurrent.futures.Future()
+        threading.Thread(target=self._connect_early, args=(self._early,), daemon=True).start()
+
+    def _connect_early(self, future: concurrent.futures.Future[AgentConnection]) -> None:
+        try:
+            future.set_result(self._open_agent())
+        except BaseException as exc:
+            future.set_exception(exc)
 
     # -- kernel_info ------------------------------------------------------------
     @property
@@ -183,17 +202,23 @@ class SandboxKernel(Kernel):
             self._first_cell = True
             self._lost = "the interpreter had ended"
         if self._connecting is None or self._connecting.done():
-            self._progress = []
-            self._progress_shown = 0
+            if self._early is None:  # the early connection is already reporting into the list
+                self._progress = []
+                self._progress_shown = 0
             self._connecting = asyncio.ensure_future(self._connect())
         return self._connecting
 
     async def _connect(self) -> None:
-        loop = asyncio.get_running_loop()
-        ready = await asyncio.to_thread(self._open_agent, loop)
-        self._python_version = ready.get("python_version", self._python_version)
+        early, self._early = self._early, None
+        if early is not None:
+            agent = await asyncio.wrap_future(early)
+        else:
+            agent = await asyncio.to_thread(self._open_agent)
+        agent.attach(asyncio.get_running_loop())
+        self._agent = agent
+        self._python_version = agent.ready.get("python_version", self._python_version)
 
-    def _open_agent(self, loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    def _open_agent(self) -> AgentConnection:
         """Find or create the sandbox, start an agent in it (worker thread)."""
         if self.cfg is None or self.key is None:
             raise SandboxError(self._setup_error)
@@ -215,20 +240,28 @@ class SandboxKernel(Kernel):
             "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
         }
         channel = self.backend.open_channel(info.id, bootstrap_command(), cwd=self._cell_cwd(), env=env)
-        agent = AgentConnection(channel, loop)
-        ready = agent.start()
-        self._agent = agent
-        self._beat()
+        agent = AgentConnection(channel)
+        try:
+            agent.start()
+        except BaseException:
+            agent.close()
+            raise
         if self._heart is None:
             self._heart = threading.Thread(target=self._heartbeat_loop, daemon=True)
             self._heart.start()
             threading.Thread(target=self._collect_garbage, daemon=True).start()
-        return ready
+        self._wake.set()
+        return agent
 
     def _heartbeat_loop(self) -> None:
-        """Tell every process (the reaper above all) that this kernel lives, and if it is busy."""
+        """Tell every process (the reaper above all) that this kernel lives, and if it is busy.
+
+        Beats come every HEARTBEAT seconds, and at once when a cell starts (the cell only
+        sets an event: the SQLite write stays off the cell's path).
+        """
         while True:
-            time.sleep(HEARTBEAT)
+            self._wake.wait(HEARTBEAT)
+            self._wake.clear()
             self._beat()
 
     def _beat(self) -> None:
@@ -311,7 +344,7 @@ class SandboxKernel(Kernel):
             request["cwd"] = self._cell_cwd()
             self._first_cell = False
         self._busy = True
-        self._beat()
+        self._wake.set()
         stdin_parent = (self._parent_ident.get("shell"), self.get_parent("shell")) if allow_stdin else None
         try:
             agent.send(**request)

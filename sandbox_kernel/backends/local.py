@@ -313,7 +313,10 @@ class LocalBackend(Backend):
         if not bwrap_works():
             host_cwd = str(self.host_path(record["id"], cwd)) if cwd.startswith(WORKSPACE) else record["workspace"]
             return cmd, {**base_env, "HOME": str(home), **(env or {})}, host_cwd
-        argv = ["bwrap", "--die-with-parent", "--unshare-all", "--new-session"]
+        # No --die-with-parent: it fires when the *thread* that started the child ends,
+        # and connections are made from worker threads. Processes end on EOF of stdin
+        # (the channel's close or the kernel's death) or with their process group.
+        argv = ["bwrap", "--unshare-all", "--new-session"]
         if self.config.network:
             argv.append("--share-net")
         if os.getuid() == 0:

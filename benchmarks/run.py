@@ -1,0 +1,320 @@
+"""Benchmarks: the sandbox kernel against plain ipykernel, in one run, same machine.
+
+    python benchmarks/run.py            # the full run (a few minutes)
+    python benchmarks/run.py --smoke    # a quick pass that proves the script still works
+    python benchmarks/run.py --scale    # adds N idle sandboxes (10, 50, 100)
+
+Each measure runs for the `sandbox` kernel and for plain `python3` (ipykernel) where
+that makes sense, and reports medians, p95 and the ratio; results also go to JSON
+(``--out``). Timing is reported, never asserted. Public tools only: jupyter_client,
+the docker SDK, requests (via urllib), and a real `jupyter server` for the REST parts.
+Settings: SANDBOX_KERNEL_IMAGE (default: the CI test image when present).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+from jupyter_client.manager import start_new_kernel
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def pick_image() -> str:
+    if os.environ.get("SANDBOX_KERNEL_IMAGE"):
+        return os.environ["SANDBOX_KERNEL_IMAGE"]
+    try:
+        docker.from_env().images.get("sandbox-kernel-test:bookworm")
+        return "sandbox-kernel-test:bookworm"
+    except Exception:
+        return "python:3.12-slim"
+
+
+class Bench:
+    def __init__(self, root: Path, image: str) -> None:
+        self.root = root
+        self.image = image
+        self.user = f"bench-{uuid.uuid4().hex[:6]}"
+        self.env = {
+            "SANDBOX_KERNEL_BACKEND": "docker",
+            "SANDBOX_KERNEL_IMAGE": image,
+            "SANDBOX_KERNEL_WORKSPACE_ROOT": str(root / "ws"),
+            "SANDBOX_KERNEL_STATE_DIR": str(root / "state"),
+            "SANDBOX_KERNEL_USER": self.user,
+            "SANDBOX_KERNEL_OUTPUT_LIMIT": str(50_000_000),
+            "SANDBOX_KERNEL_MAX_SANDBOXES": "1000",
+            "PYTHONPATH": str(REPO),
+        }
+        spec = root / "share" / "kernels" / "sandbox"
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, "-m", "sandbox_kernel", "-f", "{connection_file}"],
+            "display_name": "sandbox (bench)", "language": "python", "interrupt_mode": "message",
+            "env": self.env,
+        }))
+        os.environ["JUPYTER_PATH"] = str(root / "share")
+        self.results: dict[str, Any] = {}
+
+    @property
+    def sandbox_id(self) -> str:
+        return f"sk-{self.user}"
+
+    # -- helpers ----------------------------------------------------------------
+    @staticmethod
+    def execute(kc: Any, code: str, timeout: float = 120) -> tuple[float, list[dict]]:
+        started = time.perf_counter()
+        msg_id = kc.execute(code)
+        outputs = []
+        while True:
+            msg = kc.get_iopub_msg(timeout=timeout)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            if msg["msg_type"] in ("stream", "display_data", "execute_result"):
+                outputs.append(msg)
+        elapsed = time.perf_counter() - started
+        while kc.get_shell_msg(timeout=timeout)["parent_header"].get("msg_id") != msg_id:
+            pass
+        return elapsed, outputs
+
+    def record(
+        self, name: str, sandbox: list[float], baseline: list[float] | None, unit: str = "s", against: str = "ipykernel"
+    ) -> None:
+        row: dict[str, Any] = {"unit": unit, "sandbox": summary(sandbox)}
+        line = f"{name:42s} sandbox {fmt(row['sandbox'], unit)}"
+        if baseline:
+            row[against] = summary(baseline)
+            row["ratio"] = round(row["sandbox"]["median"] / row[against]["median"], 2) if row[against]["median"] else None
+            line += f"  {against} {fmt(row[against], unit)}  ratio {row['ratio']}x"
+        self.results[name] = row
+        print(line, flush=True)
+
+    # -- measures ------------------------------------------------------------------
+    def cells(self, runs: int) -> None:
+        kernels = {name: start_new_kernel(kernel_name=name) for name in ("sandbox", "python3")}
+        try:
+            for _, kc in kernels.values():
+                self.execute(kc, "pass")  # warm up
+            times = {n: [self.execute(kc, "pass")[0] for _ in range(runs)] for n, (_, kc) in kernels.items()}
+            self.record("warm cell round trip", times["sandbox"], times["python3"])
+            lines = {}
+            for n, (_, kc) in kernels.items():
+                samples = []
+                for _ in range(max(3, runs // 30)):
+                    t, outs = self.execute(kc, "for i in range(2000):\n    print(i)")
+                    text = "".join(m["content"]["text"] for m in outs if m["msg_type"] == "stream")
+                    assert text.split() == [str(i) for i in range(2000)], f"{n}: lines lost or out of order"
+                    samples.append(t)
+                lines[n] = samples
+            self.record("2,000 printed lines (complete, in order)", lines["sandbox"], lines["python3"])
+            png = "import os\nfrom IPython.display import Image, display\ndisplay(Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + os.urandom(1 << 20), format='png'))"
+            big = "print('x' * 10_000_000)"
+            for label, code in (("1 MB PNG display", png), ("10 MB text output", big)):
+                got = {n: [self.execute(kc, code)[0] for _ in range(max(2, runs // 60))] for n, (_, kc) in kernels.items()}
+                self.record(label, got["sandbox"], got["python3"])
+            intr = {}
+            for n, (km, kc) in kernels.items():
+                samples = []
+                for _ in range(max(2, runs // 60)):
+                    msg_id = kc.execute("import time; time.sleep(30)")
+                    time.sleep(0.5)
+                    started = time.perf_counter()
+                    km.interrupt_kernel()
+                    while kc.get_shell_msg(timeout=30)["parent_header"].get("msg_id") != msg_id:
+                        pass
+                    samples.append(time.perf_counter() - started)
+                intr[n] = samples
+            self.record("interrupt (sleep to reply)", intr["sandbox"], intr["python3"])
+        finally:
+            for km, kc in kernels.values():
+                kc.stop_channels()
+                km.shutdown_kernel(now=True)
+
+    def first_result(self, name: str) -> float:
+        started = time.perf_counter()
+        km, kc = start_new_kernel(kernel_name=name, startup_timeout=300)
+        try:
+            self.execute(kc, "1")
+            return time.perf_counter() - started
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+
+    def starts(self, runs: int) -> None:
+        client = docker.from_env()
+        plain = [self.first_result("python3") for _ in range(runs)]
+        existing = [self.first_result("sandbox") for _ in range(runs)]
+        self.record("start to first result: sandbox exists", existing, plain)
+        fresh = []
+        for _ in range(runs):
+            client.containers.get(self.sandbox_id).remove(force=True)
+            fresh.append(self.first_result("sandbox"))
+        self.record("start to first result: no sandbox yet", fresh, plain)
+        stopped = []
+        for _ in range(runs):
+            client.containers.get(self.sandbox_id).stop(timeout=1)
+            stopped.append(self.first_result("sandbox"))
+        self.record("start to first result: sandbox stopped", stopped, plain)
+
+    def with_server(self) -> tuple[subprocess.Popen, str, str]:
+        port = free_port()
+        token = uuid.uuid4().hex
+        env = {**os.environ, **self.env}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "server", f"--port={port}", "--no-browser", "--allow-root",
+             f"--IdentityProvider.token={token}", "--ServerApp.jpserver_extensions={'jupyter_ext': True}",
+             "--SandboxExtension.gc_interval=0", f"--ServerApp.root_dir={self.root}"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                request(url + "/api/status", token)
+                break
+            except OSError:
+                time.sleep(0.1)
+        return proc, url, token
+
+    def files(self, runs: int, size_mb: int) -> None:
+        proc, url, token = self.with_server()
+        try:
+            src = self.root / "blob.bin"
+            with src.open("wb") as fh:
+                for _ in range(size_mb):
+                    fh.write(os.urandom(1 << 20))
+            target = f"{url}/api/sandboxes/{self.sandbox_id}/files/bench/blob.bin"
+            ups, downs, cp_in, cp_out = [], [], [], []
+            for _ in range(runs):
+                t = time.perf_counter()
+                subprocess.run(["curl", "-sf", "-o", "/dev/null", "-T", str(src), "-H", f"Authorization: token {token}", target], check=True)
+                ups.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                subprocess.run(["curl", "-sf", "-o", str(self.root / "back.bin"), "-H", f"Authorization: token {token}", target], check=True)
+                downs.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                subprocess.run(["docker", "cp", str(src), f"{self.sandbox_id}:/tmp/blob.bin"], check=True)
+                cp_in.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                subprocess.run(["docker", "cp", f"{self.sandbox_id}:/tmp/blob.bin", str(self.root / "cp.bin")], check=True)
+                cp_out.append(time.perf_counter() - t)
+            assert (self.root / "back.bin").read_bytes() == src.read_bytes(), "download differs from upload"
+            self.record(f"{size_mb} MB upload (REST)", ups, cp_in, against="docker cp")
+            self.record(f"{size_mb} MB download (REST)", downs, cp_out, against="docker cp")
+        finally:
+            proc.terminate()
+            proc.wait()
+
+    def scale(self, counts: list[int]) -> None:
+        from sandbox_kernel.backends.docker import DockerBackend
+        from sandbox_kernel.config import load_config
+        from sandbox_kernel.identity import ScopeKey
+
+        cfg = load_config(environ={}, **{k.removeprefix("SANDBOX_KERNEL_").lower(): v for k, v in self.env.items() if k.startswith("SANDBOX_KERNEL_") and k != "SANDBOX_KERNEL_USER"})
+        backend = DockerBackend(cfg)
+        proc, url, token = self.with_server()
+        made = 0
+        try:
+            for n in counts:
+                while made < n:
+                    backend.ensure(ScopeKey(f"{self.user}-idle-{made}"))
+                    made += 1
+                infos = [i for i in backend.list() if i.user.startswith(f"{self.user}-idle-")]
+                usage = backend.usage(infos)
+                per = [u["memory"] / 2**20 for u in usage.values()]
+                listing = []
+                for _ in range(5):
+                    t = time.perf_counter()
+                    request(url + "/api/sandboxes-stats", token)
+                    listing.append(time.perf_counter() - t)
+                last = infos[-1].id
+                rt = []
+                for _ in range(5):
+                    t = time.perf_counter()
+                    backend.exec(last, ["python3", "-c", "pass"])
+                    rt.append(time.perf_counter() - t)
+                self.record(f"{n} idle sandboxes: MiB each", per, None, unit="MiB")
+                self.record(f"{n} idle sandboxes: stats over REST", listing, None)
+                self.record(f"{n} idle sandboxes: exec in the last", rt, None)
+        finally:
+            proc.terminate()
+            proc.wait()
+            for i in backend.list():
+                if i.user.startswith(f"{self.user}-idle-"):
+                    backend.destroy(i.id)
+
+    def cleanup(self) -> None:
+        client = docker.from_env()
+        for c in client.containers.list(all=True, filters={"label": "sandbox-kernel.managed=1"}):
+            if c.labels.get("sandbox-kernel.user-id", "").startswith(self.user):
+                c.remove(force=True)
+
+
+def request(url: str, token: str) -> bytes:
+    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=60) as response:
+        return response.read()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    return {"median": statistics.median(ordered), "p95": p95, "n": len(ordered)}
+
+
+def fmt(s: dict[str, float], unit: str = "s") -> str:
+    if unit != "s":
+        return f"median {s['median']:9.1f} {unit} p95 {s['p95']:9.1f} {unit}"
+    return f"median {s['median'] * 1000:9.2f} ms p95 {s['p95'] * 1000:9.2f} ms"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a quick pass (CI): few runs, small files")
+    parser.add_argument("--scale", action="store_true", help="also N idle sandboxes, N = 10, 50, 100")
+    parser.add_argument("--out", default=str(HERE / "results" / "latest.json"), help="where to write JSON")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="sk-bench-"))
+    bench = Bench(root, pick_image())
+    machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, image {bench.image}"
+    print(f"machine: {machine}", flush=True)
+    try:
+        bench.cells(30 if args.smoke else 300)
+        bench.starts(1 if args.smoke else 5)
+        bench.files(1 if args.smoke else 3, 10 if args.smoke else 100)
+        if args.scale:
+            bench.scale([10, 50, 100])
+    finally:
+        bench.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine, "smoke": args.smoke, "results": bench.results}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
