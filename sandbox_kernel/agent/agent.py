@@ -590,7 +590,12 @@ def make_shell(agent):
                 content["indent"] = " " * (indent or 0)
             return content
 
-    shell = Shell.instance(colors="NoColor" if os.environ.get("SANDBOX_AGENT_NO_COLOR") else "Linux")
+    from traitlets.config import Config
+
+    config = Config()
+    # The kernel keeps the history it serves; IPython's SQLite history only costs start-up time.
+    config.HistoryManager.enabled = False
+    shell = Shell.instance(config=config, colors="NoColor" if os.environ.get("SANDBOX_AGENT_NO_COLOR") else "Linux")
     shell.enable_html_pager = False
     from IPython.core import page, payloadpage
 
