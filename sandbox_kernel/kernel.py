@@ -353,6 +353,7 @@ class SandboxKernel(Kernel):
             return self._fail("SandboxLost", await asyncio.to_thread(self._why_lost))
         finally:
             self._busy = False
+            self._wake.set()  # idle from now: the reaper's clock starts here
 
     async def _relay(self, agent: AgentConnection, silent: bool, stdin_parent: Any) -> dict[str, Any]:
         """Publish what the agent sends until its reply; that reply is ours."""

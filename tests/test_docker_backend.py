@@ -311,3 +311,14 @@ def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str,
     down = cli("list", "--backend", "docker")
     assert down.returncode == 1 and down.stderr.count("\n") == 1 and "cannot reach the Docker engine" in down.stderr
     assert shutil.which("python3")
+
+
+def test_missing_image_that_cannot_be_pulled(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    """No registry answers here, so a pull fails fast: the message says what to do."""
+    backend = DockerBackend(make_config(image="127.0.0.1:9/sandbox-kernel/absent:1"))
+    seen: list[str] = []
+    with pytest.raises(Exception, match="is not present and could not be pulled") as err:
+        backend.ensure(ScopeKey(test_user), progress=seen.append)
+    assert "SANDBOX_KERNEL_IMAGE" in str(err.value)
+    assert any("pulling" in line for line in seen)
+    assert backend.list(test_user) == []

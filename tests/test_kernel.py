@@ -398,3 +398,36 @@ def test_install_kernelspec_variant(tmp_path: Path) -> None:
     assert spec["env"] == {"SANDBOX_KERNEL_FLAVOR": "large", "SANDBOX_KERNEL_SCOPE": "thread", "SANDBOX_KERNEL_IMAGE": TEST_IMAGE}
     bad = subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", "install", "--prefix", str(tmp_path), "--scope", "team"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path) -> None:
+    """A silent cell is activity; once idle past idle_stop_with_kernel the sandbox is
+    stopped, and the next cell says what happened."""
+    from sandbox_kernel.backends.docker import DockerBackend
+    from sandbox_kernel.config import load_config
+    from sandbox_kernel.lifecycle import gc
+
+    env = make_kernel_env(tmp_path, SANDBOX_KERNEL_IDLE_STOP_WITH_KERNEL="0.05")  # 3 s
+    os.environ["JUPYTER_PATH"] = env.jupyter_path
+    cfg = load_config(environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
+                      state_dir=str(tmp_path / "state"), idle_stop_with_kernel=0.05)
+    backend = DockerBackend(cfg)
+    km, kc = start_new_kernel(kernel_name="sandbox")
+    try:
+        run(kc, "x = 1")
+        msg_id = kc.execute("import time; time.sleep(8)")
+        for _ in range(3):
+            time.sleep(2.5)
+            assert [a for a in gc(backend, cfg) if a.sandbox_id == f"sk-{env.user}"] == []
+        while kc.get_shell_msg(timeout=30)["parent_header"].get("msg_id") != msg_id:
+            pass
+        time.sleep(4)
+        stopped = [a for a in gc(backend, cfg) if a.sandbox_id == f"sk-{env.user}"]
+        assert [a.action for a in stopped] == ["stop"]
+        reply, outputs = run(kc, "print('back')")
+        assert reply["status"] == "ok" and text_of(outputs) == "back\n"
+        assert f"sk-{env.user} had been stopped" in text_of(outputs, "stderr")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        remove_user_containers(env.user)
