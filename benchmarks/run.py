@@ -34,6 +34,8 @@ from jupyter_client.manager import start_new_kernel
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+if str(REPO) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(REPO))
 
 
 def pick_image() -> str:
@@ -294,6 +296,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a quick pass (CI): few runs, small files")
     parser.add_argument("--scale", action="store_true", help="also N idle sandboxes, N = 10, 50, 100")
+    parser.add_argument("--only-scale", action="store_true", help="run only the idle-sandboxes measure")
     parser.add_argument("--out", default=str(HERE / "results" / "latest.json"), help="where to write JSON")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sk-bench-"))
@@ -301,10 +304,11 @@ def main() -> int:
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, image {bench.image}"
     print(f"machine: {machine}", flush=True)
     try:
-        bench.cells(30 if args.smoke else 300)
-        bench.starts(1 if args.smoke else 5)
-        bench.files(1 if args.smoke else 3, 10 if args.smoke else 100)
-        if args.scale:
+        if not args.only_scale:
+            bench.cells(30 if args.smoke else 300)
+            bench.starts(1 if args.smoke else 5)
+            bench.files(1 if args.smoke else 3, 10 if args.smoke else 100)
+        if args.scale or args.only_scale:
             bench.scale([10, 50, 100])
     finally:
         bench.cleanup()
