@@ -62,9 +62,9 @@ class Store:
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.executescript(_SCHEMA)
-        if not self._checked:
+        if not self._checked:  # WAL mode and the schema persist in the file: set them up once
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
             if "spec" not in columns:  # a state file from before owner specs were kept
                 conn.execute("ALTER TABLE sandboxes ADD COLUMN spec TEXT NOT NULL DEFAULT ''")

@@ -782,7 +782,10 @@ class DockerBackend(Backend):
     def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
         container = self._require(sandbox_id)
         target = self._sandbox_path(path)
-        uid, gid, _ = self._sandbox_user(self._image_of(container))
+        # The container already records the user it runs as: no image lookup needed.
+        user = (container.attrs.get("Config", {}).get("User") or f"{DEFAULT_UID}").split(":")
+        uid = int(user[0]) if user[0].isdigit() else DEFAULT_UID
+        gid = int(user[1]) if len(user) > 1 and user[1].isdigit() else uid
         if isinstance(data, bytes | bytearray):
             data = io.BytesIO(data)
         size = _size_of(data)
