@@ -103,6 +103,12 @@ class SandboxesHandler(BaseHandler):
     async def get(self) -> None:
         self.reply(await self.call(self.service.list, self.owner))
 
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        snapshot = self.json_body().get("snapshot")
+        self.reply(await self.call(self.service.create_from_snapshot, self.owner, snapshot), status=201)
+
 
 class SandboxHandler(BaseHandler):
     @web.authenticated

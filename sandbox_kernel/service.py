@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from typing import Any
 
 from .backends import Backend, make_backend
-from .backends.base import BadRequest, SandboxError, SandboxInfo, SandboxNotFound, SnapshotInfo
+from .backends.base import (
+    BadRequest,
+    SandboxError,
+    SandboxInfo,
+    SandboxNotFound,
+    SnapshotInfo,
+    check_snapshot_name,
+)
 from .config import SandboxConfig
 from .files import Workspace
+from .identity import ScopeKey
 from .lifecycle import stats
 from .store import Store
 
@@ -57,7 +66,10 @@ class SandboxService:
         out = []
         for info in infos:
             item = info.to_dict()
-            item["kernels"] = len(kernels.get(info.id, []))
+            live = kernels.get(info.id, [])
+            item["kernels"] = len(live)
+            # Which kernels use it: a front end matches its notebook's kernel against these.
+            item["kernel_ids"] = sorted(kernel_id for kernel_id, _ in live)
             record = records.get(info.id)
             item["last_activity"] = record.last_activity if record else info.created
             item["usage"] = self._with_cpu_rate(info.id, usage.get(info.id, {}))
@@ -78,6 +90,28 @@ class SandboxService:
 
     def list(self, user: str) -> list[dict[str, Any]]:
         return self._describe(self.backend.list(user))
+
+    def create_from_snapshot(self, user: str, snapshot: Any) -> dict[str, Any]:
+        """A new thread-scoped sandbox of ``user`` started from one of their snapshots.
+
+        Made exactly as a kernel with ``snapshot=NAME`` and ``scope=thread`` would make
+        it (same labels, quota check and owner record); its thread names the snapshot,
+        so it never takes the place of the user's own sandbox.
+        """
+        if not isinstance(snapshot, str):
+            raise BadRequest('name the snapshot to start from: {"snapshot": "my-snapshot"}')
+        check_snapshot_name(snapshot)
+        found = [s for s in self.backend.list_snapshots(None) if s.name == snapshot]
+        if not found:
+            raise SandboxNotFound(f"no snapshot named {snapshot!r}")
+        if found[0].user != user:
+            raise Forbidden(f"snapshot {snapshot} belongs to another user")
+        settings = {name: getattr(self.config, name) for name in self.config.trait_names(config=True)}
+        settings["snapshot"] = snapshot
+        backend = type(self.backend)(SandboxConfig(**settings))
+        key = ScopeKey(user=user, scope="thread", thread=f"snapshot:{snapshot}:{uuid.uuid4().hex[:8]}")
+        info = backend.ensure(key).info
+        return self._describe([info])[0]
 
     def owned(self, user: str, sandbox_id: str) -> SandboxInfo:
         """The sandbox if ``user`` owns it: 404 when unknown, 403 when someone else's."""

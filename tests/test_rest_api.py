@@ -87,6 +87,7 @@ async def test_list_get_stop_start_destroy(jp_fetch: Any, sandbox: dict[str, str
     item = listed[0]
     assert (item["user"], item["state"], item["backend"], item["scope"]) == (test_user, "running", "docker", "user")
     assert item["limits"]["memory"] == 1 << 30 and "kernels" in item and "last_activity" in item
+    assert item["kernel_ids"] == [] and item["kernels"] == 0
     assert item["usage"].get("memory", 0) > 0
     again = await fetch(jp_fetch, "api", "sandboxes")
     assert again[0]["usage"]["cpu"] >= 0  # a rate needs two samples: the second listing has it
@@ -100,6 +101,19 @@ async def test_list_get_stop_start_destroy(jp_fetch: Any, sandbox: dict[str, str
     await fetch(jp_fetch, "api", "sandboxes", sandbox["id"], expect=404)
     await fetch(jp_fetch, "api", "sandboxes", sandbox["id"], method="DELETE", expect=404)
     assert Path(sandbox["workspace"]).is_dir()
+
+
+async def test_listing_names_live_kernels(jp_fetch: Any, sandbox: dict[str, str], make_config: Callable[..., SandboxConfig], rest_env: dict[str, str]) -> None:
+    from sandbox_kernel.store import Store
+
+    cfg = make_config(workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"], state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"])
+    Store(cfg).kernel_heartbeat("kernel-b", "docker", sandbox["id"], busy=False)
+    Store(cfg).kernel_heartbeat("kernel-a", "docker", sandbox["id"], busy=True)
+    item = (await fetch(jp_fetch, "api", "sandboxes"))[0]
+    assert (item["kernels"], item["kernel_ids"]) == (2, ["kernel-a", "kernel-b"])
+    Store(cfg).kernel_gone("kernel-a")
+    item = await fetch(jp_fetch, "api", "sandboxes", sandbox["id"])
+    assert item["kernel_ids"] == ["kernel-b"]
 
 
 async def test_bad_ids(jp_fetch: Any, sandbox: dict[str, str]) -> None:
@@ -234,6 +248,39 @@ async def test_snapshots_routes(jp_fetch: Any, sandbox: dict[str, str], test_use
         await fetch(jp_fetch, "api", "snapshots", name, method="DELETE", expect=404)
     finally:
         subprocess.run(["docker", "rmi", "-f", f"sandbox-kernel-snapshot:{name}"], capture_output=True)
+
+
+async def test_start_sandbox_from_snapshot(jp_fetch: Any, sandbox: dict[str, str], test_user: str) -> None:
+    name = f"{test_user}-start"
+    sid = sandbox["id"]
+    try:
+        subprocess.run(["docker", "exec", sid, "sh", "-c", "echo baked > /home/sandbox/baked.txt"], check=True)
+        await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": name}), expect=201)
+        await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({}), expect=400)
+        await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": "Bad Name"}), expect=400)
+        missing = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": f"{name}-nope"}), expect=404)
+        assert "no snapshot" in missing["message"]
+        made = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": name}), expect=201)
+        assert (made["user"], made["scope"], made["state"], made["snapshot"]) == (test_user, "thread", "running", name)
+        assert made["id"] != sid and made["thread"].startswith(f"snapshot:{name}:")
+        assert made["kernel_ids"] == []
+        # It really runs the snapshot's filesystem, and shares the user's workspace.
+        baked = subprocess.run(["docker", "exec", made["id"], "cat", "/home/sandbox/baked.txt"], capture_output=True, text=True)
+        assert baked.stdout.strip() == "baked"
+        assert made["workspace"] == sandbox["workspace"]
+        listed = {s["id"] for s in await fetch(jp_fetch, "api", "sandboxes")}
+        assert listed == {sid, made["id"]}
+        # A second start makes another sandbox, not the same one again.
+        again = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": name}), expect=201)
+        assert again["id"] not in (sid, made["id"])
+        # Another user's snapshot is not theirs to start from.
+        subprocess.run(["docker", "commit", "-c", f"LABEL sandbox-kernel.snapshot={name}-x sandbox-kernel.user=someone-else",
+                        sid, f"sandbox-kernel-snapshot:{name}-x"], check=True, capture_output=True)
+        body = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": f"{name}-x"}), expect=403)
+        assert "another user" in body["message"]
+    finally:
+        remove_user_containers(test_user)
+        subprocess.run(["docker", "rmi", "-f", f"sandbox-kernel-snapshot:{name}", f"sandbox-kernel-snapshot:{name}-x"], capture_output=True)
 
 
 async def test_not_supported_is_501(jp_fetch: Any, jp_serverapp: Any, rest_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
