@@ -260,7 +260,10 @@ class SandboxKernel(Kernel):
         sets an event: the SQLite write stays off the cell's path).
         """
         while True:
-            self._wake.wait(HEARTBEAT)
+            interval = HEARTBEAT
+            if self._busy and self.backend is not None and self.backend.keep_alive_interval:
+                interval = min(HEARTBEAT, self.backend.keep_alive_interval)
+            self._wake.wait(interval)
             self._wake.clear()
             self._beat()
 
@@ -269,6 +272,8 @@ class SandboxKernel(Kernel):
             return
         try:
             Store(self.cfg).kernel_heartbeat(self._heartbeat_id, self.backend.name, self._sandbox_id, self._busy)
+            if self._busy:
+                self.backend.keep_alive(self._sandbox_id)
         except Exception as exc:  # best effort: a cell never fails for bookkeeping
             self.log.debug("heartbeat failed: %s", exc)
 

@@ -65,3 +65,32 @@ def make_kernel_env(root: Path, **settings: str) -> KernelEnv:
     (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
     kenv.workspace.mkdir(parents=True, exist_ok=True)
     return kenv
+
+
+class ConformanceSamples:
+    """The samples jupyter_kernel_test.KernelTests runs, shared by every backend's suite."""
+
+    kernel_name = "sandbox"
+    language_name = "python"
+    file_extension = ".py"
+    code_hello_world = "print('hello, world')"
+    code_stderr = "import sys; print('test', file=sys.stderr)"
+    completion_samples = [{"text": "zi", "matches": {"zip"}}]
+    complete_code_samples = ["1", "print('hello, world')", "def f(x):\n  return x*2\n\n\n"]
+    incomplete_code_samples = ["print('''hello", "def f(x):\n  x*2"]
+    invalid_code_samples = ["import = 7q"]
+    code_page_something = "zip?"
+    code_generate_error = "raise ValueError('oops')"
+    code_execute_result = [
+        {"code": "1+2+3", "result": "6"},
+        {"code": "[n*n for n in range(1, 4)]", "result": "[1, 4, 9]"},
+    ]
+    code_display_data = [
+        {"code": "from IPython.display import HTML, display; display(HTML('<b>test</b>'))", "mime": "text/html"},
+        {"code": "from IPython.display import Math, display; display(Math('\\\\frac{1}{2}'))", "mime": "text/latex"},
+        {"code": "from IPython.display import JSON, display; display(JSON({'a': 1}))", "mime": "application/json"},
+    ]
+    code_history_pattern = "1?2*"
+    supported_history_operations = ("tail", "search", "range")
+    code_inspect_sample = "zip"
+    code_clear_output = "from IPython.display import clear_output; clear_output()"

@@ -21,7 +21,7 @@ from nbclient import NotebookClient
 
 from .conftest import TEST_IMAGE, remove_user_containers
 from .helpers import make_wheel
-from .kernel_env import KernelEnv, make_kernel_env
+from .kernel_env import ConformanceSamples, KernelEnv, make_kernel_env
 
 pytestmark = pytest.mark.docker
 
@@ -74,33 +74,8 @@ def kernel(kenv: KernelEnv) -> Iterator[tuple[Any, Any]]:
     km.shutdown_kernel(now=True)
 
 
-class TestConformance(jupyter_kernel_test.KernelTests):
+class TestConformance(ConformanceSamples, jupyter_kernel_test.KernelTests):
     """The official kernel conformance suite, against the Docker backend."""
-
-    kernel_name = "sandbox"
-    language_name = "python"
-    file_extension = ".py"
-    code_hello_world = "print('hello, world')"
-    code_stderr = "import sys; print('test', file=sys.stderr)"
-    completion_samples = [{"text": "zi", "matches": {"zip"}}]
-    complete_code_samples = ["1", "print('hello, world')", "def f(x):\n  return x*2\n\n\n"]
-    incomplete_code_samples = ["print('''hello", "def f(x):\n  x*2"]
-    invalid_code_samples = ["import = 7q"]
-    code_page_something = "zip?"
-    code_generate_error = "raise ValueError('oops')"
-    code_execute_result = [
-        {"code": "1+2+3", "result": "6"},
-        {"code": "[n*n for n in range(1, 4)]", "result": "[1, 4, 9]"},
-    ]
-    code_display_data = [
-        {"code": "from IPython.display import HTML, display; display(HTML('<b>test</b>'))", "mime": "text/html"},
-        {"code": "from IPython.display import Math, display; display(Math('\\\\frac{1}{2}'))", "mime": "text/latex"},
-        {"code": "from IPython.display import JSON, display; display(JSON({'a': 1}))", "mime": "application/json"},
-    ]
-    code_history_pattern = "1?2*"
-    supported_history_operations = ("tail", "search", "range")
-    code_inspect_sample = "zip"
-    code_clear_output = "from IPython.display import clear_output; clear_output()"
 
     @classmethod
     def setUpClass(cls) -> None:

@@ -305,7 +305,14 @@ class Backend(abc.ABC):
     def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
         """Read a file from the sandbox in chunks."""
 
-    # -- usage and snapshots: optional ------------------------------------------------
+    # -- activity, usage and snapshots: optional ------------------------------------------
+    keep_alive_interval: float = 0.0  # seconds between keep_alive calls while a cell runs; 0: never
+
+    def keep_alive(self, sandbox_id: str) -> None:
+        """Tell an engine with its own idle timer that a cell is running (Daytona counts
+        only API use as activity, so a long silent cell would otherwise be stopped)."""
+        return None  # engines that see processes run (Docker, local) need nothing
+
     def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, float]]:
         """Live use per sandbox id ({"memory": bytes, ...}); empty when the engine can't tell."""
         return {}

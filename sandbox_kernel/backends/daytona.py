@@ -1,0 +1,644 @@
+"""Daytona sandboxes through the ``daytona`` SDK: the path for users who outgrow one machine.
+
+* One Daytona sandbox per scope key, named after it (``sk-alice``) and labelled like
+  Docker containers, so every process finds it again by name; the Daytona UUID is the
+  ``engine_id``.
+* The workspace is a per-user Daytona volume (``sk-ws-<user>``) mounted at
+  /workspace: it outlives every sandbox of that user, and thread sandboxes share it.
+* Idle policy is Daytona's own: ``auto_stop_interval`` and ``auto_delete_interval``
+  come from ``idle_stop`` / ``idle_delete``; the kernel refreshes activity while a
+  cell runs (:meth:`DaytonaBackend.keep_alive`) because Daytona only counts API use.
+* Cells keep full fidelity: our own agent runs in a **PTY session** (a websocket,
+  bidirectional, streaming), switched to raw mode so the PTY passes bytes unchanged.
+  Daytona's code interpreter returns only stdout/stderr, and session commands take
+  stdin one HTTP request at a time; a raw PTY is one long-lived duplex stream, like
+  ``docker exec``.
+* Rate limits (429) are retried with backoff; other API errors become our error
+  classes with the status and what to do.
+
+The SDK is imported when this module is, and this module only when the daytona
+backend is chosen.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import IO, Any, TypeVar
+
+from daytona import (
+    CreateSandboxFromSnapshotParams,
+    Daytona,
+    ListSandboxesQuery,
+    VolumeMount,
+)
+from daytona.common.errors import (
+    DaytonaAuthenticationError,
+    DaytonaConflictError,
+    DaytonaError,
+    DaytonaForbiddenError,
+    DaytonaNotFoundError,
+    DaytonaRateLimitError,
+)
+
+from ..config import SandboxConfig
+from ..files import FileMissing
+from ..identity import ScopeKey, resolve_user, safe_id
+from ..lifecycle import check_quota
+from ..store import Store
+from .base import (
+    LABEL_FLAVOR,
+    LABEL_INSTALLATION,
+    LABEL_MANAGED,
+    LABEL_SCOPE,
+    LABEL_SPEC,
+    LABEL_THREAD,
+    LABEL_USER,
+    WORKSPACE,
+    Backend,
+    BadRequest,
+    Channel,
+    EngineUnavailable,
+    Ensured,
+    ExecResult,
+    Health,
+    Progress,
+    SandboxError,
+    SandboxFailed,
+    SandboxInfo,
+    SnapshotInfo,
+    check_snapshot_name,
+    not_found,
+    sandbox_labels,
+    spec_hash,
+)
+
+T = TypeVar("T")
+
+LOST_NOTICE = "variables were lost, files in /workspace were kept"
+LABEL_IMAGE = "sandbox-kernel.image"
+AGENT_LOG = "/tmp/.sandbox-agent.log"
+READY = b"\x01SKREADY\n"
+# Rate-limit retries: 0.5 s doubling to 8 s, about 30 s in all before giving up.
+RETRY_DELAYS = (0.5, 1, 2, 4, 8, 8, 8)
+
+_STATES = {
+    "started": "running",
+    "stopped": "stopped",
+    "stopping": "stopped",
+    "archived": "stopped",
+    "archiving": "stopped",
+    "paused": "stopped",
+    "pausing": "stopped",
+    "error": "error",
+    "build_failed": "error",
+}
+_GONE = {"destroyed", "destroying"}
+
+
+def _state(sandbox: Any) -> str:
+    raw = getattr(sandbox.state, "value", sandbox.state) or "unknown"
+    return raw if raw in _GONE else _STATES.get(raw, "creating")
+
+
+def _epoch(stamp: str | None) -> float:
+    if not stamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _bash_word(arg: str) -> str:
+    """Quote one word for a line typed into bash: ANSI-C quoting when it holds newlines,
+    so the whole command stays on one terminal line."""
+    if re.search(r"[\x00-\x1f]", arg):
+        escaped = arg.replace("\\", "\\\\").replace("'", "\\'")
+        escaped = re.sub(r"[\x00-\x1f]", lambda m: f"\\x{ord(m.group()):02x}", escaped)
+        return f"$'{escaped}'"
+    return shlex.quote(arg)
+
+
+class PtyChannel(Channel):
+    """Our agent's stdin/stdout over a Daytona PTY session in raw mode.
+
+    The shell first echoes what we type; :meth:`DaytonaBackend.open_channel` discards
+    everything up to a marker printed after ``stty raw -echo``, so the agent's first
+    byte is the channel's first byte.
+    """
+
+    def __init__(self, handle: Any, kill: Callable[[], None], log: Callable[[], str]) -> None:
+        self._handle = handle
+        self._events = iter(handle)
+        self._kill = kill
+        self._log = log
+        self._buf = bytearray()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def stderr_tail(self) -> str:
+        """What the agent wrote to stderr before it took over fd 2 (why it did not start)."""
+        try:
+            return self._log()
+        except SandboxError:
+            return ""
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            try:
+                self._handle.send_input(data)
+            except DaytonaError as exc:
+                raise SandboxError(f"the sandbox process is gone ({exc})") from exc
+
+    def read(self, size: int = 65536) -> bytes:
+        if not self._buf:
+            try:
+                self._buf += next(self._events)
+            except (StopIteration, DaytonaError):
+                return b""
+        chunk = bytes(self._buf[:size])
+        del self._buf[:size]
+        return chunk
+
+    def read_until(self, marker: bytes, timeout: float) -> None:
+        """Drop output until ``marker``; keep what follows it for :meth:`read`."""
+        deadline = time.monotonic() + timeout
+        seen = bytearray()
+        for chunk in self._handle._handle_events(deadline):
+            seen += chunk
+            at = seen.find(marker)
+            if at >= 0:
+                self._buf += seen[at + len(marker) :]
+                return
+        raise SandboxFailed(
+            "the sandbox's terminal did not start our agent"
+            + (f": {self._handle.error}" if self._handle.error else "")
+            + f" (output: {bytes(seen[-300:]).decode('utf-8', 'replace')!r})"
+        )
+
+    def exit_status(self) -> int | None:
+        return self._handle.exit_code
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._kill()
+        except Exception:  # already gone with its sandbox: nothing left to end
+            pass
+        self._handle.disconnect()
+
+
+class DaytonaBackend(Backend):
+    name = "daytona"
+
+    def __init__(self, config: SandboxConfig) -> None:
+        super().__init__(config)
+        self.store = Store(config)
+        self._client: Daytona | None = None
+        self._sandboxes: dict[str, Any] = {}  # per-process cache of SDK handles, by name
+
+    # -- client and errors ---------------------------------------------------------------
+    @property
+    def client(self) -> Daytona:
+        if self._client is None:
+            try:
+                self._client = Daytona()  # key, URL and target from DAYTONA_* like every Daytona tool
+            except DaytonaError as exc:
+                raise EngineUnavailable(
+                    f"cannot reach Daytona: {exc}. Set DAYTONA_API_KEY (and DAYTONA_API_URL for a "
+                    "self-hosted Daytona), or choose another backend with SANDBOX_KERNEL_BACKEND"
+                ) from None
+        return self._client
+
+    def _call(self, fn: Callable[..., T], *args: Any, what: str = "", **kwargs: Any) -> T:
+        """One SDK call: 429 retried with backoff, errors turned into ours with a clear message."""
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                return fn(*args, **kwargs)
+            except DaytonaRateLimitError:
+                if delay is None:
+                    raise EngineUnavailable(
+                        f"Daytona kept answering 429 (rate limit) to {what or 'a request'} for "
+                        "half a minute; wait a moment and try again, or raise your organization's limits"
+                    ) from None
+                time.sleep(delay)
+            except DaytonaAuthenticationError:
+                raise EngineUnavailable(
+                    "Daytona refused the API key (401): check DAYTONA_API_KEY (and DAYTONA_API_URL)"
+                ) from None
+            except DaytonaForbiddenError as exc:
+                raise SandboxError(
+                    f"Daytona refused {what or 'the request'} (403): {_message(exc)}; "
+                    "the API key needs sandbox, volume and snapshot permissions"
+                ) from None
+            except (DaytonaNotFoundError, DaytonaConflictError):
+                raise  # callers decide: a missing sandbox, a lost create race
+            except DaytonaError as exc:
+                status = getattr(exc, "status_code", None)
+                code = f" ({status})" if status else ""
+                message = f"Daytona failed to {what or 'answer'}{code}: {_message(exc)}"
+                if status and 400 <= status < 500:
+                    raise SandboxError(message) from None
+                # 5xx and dropped connections: the service (or the sandbox's runner) is unwell.
+                raise EngineUnavailable(message) from None
+        raise AssertionError("unreachable")
+
+    def health(self) -> Health:
+        try:
+            self._call(self.client.volume.list, what="list volumes")
+        except SandboxError as exc:
+            return Health(False, self.name, str(exc))
+        return Health(True, self.name, "Daytona answers")
+
+    # -- lookups -------------------------------------------------------------------------
+    def _lookup(self, name: str) -> Any | None:
+        """The SDK handle of sandbox ``name`` (fresh state), or None when there is none."""
+        try:
+            sandbox = self._call(self.client.get, name, what=f"look up {name}")
+        except DaytonaNotFoundError:
+            self._sandboxes.pop(name, None)
+            return None
+        if sandbox.labels.get(LABEL_MANAGED) != "1":
+            raise SandboxFailed(
+                f"a Daytona sandbox named {name} exists but was not made by sandbox-kernel; "
+                "rename or delete it (we never touch sandboxes that are not ours)"
+            )
+        if _state(sandbox) in _GONE:
+            return None
+        self._sandboxes[name] = sandbox
+        return sandbox
+
+    def _sandbox(self, sandbox_id: str) -> Any:
+        sandbox = self._lookup(sandbox_id)
+        if sandbox is None:
+            raise not_found(sandbox_id)
+        return sandbox
+
+    def _running(self, sandbox_id: str) -> Any:
+        """The handle of a running sandbox, without a round trip when we know it runs."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        if sandbox is None or _state(sandbox) != "running":
+            sandbox = self._sandbox(sandbox_id)
+        if _state(sandbox) != "running":
+            raise SandboxError(f"sandbox {sandbox_id} is {_state(sandbox)}; start it first")
+        return sandbox
+
+    def _info(self, sandbox: Any) -> SandboxInfo:
+        labels = sandbox.labels or {}
+        return SandboxInfo(
+            id=sandbox.name,
+            backend=self.name,
+            scope=labels.get(LABEL_SCOPE, "user"),
+            user=labels.get(LABEL_USER, ""),
+            thread=labels.get(LABEL_THREAD, ""),
+            state=_state(sandbox),
+            image=labels.get(LABEL_IMAGE) or sandbox.snapshot or "",
+            created=_epoch(sandbox.created_at),
+            engine_id=sandbox.id,
+            flavor=labels.get(LABEL_FLAVOR, ""),
+            isolation="Daytona sandbox (remote, its own kernel)",
+            workspace=f"daytona volume {_volume_name(labels.get(LABEL_USER, ''))}",
+            limits={"cpus": sandbox.cpu, "memory": int(sandbox.memory or 0) * 2**30, "disk": int(sandbox.disk or 0) * 2**30},
+            exit_reason=getattr(sandbox, "error_reason", None) or "",
+            finished=_epoch(sandbox.updated_at) if _state(sandbox) == "stopped" else 0.0,
+            snapshot=labels.get("sandbox-kernel.snapshot", ""),
+            spec=labels.get(LABEL_SPEC, ""),
+            installation=labels.get(LABEL_INSTALLATION, ""),
+        )
+
+    # -- sandboxes -----------------------------------------------------------------------
+    def ensure(self, key: ScopeKey, progress: Progress | None = None) -> Ensured:
+        say = progress or (lambda _msg: None)
+        sandbox = self._lookup(key.name)
+        if sandbox is not None:
+            return self._revive(sandbox, key, say)
+        record = self.store.get(self.name, key.name)
+        check_quota(self, self.config, self.config.memory)
+        volume = self._ensure_volume(key.user, say)
+        snapshot = self._snapshot_for_new()
+        say(f"creating Daytona sandbox {key.name} from {snapshot or 'the default snapshot'}")
+        labels = sandbox_labels(key, self.config, f"daytona volume {volume.name}")
+        labels[LABEL_IMAGE] = f"snapshot {self.config.snapshot}" if self.config.snapshot else self.config.image
+        labels["sandbox-kernel.snapshot"] = self.config.snapshot
+        params = CreateSandboxFromSnapshotParams(
+            name=key.name,
+            snapshot=snapshot or None,
+            labels=labels,
+            env_vars={"PIP_BREAK_SYSTEM_PACKAGES": "1", "PYTHONUNBUFFERED": "1"},
+            volumes=[VolumeMount(volume_id=volume.id, mount_path=WORKSPACE)],
+            auto_stop_interval=math.ceil(self.config.idle_stop) if self.config.idle_stop else 0,
+            auto_delete_interval=math.ceil(self.config.idle_delete) if self.config.idle_delete else -1,
+            network_block_all=not self.config.network,
+        )
+        try:
+            sandbox = self._call(
+                self.client.create, params, timeout=self.config.start_timeout, what=f"create {key.name}"
+            )
+        except DaytonaConflictError:  # another process created it first
+            return self._revive(self._wait_created(key.name), key, say)
+        except EngineUnavailable as exc:
+            raise SandboxFailed(str(exc).replace("failed to", "could not")) from None
+        self._sandboxes[key.name] = sandbox
+        self.store.put(self.name, key.name, key.user, sandbox.id, spec_hash(self.config))
+        info = self._info(sandbox)
+        if record is not None and record.engine_id and record.engine_id != sandbox.id:
+            return Ensured(info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had been removed)")
+        return Ensured(info, "created")
+
+    def _snapshot_for_new(self) -> str:
+        """The Daytona snapshot a new sandbox starts from ("" for Daytona's default).
+
+        The image setting names a Daytona snapshot here; its Docker-oriented default
+        means "not chosen", which on Daytona is the organization's default snapshot.
+        """
+        if self.config.snapshot:
+            return _snapshot_name(self._user_for_snapshots(), self.config.snapshot)
+        if self.config.image == SandboxConfig.image.default_value:
+            return ""
+        return self.config.image
+
+    def _user_for_snapshots(self) -> str:
+        return resolve_user(self.config)
+
+    def _wait_created(self, name: str) -> Any:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            sandbox = self._lookup(name)
+            if sandbox is not None:
+                return sandbox
+            time.sleep(0.5)
+        raise SandboxFailed(f"{name} was being created by another process and did not appear")
+
+    def _revive(self, sandbox: Any, key: ScopeKey, say: Progress) -> Ensured:
+        state = _state(sandbox)
+        if state == "running":
+            self._remember(key, sandbox)
+            return Ensured(self._info(sandbox), "existing")
+        if state == "creating":
+            say(f"waiting for Daytona sandbox {key.name} ({sandbox.state.value if hasattr(sandbox.state, 'value') else sandbox.state})")
+            self._call(sandbox.wait_for_sandbox_start, timeout=self.config.start_timeout, what=f"start {key.name}")
+            self._remember(key, sandbox)
+            return Ensured(self._info(sandbox), "existing")
+        if state == "error":
+            reason = getattr(sandbox, "error_reason", None) or "in error"
+            say(f"Daytona sandbox {key.name} failed ({reason}): creating a new one")
+            self._call(sandbox.delete, what=f"delete {key.name}")
+            self._wait_gone(key.name)
+            self.store.delete(self.name, key.name)
+            ensured = self.ensure(key, say)
+            return Ensured(ensured.info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had failed: {reason})")
+        raw = getattr(sandbox.state, "value", sandbox.state)
+        say(
+            f"starting Daytona sandbox {key.name} ({raw}"
+            + ("; restoring an archived sandbox can take a minute" if raw in ("archived", "archiving") else "")
+            + ")"
+        )
+        self._call(sandbox.start, timeout=self.config.start_timeout, what=f"start {key.name}")
+        self._remember(key, sandbox)
+        return Ensured(self._info(sandbox), "started")
+
+    def _remember(self, key: ScopeKey, sandbox: Any) -> None:
+        record = self.store.get(self.name, key.name)
+        if record is None or record.engine_id != sandbox.id:
+            self.store.put(self.name, key.name, key.user, sandbox.id, sandbox.labels.get(LABEL_SPEC, ""))
+        else:
+            self.store.touch(self.name, key.name)
+
+    def _wait_gone(self, name: str) -> None:
+        self.wait_until(lambda: self._lookup(name) is None, 60, f"{name} to be deleted")
+
+    def _ensure_volume(self, user: str, say: Progress) -> Any:
+        """The user's workspace volume, created on first use and ready to mount."""
+        name = _volume_name(user)
+        volume = self._call(self.client.volume.get, name, create=True, what=f"get volume {name}")
+        deadline = time.monotonic() + self.config.start_timeout
+        while getattr(volume.state, "value", volume.state) != "ready":
+            if getattr(volume.state, "value", volume.state) == "error":
+                raise SandboxFailed(f"Daytona volume {name} is in error: {volume.error_reason or 'no reason given'}")
+            if time.monotonic() > deadline:
+                raise SandboxFailed(f"Daytona volume {name} was not ready after {self.config.start_timeout:.0f} s")
+            say(f"waiting for workspace volume {name}")
+            time.sleep(0.5)
+            volume = self._call(self.client.volume.get, name, what=f"get volume {name}")
+        return volume
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        return self._info(self._sandbox(sandbox_id))
+
+    def list(self, user: str | None = None) -> list[SandboxInfo]:
+        labels = {LABEL_MANAGED: "1"}
+        if user is not None:
+            labels[LABEL_USER] = user
+        found = self._call(
+            lambda: list(self.client.list(ListSandboxesQuery(labels=labels))), what="list sandboxes"
+        )
+        return [self._info(s) for s in found if _state(s) not in _GONE]
+
+    def stop(self, sandbox_id: str) -> SandboxInfo:
+        sandbox = self._sandbox(sandbox_id)
+        if _state(sandbox) == "running":
+            self._call(sandbox.stop, timeout=self.config.start_timeout, what=f"stop {sandbox_id}")
+        return self._info(sandbox)
+
+    def start(self, sandbox_id: str) -> SandboxInfo:
+        sandbox = self._sandbox(sandbox_id)
+        if _state(sandbox) != "running":
+            self._call(sandbox.start, timeout=self.config.start_timeout, what=f"start {sandbox_id}")
+        return self._info(sandbox)
+
+    def destroy(self, sandbox_id: str) -> bool:
+        sandbox = self._lookup(sandbox_id)
+        if sandbox is None:
+            return False
+        try:
+            self._call(sandbox.delete, what=f"delete {sandbox_id}")
+        except DaytonaNotFoundError:
+            return False
+        self._sandboxes.pop(sandbox_id, None)
+        return True
+
+    def keep_alive(self, sandbox_id: str) -> None:
+        """Reset Daytona's idle timer: work inside a sandbox does not count as activity."""
+        sandbox = self._sandboxes.get(sandbox_id)
+        if sandbox is not None:
+            self._call(sandbox.refresh_activity, what=f"refresh activity of {sandbox_id}")
+
+    @property
+    def keep_alive_interval(self) -> float:
+        # Three refreshes per auto-stop interval, so one lost request never stops a cell.
+        return max(1.0, self.config.idle_stop * 60 / 3) if self.config.idle_stop else 0.0
+
+    # -- processes -----------------------------------------------------------------------
+    def exec(
+        self,
+        sandbox_id: str,
+        cmd: list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        sandbox = self._running(sandbox_id)
+        try:
+            response = self._call(
+                sandbox.process.exec,
+                shlex.join(cmd),
+                cwd=cwd,
+                env=env,
+                timeout=int(math.ceil(timeout)) if timeout else None,
+                what=f"run a command in {sandbox_id}",
+            )
+        except DaytonaNotFoundError:
+            raise not_found(sandbox_id) from None
+        return ExecResult(int(response.exit_code), (response.result or "").encode())
+
+    def open_channel(
+        self,
+        sandbox_id: str,
+        cmd: list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+    ) -> Channel:
+        from daytona.common.pty import PtySize
+
+        sandbox = self._running(sandbox_id)
+        pty_id = f"sk-agent-{uuid.uuid4().hex[:12]}"
+        handle = self._call(
+            sandbox.process.create_pty_session,
+            pty_id,
+            cwd=cwd,
+            pty_size=PtySize(rows=24, cols=200),
+            what=f"open a terminal in {sandbox_id}",
+        )
+        channel = PtyChannel(
+            handle,
+            kill=lambda: sandbox.process.kill_pty_session(pty_id),
+            log=lambda: self.exec(sandbox_id, ["tail", "-c", "2000", AGENT_LOG], timeout=10).output.decode(
+                "utf-8", "replace"
+            ),
+        )
+        assignments = " ".join(_bash_word(f"{k}={v}") for k, v in (env or {}).items())
+        # Raw mode makes the terminal a plain byte pipe (no echo, no line editing, no
+        # CR/LF rewriting, no signals from ^C); the marker's printf format differs from
+        # its echo, so the echo of this line can never be taken for it.
+        line = (
+            "stty raw -echo -iexten; printf '\\001SK%s\\n' READY; "
+            f"exec env {assignments} {' '.join(_bash_word(a) for a in cmd)} 2>>{AGENT_LOG}\n"
+        )
+        try:
+            handle.send_input(line)
+            channel.read_until(READY, timeout=min(60.0, self.config.start_timeout))
+        except BaseException:
+            channel.close()
+            raise
+        return channel
+
+    # -- files ---------------------------------------------------------------------------
+    def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
+        sandbox = self._running(sandbox_id)
+        self._call(sandbox.fs.upload_file_stream, data, _in_workspace(path), what=f"upload {path}")
+
+    def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
+        sandbox = self._running(sandbox_id)
+        stream = self._call(sandbox.fs.download_file_stream, _in_workspace(path), what=f"download {path}")
+        return self._chunks(stream, path)
+
+    def _chunks(self, stream: Iterator[bytes], path: str) -> Iterator[bytes]:
+        """The SDK's download stream, with its errors (raised while iterating) made ours."""
+        try:
+            yield from stream
+        except DaytonaNotFoundError:
+            raise FileMissing(f"no file {path!r} in the workspace") from None
+        except DaytonaError as exc:
+            raise SandboxError(f"download of {path!r} failed: {_message(exc)}") from None
+
+    # -- snapshots -----------------------------------------------------------------------
+    def create_snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+        check_snapshot_name(name)
+        sandbox = self._sandbox(sandbox_id)
+        user = sandbox.labels.get(LABEL_USER, "")
+        full = _snapshot_name(user, name)
+        try:
+            self._call(sandbox.create_snapshot, full, timeout=self.config.start_timeout, what=f"snapshot {sandbox_id}")
+        except DaytonaConflictError:
+            raise BadRequest(f"a snapshot named {name!r} exists already; delete it or pick another name") from None
+        for snap in self.list_snapshots(user):
+            if snap.name == name:
+                return snap
+        raise SandboxFailed(f"Daytona accepted snapshot {name!r} but does not list it")
+
+    def list_snapshots(self, user: str | None = None) -> list[SnapshotInfo]:
+        page = self._call(self.client.snapshot.list, what="list snapshots")
+        ours = self.list()
+        names = {s.engine_id: s.id for s in ours}
+        users = {safe_id(s.user): s.user for s in ours}
+        if user is not None:
+            users[safe_id(user)] = user
+        out = []
+        for snap in page.items:
+            owner, short = _split_snapshot_name(snap.name)
+            if not short or (user is not None and owner != safe_id(user)):
+                continue
+            out.append(
+                SnapshotInfo(
+                    name=short,
+                    backend=self.name,
+                    user=users.get(owner, owner),
+                    source=names.get(snap.source_sandbox_id or "", snap.source_sandbox_id or ""),
+                    size=int((snap.size or 0) * 2**30),
+                    created=_epoch(str(snap.created_at) if snap.created_at else None),
+                    id=snap.id,
+                )
+            )
+        return out
+
+    def delete_snapshot(self, name: str) -> bool:
+        for snap in self._call(self.client.snapshot.list, what="list snapshots").items:
+            if _split_snapshot_name(snap.name)[1] == name:
+                self._call(self.client.snapshot.delete, snap, what=f"delete snapshot {name}")
+                return True
+        return False
+
+
+
+def _message(exc: DaytonaError) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+
+
+def _volume_name(user: str) -> str:
+    return f"sk-ws-{safe_id(user)}"
+
+
+def _snapshot_name(user: str, name: str) -> str:
+    """Daytona snapshot names are organization-wide: ours carry the owner in front."""
+    return f"sk-{safe_id(user)}--{name}"
+
+
+def _split_snapshot_name(full: str) -> tuple[str, str]:
+    """(owner's safe id, our name) of a Daytona snapshot of ours; ("", "") for others.
+
+    A safe id holds "--" only before its 12-hex-digit digest, which tells where it ends.
+    """
+    if not full.startswith("sk-"):
+        return "", ""
+    parts = full[3:].split("--")
+    if len(parts) >= 3 and re.fullmatch(r"[0-9a-f]{12}", parts[1]):
+        return f"{parts[0]}--{parts[1]}", "--".join(parts[2:])
+    if len(parts) >= 2:
+        return parts[0], "--".join(parts[1:])
+    return "", ""
+
+
+def _in_workspace(path: str) -> str:
+    return path if path.startswith("/") else f"{WORKSPACE}/{path}"

@@ -1,0 +1,402 @@
+"""The Daytona backend, driven through the real ``daytona`` SDK against a fake Daytona.
+
+The fake (tests/fake_daytona.py) speaks Daytona's wire format and runs sandboxes as
+local Docker containers, so nothing in the SDK is mocked: what is replaced is the
+service on the other end of the wire, because a real one cannot be reached from CI.
+``test_real_daytona`` runs against the real service when ``DAYTONA_API_KEY`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jupyter_kernel_test
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from sandbox_kernel.backends import make_backend
+from sandbox_kernel.backends.base import (
+    EngineUnavailable,
+    SandboxError,
+    SandboxNotFound,
+)
+from sandbox_kernel.config import SandboxConfig
+from sandbox_kernel.identity import ScopeKey
+
+from .conftest import TEST_IMAGE
+from .fake_daytona import API_KEY, FakeDaytona
+from .kernel_env import ConformanceSamples, KernelEnv, make_kernel_env
+from .test_kernel import run, text_of
+
+pytestmark = pytest.mark.docker
+
+SNAPSHOT = "sandbox-kernel-test"  # the fake's general snapshot, made of the Docker test image
+# A real Daytona, when the developer's environment names one (read before any fixture
+# points DAYTONA_* at the fake).
+REAL = {name: os.environ.get(name, "") for name in ("DAYTONA_API_KEY", "DAYTONA_API_URL", "DAYTONA_TARGET")}
+
+
+def start_fake(root: Path) -> FakeDaytona:
+    fake = FakeDaytona(root, {SNAPSHOT: TEST_IMAGE})
+    fake.start()
+    return fake
+
+
+def daytona_settings(fake: FakeDaytona, **extra: str) -> dict[str, str]:
+    return {
+        "SANDBOX_KERNEL_BACKEND": "daytona",
+        "SANDBOX_KERNEL_IMAGE": SNAPSHOT,
+        "DAYTONA_API_KEY": API_KEY,
+        "DAYTONA_API_URL": fake.url,
+        "DAYTONA_TARGET": "us",
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDaytona]:
+    server = start_fake(tmp_path_factory.mktemp("fake-daytona"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(autouse=True)
+def _daytona_env(fake: FakeDaytona, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DAYTONA_API_KEY", API_KEY)
+    monkeypatch.setenv("DAYTONA_API_URL", fake.url)
+    monkeypatch.setenv("DAYTONA_TARGET", "us")
+    fake.creating_delay = 0.0
+    fake.seconds_per_minute = 60.0
+
+
+@pytest.fixture
+def backend_for(make_config: Callable[..., SandboxConfig]) -> Callable[..., Any]:
+    def make(**overrides: Any) -> Any:
+        cfg = make_config(backend="daytona", image=SNAPSHOT, **overrides)
+        return make_backend(cfg)
+
+    return make
+
+
+def user_key(user: str, thread: str = "") -> ScopeKey:
+    return ScopeKey(user=user, scope="thread" if thread else "user", thread=thread)
+
+
+def sh(backend: Any, sandbox_id: str, script: str) -> str:
+    result = backend.exec(sandbox_id, ["sh", "-c", script])
+    assert result.exit_code == 0, result.output
+    return result.output.decode()
+
+
+# -- the kernel -------------------------------------------------------------------------------
+class TestDaytonaConformance(ConformanceSamples, jupyter_kernel_test.KernelTests):
+    """The official kernel conformance suite, with the kernel on a (fake) Daytona sandbox."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls._tmp = tempfile.TemporaryDirectory()
+        root = Path(cls._tmp.name)
+        cls.fake = start_fake(root / "fake")
+        cls.kenv = make_kernel_env(root, **daytona_settings(cls.fake))
+        cls._old_path = os.environ.get("JUPYTER_PATH")
+        os.environ["JUPYTER_PATH"] = cls.kenv.jupyter_path
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        super().tearDownClass()
+        if cls._old_path is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = cls._old_path
+        cls.fake.close()
+        cls._tmp.cleanup()
+
+    def test_runs_in_a_daytona_sandbox(self) -> None:
+        self.flush_channels()
+        reply, outputs = run(self.kc, "import socket, os; print(socket.gethostname(), os.getuid(), os.getcwd())")
+        assert reply["status"] == "ok"
+        assert text_of(outputs).split() == ["daytona", "1000", "/workspace"]
+        (box,) = self.fake.sandboxes.values()
+        assert box.name == f"sk-{self.kenv.user}"
+
+
+@pytest.fixture
+def dkenv(fake: FakeDaytona, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KernelEnv:
+    env = make_kernel_env(tmp_path, **daytona_settings(fake))
+    monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
+    return env
+
+
+def test_kernel_restart_keeps_files_and_packages_not_variables(fake: FakeDaytona, dkenv: KernelEnv) -> None:
+    km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
+    try:
+        reply, _ = run(
+            kc,
+            "x = 41\n"
+            "open('/workspace/kept.txt', 'w').write('workspace')\n"
+            "import os; os.makedirs(os.path.expanduser('~/.local/lib'), exist_ok=True)\n"
+            "open(os.path.expanduser('~/.local/lib/pkg.txt'), 'w').write('installed')",
+        )
+        assert reply["status"] == "ok", reply
+        engine_id = next(b.id for b in fake.sandboxes.values() if b.name == f"sk-{dkenv.user}")
+        km.restart_kernel(now=True)
+        kc.wait_for_ready(timeout=120)
+        reply, outputs = run(
+            kc,
+            "import os\n"
+            "print(open('/workspace/kept.txt').read(), open(os.path.expanduser('~/.local/lib/pkg.txt')).read())\n"
+            "print('x' in globals())",
+        )
+        assert reply["status"] == "ok", reply
+        assert text_of(outputs).split() == ["workspace", "installed", "False"]
+        assert next(b.id for b in fake.sandboxes.values() if b.name == f"sk-{dkenv.user}") == engine_id
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_interrupt_keeps_variables(dkenv: KernelEnv) -> None:
+    km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
+    try:
+        assert run(kc, "y = 'still here'")[0]["status"] == "ok"
+        msg_id = kc.execute("import time; time.sleep(60)")
+        time.sleep(2)
+        km.interrupt_kernel()
+        while True:
+            reply = kc.get_shell_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        reply, outputs = run(kc, "print(y)")
+        assert text_of(outputs) == "still here\n"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_sandbox_stopped_mid_cell_gives_one_line_and_next_cell_runs(fake: FakeDaytona, dkenv: KernelEnv) -> None:
+    """Daytona auto-stops the sandbox while a cell runs: the PTY drops, the kernel asks
+    Daytona what happened, says it in one line, and the next cell starts it again."""
+    km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
+    try:
+        assert run(kc, "z = 1")[0]["status"] == "ok"
+        box = next(b for b in fake.sandboxes.values() if b.name == f"sk-{dkenv.user}")
+        threading.Timer(2.0, fake.auto_stop, args=(box.id,)).start()
+        reply, outputs = run(kc, "import time; time.sleep(30)")
+        assert reply["status"] == "error"
+        lost = text_of(outputs, "stderr")
+        assert f"sandbox sk-{dkenv.user} stopped" in lost and "variables were lost" in lost
+        reply, outputs = run(kc, "print('z' in globals(), open('/etc/hostname').read().strip())")
+        assert reply["status"] == "ok", reply
+        assert text_of(outputs).split() == ["False", "daytona"]
+        assert "sandbox restarted: variables were lost, files in /workspace were kept" in text_of(outputs, "stderr")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_bad_gateway_mid_session_is_retried_by_the_next_cell(fake: FakeDaytona, dkenv: KernelEnv) -> None:
+    """A 502 while the kernel looks the sandbox up is a clear one-line error, not a hang;
+    once Daytona answers again, cells run."""
+    km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
+    try:
+        assert run(kc, "1")[0]["status"] == "ok"
+        box = next(b for b in fake.sandboxes.values() if b.name == f"sk-{dkenv.user}")
+        fake.fail(r"GET /api/sandbox/", 502, times=20)
+        fake.auto_stop(box.id)
+        reply, outputs = run(kc, "print('after')")
+        assert reply["status"] == "error"
+        assert "502" in text_of(outputs, "stderr") and "Traceback" not in text_of(outputs, "stderr")
+        fake.clear_faults()
+        reply, outputs = run(kc, "print('after')")
+        assert reply["status"] == "ok", reply
+        assert "after" in text_of(outputs)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_long_silent_cell_is_not_auto_stopped(fake: FakeDaytona, fake_minute: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Daytona counts only API use as activity; the kernel refreshes it while a cell runs.
+    The control half: once idle, the same sandbox is auto-stopped by the same timer."""
+    env = make_kernel_env(tmp_path, **daytona_settings(fake, SANDBOX_KERNEL_IDLE_STOP="0.05"))
+    monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
+    km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
+    try:
+        reply, outputs = run(kc, "import time; time.sleep(10); print('survived')", timeout=60)
+        assert reply["status"] == "ok", (reply, text_of(outputs, "stderr"))
+        assert text_of(outputs) == "survived\n"
+        box = next(b for b in fake.sandboxes.values() if b.name == f"sk-{env.user}")
+        assert box.auto_stop == 1  # 0.05 min rounds up to Daytona's smallest interval
+        deadline = time.monotonic() + 20
+        while box.state != "stopped" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert box.state == "stopped"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def fake_minute(fake: FakeDaytona) -> Iterator[None]:
+    fake.seconds_per_minute = 3.0
+    yield
+    fake.seconds_per_minute = 60.0
+
+
+# -- the backend through the SDK -------------------------------------------------------------------
+def test_sandbox_made_with_volume_labels_and_lifecycle(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+    user = f"u{uuid.uuid4().hex[:6]}"
+    backend = backend_for(idle_stop=20, idle_delete=90, network=False)
+    ensured = backend.ensure(user_key(user))
+    assert ensured.event == "created" and ensured.info.state == "running"
+    box = next(b for b in fake.sandboxes.values() if b.name == f"sk-{user}")
+    assert (box.auto_stop, box.auto_delete, box.network_block_all) == (20, 90, True)
+    assert box.labels["sandbox-kernel.user"] == user and box.labels["sandbox-kernel.managed"] == "1"
+    (mount,) = box.volumes
+    assert mount["mountPath"] == "/workspace"
+    assert fake.volumes[mount["volumeId"]]["name"] == f"sk-ws-{user}"
+    assert backend.ensure(user_key(user)).event == "existing"
+    assert [i.id for i in backend.list(user)] == [f"sk-{user}"]
+    backend.stop(f"sk-{user}")
+    assert backend.get(f"sk-{user}").state == "stopped"
+    assert backend.ensure(user_key(user)).event == "started"
+
+
+def test_thread_sandboxes_share_the_users_volume(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+    user = f"u{uuid.uuid4().hex[:6]}"
+    backend = backend_for(scope="thread")
+    one = backend.ensure(user_key(user, "nb-one.ipynb")).info
+    two = backend.ensure(user_key(user, "nb-two.ipynb")).info
+    assert one.id != two.id and one.engine_id != two.engine_id
+    sh(backend, one.id, "echo from-one > /workspace/shared.txt")
+    assert sh(backend, two.id, "cat /workspace/shared.txt") == "from-one\n"
+    assert len({m["volumeId"] for b in fake.sandboxes.values() if b.name in (one.id, two.id) for m in b.volumes}) == 1
+    assert sorted(i.id for i in backend.list(user)) == sorted([one.id, two.id])  # two pages in the fake
+
+
+def test_destroy_keeps_the_workspace_and_the_next_start_says_so(backend_for: Callable[..., Any]) -> None:
+    user = f"u{uuid.uuid4().hex[:6]}"
+    backend = backend_for()
+    info = backend.ensure(user_key(user)).info
+    sh(backend, info.id, "echo precious > /workspace/data.txt; echo gone > ~/outside.txt")
+    assert backend.destroy(info.id) is True
+    assert backend.destroy(info.id) is False
+    with pytest.raises(SandboxNotFound):
+        backend.get(info.id)
+    again = backend.ensure(user_key(user))
+    assert again.event == "recreated" and "variables were lost" in again.notice
+    assert sh(backend, again.info.id, "cat /workspace/data.txt; ls ~/outside.txt 2>/dev/null || echo none") == "precious\nnone\n"
+
+
+def test_files_through_the_sdk(backend_for: Callable[..., Any]) -> None:
+    user = f"u{uuid.uuid4().hex[:6]}"
+    backend = backend_for()
+    info = backend.ensure(user_key(user)).info
+    blob = os.urandom(3 << 20)
+    backend.put_file(info.id, "deep/folder/blob.bin", blob)
+    assert b"".join(backend.get_file(info.id, "deep/folder/blob.bin")) == blob
+    assert sh(backend, info.id, "stat -c %u /workspace/deep/folder/blob.bin") == "1000\n"
+    with pytest.raises(SandboxError):
+        b"".join(backend.get_file(info.id, "missing.bin"))
+
+
+def test_snapshots_create_list_start_from_delete(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+    user = f"u{uuid.uuid4().hex[:6]}"
+    backend = backend_for()
+    info = backend.ensure(user_key(user)).info
+    sh(backend, info.id, "echo baked > ~/baked.txt")
+    snap = backend.create_snapshot(info.id, "baked")
+    assert (snap.name, snap.user, snap.source) == ("baked", user, info.id)
+    assert [s.name for s in backend.list_snapshots(user)] == ["baked"]
+    assert backend.list_snapshots("someone-else") == []
+    assert f"sk-{user}--baked" in fake.snapshots  # organization-wide name carries the owner
+    with pytest.raises(SandboxError, match="exists already"):
+        backend.create_snapshot(info.id, "baked")
+    thread_backend = backend_for(scope="thread", snapshot="baked", user=user)
+    other = thread_backend.ensure(user_key(user, "from-snapshot.ipynb")).info
+    assert sh(thread_backend, other.id, "cat ~/baked.txt") == "baked\n"
+    assert backend.delete_snapshot("baked") is True
+    assert backend.list_snapshots(user) == []
+
+
+def test_slow_creation_shows_progress_and_waits(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+    fake.creating_delay = 2.0
+    said: list[str] = []
+    ensured = backend_for().ensure(user_key(f"u{uuid.uuid4().hex[:6]}"), progress=said.append)
+    assert ensured.info.state == "running"
+    assert any("creating Daytona sandbox" in line for line in said)
+
+
+def test_rate_limit_is_retried_then_reported(fake: FakeDaytona, backend_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox_kernel.backends import daytona as daytona_backend
+
+    monkeypatch.setattr(daytona_backend, "RETRY_DELAYS", (0.05, 0.1, 0.2))
+    backend = backend_for()
+    info = backend.ensure(user_key(f"u{uuid.uuid4().hex[:6]}")).info
+    fake.fail(r"GET /api/sandbox/", 429, times=2)
+    assert backend.get(info.id).state == "running"
+    fake.fail(r"GET /api/sandbox/", 429, times=10)
+    with pytest.raises(EngineUnavailable, match="429"):
+        backend.get(info.id)
+    fake.clear_faults()
+
+
+def test_bad_key_forbidden_and_unknown_ids(fake: FakeDaytona, backend_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = backend_for()
+    with pytest.raises(SandboxNotFound, match="sandbox-kernel list"):
+        backend.get("sk-nobody-here")
+    fake.fail(r"GET /api/sandbox", 403, times=1, message="API key lacks the read:sandboxes scope")
+    with pytest.raises(SandboxError, match="403.*read:sandboxes"):
+        backend.list()
+    monkeypatch.setenv("DAYTONA_API_KEY", "wrong")
+    bad = backend_for()
+    health = bad.health()
+    assert not health.ok and "401" in health.message and "DAYTONA_API_KEY" in health.message
+    with pytest.raises(EngineUnavailable, match="DAYTONA_API_KEY"):
+        bad.ensure(user_key("mallory"))
+    monkeypatch.delenv("DAYTONA_API_KEY")
+    assert "DAYTONA_API_KEY" in backend_for().health().message
+
+
+def test_not_ours_is_never_touched(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+    from daytona import CreateSandboxFromSnapshotParams, Daytona, DaytonaConfig
+
+    user = f"u{uuid.uuid4().hex[:6]}"
+    Daytona(DaytonaConfig()).create(CreateSandboxFromSnapshotParams(name=f"sk-{user}", snapshot=SNAPSHOT))
+    backend = backend_for()
+    with pytest.raises(SandboxError, match="not made by sandbox-kernel"):
+        backend.ensure(user_key(user))
+    assert all(i.id != f"sk-{user}" for i in backend.list())
+
+
+@pytest.mark.skipif(not REAL["DAYTONA_API_KEY"], reason="set DAYTONA_API_KEY (and DAYTONA_API_URL) to test a real Daytona")
+def test_real_daytona(make_config: Callable[..., SandboxConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opt-in: the same backend against the real service (creates and deletes one sandbox;
+    SANDBOX_KERNEL_TEST_DAYTONA_SNAPSHOT picks the snapshot, else Daytona's default)."""
+    for name, value in REAL.items():
+        if value:
+            monkeypatch.setenv(name, value)
+        else:
+            monkeypatch.delenv(name, raising=False)
+    snapshot = os.environ.get("SANDBOX_KERNEL_TEST_DAYTONA_SNAPSHOT", "")
+    backend = make_backend(make_config(backend="daytona", image=snapshot))
+    assert backend.health().ok
+    info = backend.ensure(user_key(f"sk-test-{uuid.uuid4().hex[:6]}")).info
+    try:
+        from sandbox_kernel.agent import agent_source, bootstrap_command
+
+        channel = backend.open_channel(info.id, bootstrap_command())
+        channel.write(agent_source())
+        assert b"python_version" in channel.read()
+        channel.close()
+    finally:
+        backend.destroy(info.id)
