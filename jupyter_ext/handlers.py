@@ -25,7 +25,7 @@ from sandbox_kernel.backends.base import (
     SandboxError,
     SandboxNotFound,
 )
-from sandbox_kernel.files import FileMissing, Upload
+from sandbox_kernel.files import FileMissing, RemoteUpload, Upload
 from sandbox_kernel.service import Forbidden, SandboxService
 
 AUTH_RESOURCE = "sandboxes"
@@ -146,7 +146,7 @@ class FolderHandler(BaseHandler):
 class FileHandler(BaseHandler):
     """Download, upload (raw body, streamed to a temporary file), delete."""
 
-    _upload: Upload | None = None
+    _upload: Upload | RemoteUpload | None = None
     _refused: web.HTTPError | None = None
 
     async def prepare(self) -> None:

@@ -10,6 +10,7 @@ target and are renamed into place, so a failed upload leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -176,3 +177,134 @@ class Upload:
             self._fh.close()
         finally:
             self._tmp.unlink(missing_ok=True)
+
+
+# The helper RemoteWorkspace runs inside the sandbox (any python3): it resolves the path
+# there, where symlinks live, and refuses anything that leaves the workspace.
+_REMOTE_FS = r"""
+import json, os, stat, sys
+op, root, rel = sys.argv[1], sys.argv[2], sys.argv[3]
+path = os.path.join(root, rel) if rel else root
+def out(**kw):
+    print(json.dumps(kw)); sys.exit(0)
+def inside(p):
+    real = os.path.realpath(p)
+    return real == root or real.startswith(root + "/")
+probe = path if op != "upload" else os.path.dirname(path)
+while op == "upload" and not os.path.lexists(probe) and probe != root:
+    probe = os.path.dirname(probe)
+if not inside(probe if op == "upload" else path):
+    out(error="outside")
+if op != "upload" and not os.path.lexists(path):
+    out(error="missing")
+def kind(st):
+    m = st.st_mode
+    return "symlink" if stat.S_ISLNK(m) else "directory" if stat.S_ISDIR(m) else "file" if stat.S_ISREG(m) else "other"
+if op == "stat":
+    st = os.lstat(path)
+    out(type=kind(st), size=st.st_size)
+if op == "upload":
+    out(type=kind(os.lstat(path)) if os.path.lexists(path) else "none")
+if op == "list":
+    if not os.path.isdir(path):
+        out(error="notdir")
+    items = []
+    for name in os.listdir(path):
+        st = os.lstat(os.path.join(path, name))
+        items.append([name, kind(st), st.st_size, st.st_mtime])
+    out(items=items)
+if op == "delete":
+    if os.path.isdir(path) and not os.path.islink(path):
+        out(error="isdir")
+    os.unlink(path)
+    out(ok=True)
+"""
+
+
+class RemoteWorkspace:
+    """The workspace of a sandbox whose files are not on this host (a Daytona volume).
+
+    Same operations and errors as :class:`Workspace`; paths are checked twice, here
+    (no ``..``, no absolute path) and inside the sandbox (no symlink leading out).
+    """
+
+    def __init__(self, backend: Any, sandbox_id: str, root: str = "/workspace") -> None:
+        self.backend = backend
+        self.sandbox_id = sandbox_id
+        self.root = root
+
+    def _ask(self, op: str, path: str) -> dict[str, Any]:
+        rel = str(PurePosixPath(*_parts(path))) if _parts(path) else ""
+        result = self.backend.exec(
+            self.sandbox_id, ["python3", "-c", _REMOTE_FS, op, self.root, rel], cwd=self.root, timeout=60
+        )
+        try:
+            answer = json.loads(result.output.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise SandboxError(f"could not reach the files of {self.sandbox_id}: {result.output[-300:]!r}") from None
+        error = answer.get("error")
+        if error == "outside":
+            raise BadRequest(f"{path!r} leads outside the workspace (through a symlink)")
+        if error == "missing":
+            raise FileMissing(f"no such file or folder in the workspace: {path!r}")
+        if error == "notdir":
+            raise BadRequest(f"{path!r} is a file, not a folder")
+        if error == "isdir":
+            raise BadRequest(f"{path!r} is a folder; only files can be deleted")
+        return answer
+
+    def _remote(self, path: str) -> str:
+        return str(PurePosixPath(self.root, *_parts(path)))
+
+    def list(self, path: str = "") -> list[Entry]:
+        items = self._ask("list", path)["items"]
+        entries = [
+            Entry(name, str(PurePosixPath(*_parts(path), name)), kind, size, modified)
+            for name, kind, size, modified in items
+        ]
+        return sorted(entries, key=lambda e: (e.type != "directory", e.name))
+
+    def open_read(self, path: str) -> tuple[int, Iterator[bytes]]:
+        answer = self._ask("stat", path)
+        if answer["type"] != "file":
+            raise BadRequest(f"{path!r} is not a regular file")
+        return answer["size"], self.backend.get_file(self.sandbox_id, self._remote(path))
+
+    def start_upload(self, path: str) -> RemoteUpload:
+        if not _parts(path):
+            raise BadRequest("give a file path to upload to")
+        if self._ask("upload", path)["type"] not in ("none", "file"):
+            raise BadRequest(f"{path!r} is a folder or a link; uploads only replace regular files")
+        return RemoteUpload(self.backend, self.sandbox_id, self._remote(path))
+
+    def delete(self, path: str) -> None:
+        if not _parts(path):
+            raise BadRequest("refusing to delete the workspace itself")
+        self._ask("delete", path)
+
+
+class RemoteUpload:
+    """An upload to a remote workspace: spooled on this host, sent whole on commit, so a
+    broken request leaves nothing behind in the sandbox."""
+
+    def __init__(self, backend: Any, sandbox_id: str, target: str) -> None:
+        self.backend = backend
+        self.sandbox_id = sandbox_id
+        self.target = target
+        self._fh = tempfile.TemporaryFile()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self._fh.write(chunk)
+        self.size += len(chunk)
+
+    def commit(self) -> int:
+        try:
+            self._fh.seek(0)
+            self.backend.put_file(self.sandbox_id, self.target, self._fh)
+        finally:
+            self._fh.close()
+        return self.size
+
+    def abort(self) -> None:
+        self._fh.close()

@@ -22,7 +22,7 @@ from .backends.base import (
     check_snapshot_name,
 )
 from .config import SandboxConfig
-from .files import Workspace
+from .files import RemoteWorkspace, Workspace
 from .identity import ScopeKey
 from .lifecycle import stats
 from .store import Store
@@ -145,10 +145,14 @@ class SandboxService:
         return totals
 
     # -- files ----------------------------------------------------------------------
-    def workspace(self, user: str, sandbox_id: str) -> Workspace:
+    def workspace(self, user: str, sandbox_id: str) -> Workspace | RemoteWorkspace:
         info = self.owned(user, sandbox_id)
         self.store.touch(self.backend.name, sandbox_id)  # file use is activity
-        return Workspace(info.workspace)
+        if self.backend.workspace_on_host:
+            return Workspace(info.workspace)
+        if info.state != "running":
+            raise BadRequest(f"sandbox {sandbox_id} is {info.state}: start it to reach its files")
+        return RemoteWorkspace(self.backend, sandbox_id)
 
     # -- snapshots ------------------------------------------------------------------
     def snapshots(self, user: str) -> list[dict[str, Any]]:

@@ -145,6 +145,11 @@ class FakeDaytona:
         self.docker.containers.get(box.container_id).stop(timeout=1)
         box.state = "stopped"
 
+    def archive(self, sandbox_id: str) -> None:
+        """Move a stopped sandbox to object storage, as Daytona does after a week."""
+        self.auto_stop(sandbox_id)
+        self.sandboxes[sandbox_id].state = "archived"
+
     # -- server ------------------------------------------------------------------
     def start(self) -> str:
         ready = threading.Event()

@@ -8,6 +8,7 @@ service on the other end of the wire, because a real one cannot be reached from 
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -328,6 +329,20 @@ def test_snapshots_create_list_start_from_delete(fake: FakeDaytona, backend_for:
     assert backend.list_snapshots(user) == []
 
 
+def test_archived_sandbox_is_restored_on_attach_with_progress(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+    user = f"u{uuid.uuid4().hex[:6]}"
+    backend = backend_for()
+    info = backend.ensure(user_key(user)).info
+    sh(backend, info.id, "echo kept > ~/fs.txt")
+    fake.archive(info.engine_id)
+    assert backend.get(info.id).state == "stopped"
+    said: list[str] = []
+    ensured = backend.ensure(user_key(user), progress=said.append)
+    assert ensured.event == "started" and ensured.info.engine_id == info.engine_id
+    assert any("archived" in line and "can take a minute" in line for line in said)
+    assert sh(backend, info.id, "cat ~/fs.txt") == "kept\n"
+
+
 def test_slow_creation_shows_progress_and_waits(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
     fake.creating_delay = 2.0
     said: list[str] = []
@@ -400,3 +415,65 @@ def test_real_daytona(make_config: Callable[..., SandboxConfig], monkeypatch: py
         channel.close()
     finally:
         backend.destroy(info.id)
+
+
+# -- the REST API over Daytona sandboxes ----------------------------------------------------------
+@pytest.fixture
+def daytona_rest(fake: FakeDaytona, tmp_path: Path, test_user: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = {
+        "SANDBOX_KERNEL_BACKEND": "daytona",
+        "SANDBOX_KERNEL_IMAGE": SNAPSHOT,
+        "SANDBOX_KERNEL_STATE_DIR": str(tmp_path / "state"),
+        "SANDBOX_KERNEL_USER": test_user,
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+@pytest.fixture
+def jp_server_config(daytona_rest: dict[str, str]) -> dict[str, Any]:
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_ext": True}},
+        "SandboxExtension": {"gc_interval": 0},
+    }
+
+
+async def test_rest_over_daytona(jp_fetch: Any, fake: FakeDaytona, daytona_rest: dict[str, str], make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+    from .test_rest_api import fetch
+
+    backend = make_backend(make_config(backend="daytona", image=SNAPSHOT, state_dir=daytona_rest["SANDBOX_KERNEL_STATE_DIR"]))
+    sid = backend.ensure(user_key(test_user)).info.id
+    (item,) = await fetch(jp_fetch, "api", "sandboxes")
+    assert (item["id"], item["backend"], item["state"], item["user"]) == (sid, "daytona", "running", test_user)
+    assert item["limits"]["memory"] == 1 << 30 and item["usage"] == {}
+
+    # Files go through the sandbox (the volume is not on this host), confined the same way.
+    made = await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", method="PUT", body=b"hello", expect=201)
+    assert made == {"path": "deep/note.txt", "size": 5}
+    listing = await fetch(jp_fetch, "api", "sandboxes", sid, "files", params={"path": "deep"})
+    assert [(e["name"], e["type"], e["size"]) for e in listing["entries"]] == [("note.txt", "file", 5)]
+    response = await jp_fetch("api", "sandboxes", sid, "files", "deep", "note.txt")
+    assert (response.body, response.headers["Content-Length"]) == (b"hello", "5")
+    assert sh(backend, sid, "cat /workspace/deep/note.txt; stat -c %u /workspace/deep/note.txt") == "hello1000\n"
+    sh(backend, sid, "ln -s /etc /workspace/etc-link")
+    body = await fetch(jp_fetch, "api", "sandboxes", sid, "files", "etc-link", "passwd", expect=400)
+    assert "outside the workspace" in body["message"]
+    await fetch(jp_fetch, "api", "sandboxes", sid, "files", "etc-link", "evil.txt", method="PUT", body=b"x", expect=400)
+    await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", method="DELETE", expect=400)
+    await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", method="DELETE", expect=204)
+    await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", expect=404)
+
+    # Snapshots, then stop (files need a running sandbox: a clear 400), start, destroy.
+    snap = await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=201)
+    assert (snap["name"], snap["source"], snap["backend"]) == ("rest-snap", sid, "daytona")
+    await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=400)
+    assert [s["name"] for s in await fetch(jp_fetch, "api", "snapshots")] == ["rest-snap"]
+    await fetch(jp_fetch, "api", "snapshots", "rest-snap", method="DELETE", expect=204)
+    stopped = await fetch(jp_fetch, "api", "sandboxes", sid, "stop", method="POST", body="")
+    assert stopped["state"] == "stopped"
+    body = await fetch(jp_fetch, "api", "sandboxes", sid, "files", expect=400)
+    assert "start it" in body["message"]
+    assert (await fetch(jp_fetch, "api", "sandboxes", sid, "start", method="POST", body=""))["state"] == "running"
+    await fetch(jp_fetch, "api", "sandboxes", sid, method="DELETE", expect=204)
+    await fetch(jp_fetch, "api", "sandboxes", sid, expect=404)

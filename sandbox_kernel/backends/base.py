@@ -231,6 +231,9 @@ class Backend(abc.ABC):
     """A sandbox engine. Methods are synchronous; async callers use a thread."""
 
     name: str = "base"
+    # Whether SandboxInfo.workspace is a folder on this host (Docker, local); when not
+    # (Daytona's volumes), file routes go through the sandbox itself.
+    workspace_on_host: bool = True
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config

@@ -200,6 +200,7 @@ class PtyChannel(Channel):
 
 class DaytonaBackend(Backend):
     name = "daytona"
+    workspace_on_host = False
 
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)
