@@ -1,0 +1,296 @@
+"""The JupyterLab panel end to end: a real JupyterLab with the extension installed from
+the wheel, a real Docker sandbox, Debian's chromium driven by Playwright.
+
+Skipped with a reason when chromium, Playwright or the built extension is missing;
+with ``SANDBOX_KERNEL_REQUIRE_BROWSER=1`` (set by .ci/run) that is a failure instead.
+Screenshots of the panel (light and dark) go to tests/output/lab-ui/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import TEST_IMAGE, remove_user_containers
+
+pytestmark = pytest.mark.docker
+
+OUTPUT = Path(__file__).resolve().parent / "output" / "lab-ui"
+CHROMIUM = os.environ.get("SANDBOX_KERNEL_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+EXTENSION = "sandbox-kernel-labextension"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+
+
+def _browser_problem() -> str | None:
+    if not Path(CHROMIUM).exists():
+        return f"no chromium at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the Python playwright package is missing (pip install playwright)"
+    from jupyter_core.paths import jupyter_path
+
+    if not any((Path(p) / EXTENSION / "package.json").is_file() for p in jupyter_path("labextensions")):
+        return f"the lab extension {EXTENSION} is not installed (pip install . builds it)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser_ready() -> None:
+    problem = _browser_problem()
+    if problem is None:
+        return
+    if os.environ.get("SANDBOX_KERNEL_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"the browser test is required here but cannot run: {problem}")
+    pytest.skip(problem)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Lab:
+    def __init__(self, root: Path, user: str) -> None:
+        self.root = root
+        self.user = user
+        self.token = uuid.uuid4().hex
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.notebooks = root / "notebooks"
+        self.workspace = root / "workspaces" / user
+        self.log = root / "lab.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.notebooks.mkdir(parents=True)
+        env = {
+            **os.environ,
+            "SANDBOX_KERNEL_BACKEND": "docker",
+            "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,
+            "SANDBOX_KERNEL_WORKSPACE_ROOT": str(self.root / "workspaces"),
+            "SANDBOX_KERNEL_STATE_DIR": str(self.root / "state"),
+            "SANDBOX_KERNEL_USER": self.user,
+            "JUPYTERLAB_SETTINGS_DIR": str(self.root / "lab-settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(self.root / "lab-workspaces"),
+            "JUPYTER_RUNTIME_DIR": str(self.root / "runtime"),
+        }
+        cmd = [
+            sys.executable, "-m", "jupyterlab", "--no-browser",
+            "--ServerApp.allow_root=True", f"--ServerApp.token={self.token}",
+            f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.root_dir={self.notebooks}", "--SandboxExtension.gc_interval=0",
+            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
+        self._log = self.log.open("wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.root)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited: {self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/status?token={self.token}", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"jupyter lab did not answer: {self.log.read_text()[-3000:]}")
+
+    def api(self, path: str) -> Any:
+        with urllib.request.urlopen(f"{self.url}/api/{path}?token={self.token}", timeout=30) as response:
+            return json.loads(response.read() or b"null")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def lab(browser_ready: None, tmp_path: Path, test_user: str) -> Iterator[Lab]:
+    server = Lab(tmp_path, test_user)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        remove_user_containers(test_user)
+        for snap in subprocess.run(
+            ["docker", "images", "-q", "--filter", f"label=sandbox-kernel.user={test_user}"], capture_output=True, text=True
+        ).stdout.split():
+            subprocess.run(["docker", "rmi", "-f", snap], capture_output=True)
+
+
+def _notebook(path: Path) -> None:
+    cell = "open('hello.txt', 'w').write('hi from the sandbox')\nprint('made', 'hello.txt')"
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [], "source": cell}],
+        "metadata": {"kernelspec": {"name": "sandbox", "display_name": "Python 3 (sandbox)", "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }))
+
+
+def test_panel_end_to_end(lab: Lab, tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    _notebook(lab.notebooks / "analysis.ipynb")
+    sid = f"sk-{lab.user}"
+    snap = f"{lab.user}-e2e"
+    errors: list[str] = []
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(1 << 20) * 24)  # 24 MiB: the upload shows progress
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1400, "height": 900}, accept_downloads=True)
+        page = context.new_page()
+        page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+        try:
+            page.goto(f"{lab.url}/lab/tree/analysis.ipynb?token={lab.token}")
+            # Run the cell: its kernel makes the sandbox.
+            page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_visible(timeout=60_000)
+            page.keyboard.press("Shift+Enter")
+            expect(page.locator(".jp-OutputArea-output").filter(has_text="made hello.txt")).to_be_visible(timeout=120_000)
+
+            # The status bar names the notebook's sandbox; clicking it reveals it in the panel.
+            status = page.locator(".jp-SandboxStatus-label")
+            expect(status).to_have_text(sid, timeout=30_000)
+            status.click()
+            card = page.locator(f".jp-SandboxPanel-card[data-sandbox-id='{sid}']")
+            expect(card).to_be_visible(timeout=15_000)
+            expect(card).to_have_class(lambda_class("jp-mod-highlighted"))
+            expect(card.locator(".jp-SandboxPanel-dot-running")).to_be_visible()
+            expect(card.locator(".jp-SandboxPanel-kernels")).to_have_text("1")
+            expect(card).to_contain_text("user")
+            expect(card).to_contain_text(TEST_IMAGE)
+            expect(card.locator(".jp-SandboxPanel-memory")).to_contain_text("/ 1.00 GiB", timeout=20_000)
+
+            # Files: the cell's file is listed and downloads; uploads by button (with progress) and by drop.
+            card.get_by_role("button", name=f"Browse files of {sid}", exact=True).click()
+            files = page.locator(".jp-SandboxPanel-files")
+            expect(files.locator("[data-path='hello.txt']")).to_be_visible(timeout=15_000)
+            with page.expect_download() as download_info:
+                files.get_by_label("Download hello.txt").click()
+            assert Path(download_info.value.path()).read_text() == "hi from the sandbox"
+            with page.expect_file_chooser() as chooser_info:
+                files.get_by_role("button", name="Upload files", exact=True).click()
+            chooser_info.value.set_files(str(big))
+            expect(files.locator("[data-path='big.bin']")).to_be_visible(timeout=60_000)
+            assert (lab.workspace / "big.bin").read_bytes() == big.read_bytes()
+            _drop_file(page, files.locator(".jp-SandboxPanel-dropzone"), "dropped.txt", "dropped in")
+            expect(files.locator("[data-path='dropped.txt']")).to_be_visible(timeout=30_000)
+            assert (lab.workspace / "dropped.txt").read_text() == "dropped in"
+
+            page.locator(".jp-SandboxPanel").screenshot(path=str(OUTPUT / "panel-light.png"))
+
+            # Snapshot it (asks for a name); a second one with the same name shows the server's message.
+            for attempt in range(2):
+                card.get_by_role("button", name=f"Snapshot {sid}", exact=True).click()
+                dialog = page.locator(".jp-Dialog")
+                dialog.locator("input").fill(snap)
+                dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
+                if attempt == 0:
+                    expect(page.locator(f".jp-SandboxPanel-snapshot[data-snapshot='{snap}']")).to_be_visible(timeout=120_000)
+                    expect(card.locator(".jp-SandboxPanel-state")).to_have_text("running", timeout=30_000)
+            expect(page.locator(".Toastify__toast").filter(has_text="exists")).to_be_visible(timeout=30_000)
+
+            # Start a new sandbox from the snapshot.
+            page.get_by_role("button", name=f"Start a new sandbox from {snap}", exact=True).click()
+            fresh = page.locator(".jp-SandboxPanel-card").filter(has_text=f"from snapshot {snap}")
+            expect(fresh).to_be_visible(timeout=60_000)
+            expect(page.locator(".jp-SandboxPanel-card")).to_have_count(2)
+
+            # Dark theme: same panel, theme colours.
+            page.locator(".lm-MenuBar-itemLabel", has_text="Settings").click()
+            page.locator(".lm-Menu-itemLabel", has_text="Theme").first.hover()
+            page.locator(".lm-Menu-itemLabel").get_by_text("JupyterLab Dark", exact=True).click()
+            expect(page.locator("body[data-jp-theme-light='false']")).to_be_attached(timeout=30_000)
+            page.wait_for_timeout(500)
+            page.locator(".jp-SandboxPanel").screenshot(path=str(OUTPUT / "panel-dark.png"))
+            background = page.locator(".jp-SandboxPanel-card").first.evaluate("e => getComputedStyle(e).backgroundColor")
+            assert _luminance(background) < 0.3, background
+
+            # Destroy both sandboxes (the dialog says the workspace is kept), then the snapshot.
+            for target in (sid, fresh.get_attribute("data-sandbox-id")):
+                page.get_by_role("button", name=f"Destroy {target}", exact=True).click()
+                expect(page.locator(".jp-Dialog")).to_contain_text("/workspace are kept")
+                page.locator(".jp-Dialog-button.jp-mod-accept").click()
+                expect(page.locator(f".jp-SandboxPanel-card[data-sandbox-id='{target}']")).to_have_count(0, timeout=60_000)
+            expect(page.locator(".jp-SandboxPanel-sandboxes")).to_contain_text("No sandboxes")
+            assert lab.api("sandboxes") == []
+            assert (lab.workspace / "hello.txt").exists()  # destroy keeps the workspace
+            page.get_by_role("button", name=f"Delete snapshot {snap}", exact=True).click()
+            page.locator(".jp-Dialog-button.jp-mod-accept").click()
+            expect(page.locator(f".jp-SandboxPanel-snapshot[data-snapshot='{snap}']")).to_have_count(0, timeout=30_000)
+
+            # Commands are in the palette.
+            page.keyboard.press("Control+Shift+C")
+            palette = page.locator(".lm-CommandPalette")
+            palette.locator("input").fill("Sandbox")
+            for label in ("Refresh Sandboxes", "Destroy Current Notebook’s Sandbox…", "Snapshot Current Notebook’s Sandbox…"):
+                expect(palette.locator(".lm-CommandPalette-itemLabel", has_text=label)).to_be_visible()
+            page.keyboard.press("Escape")
+            page.locator(".lm-MenuBar-itemLabel", has_text="Settings").click()
+            page.locator(".lm-Menu-itemLabel", has_text="Theme").first.hover()
+            page.locator(".lm-Menu-itemLabel").get_by_text("JupyterLab Light", exact=True).click()
+            expect(page.locator("body[data-jp-theme-light='true']")).to_be_attached(timeout=30_000)
+
+            # No console errors, but the 400 of the deliberate duplicate snapshot above.
+            unexpected = [e for e in errors if "a snapshot named" not in e]
+            assert not unexpected, unexpected
+
+            # The server goes away: the panel says so instead of showing stale data.
+            lab.stop()
+            expect(page.locator(".jp-SandboxPanel-error")).to_contain_text("Server unreachable", timeout=30_000)
+            page.locator(".jp-SandboxPanel").screenshot(path=str(OUTPUT / "panel-unreachable.png"))
+        except Exception:
+            page.screenshot(path=str(OUTPUT / "failure.png"))
+            raise
+        finally:
+            context.close()
+            browser.close()
+    print(f"\nscreenshots in {OUTPUT}; console errors seen: {errors}")
+
+
+def lambda_class(name: str) -> Any:
+    import re
+
+    return re.compile(rf"(^|\s){re.escape(name)}(\s|$)")
+
+
+def _drop_file(page: Any, target: Any, name: str, text: str) -> None:
+    """Drag-and-drop a file onto ``target`` the way a browser does it (a DataTransfer)."""
+    transfer = page.evaluate_handle(
+        """([name, text]) => {
+            const dt = new DataTransfer();
+            dt.items.add(new File([text], name, { type: 'text/plain' }));
+            return dt;
+        }""",
+        [name, text],
+    )
+    target.dispatch_event("dragover", {"dataTransfer": transfer})
+    target.dispatch_event("drop", {"dataTransfer": transfer})
+
+
+def _luminance(css_color: str) -> float:
+    parts = [float(p) for p in css_color[css_color.index("(") + 1 : css_color.index(")")].split(",")[:3]]
+    return sum(w * c / 255 for w, c in zip((0.2126, 0.7152, 0.0722), parts, strict=True))
