@@ -218,6 +218,18 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path) -> None:
             fresh = page.locator(".jp-SandboxPanel-card").filter(has_text=f"from snapshot {snap}")
             expect(fresh).to_be_visible(timeout=60_000)
             expect(page.locator(".jp-SandboxPanel-card")).to_have_count(2)
+            expect(fresh.locator(".jp-SandboxPanel-dot-running")).to_be_visible(timeout=30_000)
+
+            # Stop and start it from the keyboard: Tab from the card reaches its buttons.
+            fresh_id = fresh.get_attribute("data-sandbox-id")
+            fresh.focus()
+            page.keyboard.press("Tab")
+            expect(fresh.get_by_role("button", name=f"Stop {fresh_id}", exact=True)).to_be_focused()
+            page.keyboard.press("Enter")
+            expect(fresh.locator(".jp-SandboxPanel-dot-stopped")).to_be_visible(timeout=60_000)
+            fresh.get_by_role("button", name=f"Start {fresh_id}", exact=True).focus()
+            page.keyboard.press("Enter")
+            expect(fresh.locator(".jp-SandboxPanel-dot-running")).to_be_visible(timeout=60_000)
 
             # Dark theme: same panel, theme colours.
             page.locator(".lm-MenuBar-itemLabel", has_text="Settings").click()
@@ -230,7 +242,7 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path) -> None:
             assert _luminance(background) < 0.3, background
 
             # Destroy both sandboxes (the dialog says the workspace is kept), then the snapshot.
-            for target in (sid, fresh.get_attribute("data-sandbox-id")):
+            for target in (sid, fresh_id):
                 page.get_by_role("button", name=f"Destroy {target}", exact=True).click()
                 expect(page.locator(".jp-Dialog")).to_contain_text("/workspace are kept")
                 page.locator(".jp-Dialog-button.jp-mod-accept").click()
