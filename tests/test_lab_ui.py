@@ -191,10 +191,23 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path) -> None:
             with page.expect_download() as download_info:
                 files.get_by_label("Download hello.txt").click()
             assert Path(download_info.value.path()).read_text() == "hi from the sandbox"
+            # A slow link (Chrome's throttling) so the large upload's progress bar can be seen.
+            cdp = context.new_cdp_session(page)
+            cdp.send("Network.enable")
+            cdp.send("Network.emulateNetworkConditions", {
+                "offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": 8 << 20,
+            })
             with page.expect_file_chooser() as chooser_info:
                 files.get_by_role("button", name="Upload files", exact=True).click()
             chooser_info.value.set_files(str(big))
+            progress = files.get_by_role("progressbar", name="Uploading big.bin")
+            expect(progress).to_be_visible(timeout=10_000)
+            expect(progress).not_to_have_attribute("aria-valuenow", "0", timeout=10_000)
             expect(files.locator("[data-path='big.bin']")).to_be_visible(timeout=60_000)
+            expect(progress).to_have_count(0)
+            cdp.send("Network.emulateNetworkConditions", {
+                "offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1,
+            })
             assert (lab.workspace / "big.bin").read_bytes() == big.read_bytes()
             _drop_file(page, files.locator(".jp-SandboxPanel-dropzone"), "dropped.txt", "dropped in")
             expect(files.locator("[data-path='dropped.txt']")).to_be_visible(timeout=30_000)
