@@ -254,13 +254,21 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path) -> None:
             background = page.locator(".jp-SandboxPanel-card").first.evaluate("e => getComputedStyle(e).backgroundColor")
             assert _luminance(background) < 0.3, background
 
-            # Destroy both sandboxes (the dialog says the workspace is kept), then the snapshot.
+            # Destroy both sandboxes (the dialog says the workspace is kept), then the snapshot:
+            # the notebook's own through the palette command, the other by its button.
             for target in (sid, fresh_id):
-                page.get_by_role("button", name=f"Destroy {target}", exact=True).click()
+                if target == sid:
+                    page.keyboard.press("Control+Shift+C")
+                    page.locator(".lm-CommandPalette input").fill("Destroy Current Notebook")
+                    page.keyboard.press("Enter")
+                else:
+                    page.get_by_role("button", name=f"Destroy {target}", exact=True).click()
+                expect(page.locator(".jp-Dialog")).to_contain_text(f"Destroy {target}?")
                 expect(page.locator(".jp-Dialog")).to_contain_text("/workspace are kept")
                 page.locator(".jp-Dialog-button.jp-mod-accept").click()
                 expect(page.locator(f".jp-SandboxPanel-card[data-sandbox-id='{target}']")).to_have_count(0, timeout=60_000)
             expect(page.locator(".jp-SandboxPanel-sandboxes")).to_contain_text("No sandboxes")
+            expect(status).to_have_text("sandbox: not started")
             assert lab.api("sandboxes") == []
             assert (lab.workspace / "hello.txt").exists()  # destroy keeps the workspace
             page.get_by_role("button", name=f"Delete snapshot {snap}", exact=True).click()
