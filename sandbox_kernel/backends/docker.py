@@ -114,6 +114,7 @@ class DockerChannel(Channel):
         self._stderr: deque[bytes] = deque(maxlen=64)
         self._write_lock = threading.Lock()
         self._closed = False
+        self.keep_alive: Any = None  # the SDK object that must outlive the socket
 
     @property
     def stderr_tail(self) -> str:
@@ -630,7 +631,11 @@ class DockerBackend(Backend):
         sock = self._call(self.client.api.exec_start, exec_id, socket=True, demux=False)
         raw = getattr(sock, "_sock", sock)
         raw.settimeout(None)
-        return DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=self.client.api)
+        channel = DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=self.client.api)
+        # The SDK's wrapper holds the HTTP response; once that is garbage-collected it
+        # closes the connection under us (an EOF mid-session, at a random moment).
+        channel.keep_alive = sock
+        return channel
 
     def exec(
         self,
