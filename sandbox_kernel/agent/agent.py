@@ -80,7 +80,13 @@ class Output:
         self.sent = 0
         self.truncated = False
         self.wake = threading.Event()
+        self.captured = []  # CapturedFd of fds 1 and 2
         threading.Thread(target=self._flusher, daemon=True).start()
+
+    def drain(self):
+        """Take in what subprocesses wrote to fds 1/2 that the pumps have not read yet."""
+        for captured in self.captured:
+            captured.drain()
 
     def new_cell(self):
         with self.lock:
@@ -148,6 +154,8 @@ class Stream:
     def write(self, text):
         if not isinstance(text, str):
             raise TypeError("write() argument must be str, not %s" % type(text).__name__)
+        # What a subprocess wrote to fd 1/2 before this write comes out before it.
+        self.output.drain()
         self.output.write(self.name, text)
         return len(text)
 
@@ -171,23 +179,57 @@ class Stream:
         return True
 
 
-def capture_fd(fd, name, output):
-    """Point fd at a pipe and forward what arrives (subprocesses, C code) as a stream."""
-    r, w = os.pipe()
-    os.dup2(w, fd)
-    os.close(w)
+class CapturedFd:
+    """fd 1 or 2 of this process (and of the subprocesses user code starts) as a pipe
+    whose output becomes a stream. A thread forwards it as it comes; at the end of a
+    cell :meth:`drain` takes what is still in the pipe, so a subprocess's last line
+    is never reported after the cell's reply."""
 
-    def pump():
+    def __init__(self, fd, name, output):
+        import codecs
+
+        self.name = name
+        self.output = output
+        self.lock = threading.Lock()
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.r, w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.dup2(w, fd)
+        os.close(w)
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _read_available(self):
+        """Forward whatever the pipe holds now; False once it is closed."""
+        with self.lock:
+            while True:
+                try:
+                    data = os.read(self.r, 65536)
+                except BlockingIOError:
+                    return True
+                except OSError:
+                    return False
+                if not data:
+                    return False
+                self.output.write(self.name, self.decoder.decode(data))
+
+    def _pump(self):
+        import select
+
         while True:
             try:
-                data = os.read(r, 65536)
-            except OSError:
+                select.select([self.r], [], [])
+            except (OSError, ValueError):
                 return
-            if not data:
+            if not self._read_available():
                 return
-            output.write(name, data.decode("utf-8", "replace"))
 
-    threading.Thread(target=pump, daemon=True).start()
+    def drain(self):
+        self._read_available()
+
+
+def capture_fd(fd, name, output):
+    """Point fd at a pipe and forward what arrives (subprocesses, C code) as a stream."""
+    output.captured.append(CapturedFd(fd, name, output))
 
 
 class Agent:
@@ -203,6 +245,7 @@ class Agent:
         self.history = []  # (session, line, input)
         self.allow_stdin = False
         self.shell = None
+        self.spare = ""  # where to leave a warm interpreter for the next kernel, if anywhere
         self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         if not os.environ.get("SANDBOX_AGENT_NO_IPYTHON"):
             try:
@@ -218,7 +261,7 @@ class Agent:
             except (OSError, ValueError):
                 msg = None
             if msg is None:
-                os._exit(0)  # the kernel is gone: never outlive it
+                self.leave()  # the kernel is gone: never outlive it
             op = msg.get("op")
             if op == "interrupt":
                 if self.running:
@@ -231,6 +274,13 @@ class Agent:
                 with self.cond:
                     self.requests.append(msg)
                     self.cond.notify_all()
+
+    def leave(self):
+        """End this interpreter; first make sure a warm one waits for the next kernel
+        (a restart comes right after), when the kernel asked for spares."""
+        if self.spare:
+            spawn_spare(self.spare)
+        os._exit(0)
 
     def serve(self):
         threading.Thread(target=self.read_loop, daemon=True).start()
@@ -249,7 +299,7 @@ class Agent:
             if op == "shutdown":
                 self.output.flush()
                 self.wire.send(ev="reply", content={"status": "ok", "restart": False})
-                os._exit(0)
+                self.leave()
             handler = getattr(self, "do_" + str(op), None)
             try:
                 content = handler(msg) if handler else {"status": "error", "ename": "ValueError", "evalue": "unknown op %r" % op, "traceback": []}
@@ -309,6 +359,7 @@ class Agent:
             self.running = False
             if timer:
                 timer.cancel()
+            self.output.drain()
         if store:
             self.history.append((1, count, code))
         if not ok:
@@ -629,14 +680,132 @@ def enable_user_site():
         site.addsitedir(path)
 
 
+SPARE_TTL = 600.0  # seconds a spare waits for a kernel before it ends (its memory is freed)
+SPARE_DELAY = 2.0  # after our ready: the kernel's first cell has the CPU to itself
+
+
+def spawn_spare(path):
+    """Leave a warm interpreter at ``path`` for the next kernel of this sandbox, unless one
+    already waits there. It is a new process (started from our own source, in its own
+    session) so it carries none of this kernel's state."""
+    import socket
+    import subprocess
+
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(path)
+        return  # a spare answers: it takes our probe (no fds) for what it is
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    source = globals().get("AGENT_SOURCE")
+    if not source:
+        return
+    env = dict(os.environ, SANDBOX_AGENT_SPARE_LISTEN=path)
+    boot = "import sys;b=sys.stdin.buffer.read();exec(compile(b,'sandbox_agent.py','exec'),{'__name__':'__main__','AGENT_SOURCE':b})"
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-u", "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env=env, start_new_session=True, close_fds=True,
+        )
+        child.stdin.write(source)
+        child.stdin.close()
+    except OSError:
+        pass
+
+
+def wait_as_spare(path):
+    """Listen at ``path`` while warming up; take the fds and settings of the first kernel.
+
+    Returns once a kernel's start program handed over its stdin and stdout (now our fds
+    0 and 1); ends the process when nobody came within SPARE_TTL.
+    """
+    import array
+    import socket
+
+    global OUTPUT_LIMIT, CELL_TIMEOUT
+    os.environ.pop("SANDBOX_AGENT_SPARE_LISTEN", None)
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        listener.bind(path)
+    except OSError:
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(path)
+            os._exit(0)  # another spare got there first and waits: one is enough
+        except OSError:
+            pass  # a stale socket file of a spare that ended
+        finally:
+            probe.close()
+        try:
+            os.unlink(path)
+            listener.bind(path)
+        except OSError:
+            os._exit(0)
+    listener.listen(4)
+    agent = Agent(None)  # the expensive part: IPython imported, its shell built
+    listener.settimeout(SPARE_TTL)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            os._exit(0)
+        conn.settimeout(10)
+        try:
+            msg, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(2 * 4))
+        except OSError:
+            conn.close()
+            continue
+        fds = array.array("i")
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % 4])
+        if len(fds) < 2:
+            conn.close()  # a probe from an agent checking that we are here
+            continue
+        break
+    listener.close()
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    settings = json.loads(msg.decode("utf-8") or "{}")
+    os.environ.update(settings.get("env") or {})
+    OUTPUT_LIMIT = int(os.environ.get("SANDBOX_AGENT_OUTPUT_LIMIT") or 10_000_000)
+    CELL_TIMEOUT = float(os.environ.get("SANDBOX_AGENT_CELL_TIMEOUT") or 0)
+    try:
+        os.chdir(settings.get("cwd") or ".")
+    except OSError:
+        pass
+    os.dup2(fds[0], 0)
+    os.dup2(fds[1], 1)
+    for fd in fds:
+        os.close(fd)
+    conn.settimeout(None)
+    conn.sendall(b"k")
+    agent.keep_alive = conn  # its start program waits on it and ends when we do
+    return agent
+
+
 def main():
+    agent = None
+    if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):
+        agent = wait_as_spare(os.environ["SANDBOX_AGENT_SPARE_LISTEN"])
     wire = Wire()
     enable_user_site()
     # fd 0 and 1 now belong to the protocol; user code gets /dev/null and pipes.
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    agent = Agent(wire)
+    if agent is None:
+        agent = Agent(wire)
+    else:
+        agent.wire = agent.output.wire = wire
     capture_fd(1, "stdout", agent.output)
     capture_fd(2, "stderr", agent.output)
     sys.stdout = Stream(agent.output, "stdout")
@@ -653,6 +822,11 @@ def main():
         agent.namespace["display"] = display
         agent.namespace["clear_output"] = clear_output
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    agent.spare = os.environ.pop("SANDBOX_AGENT_SPARE", "")
+    if agent.spare:
+        timer = threading.Timer(SPARE_DELAY, spawn_spare, args=(agent.spare,))
+        timer.daemon = True
+        timer.start()
     agent.serve()
 
 
