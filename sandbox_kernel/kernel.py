@@ -33,7 +33,7 @@ from typing import Any
 from ipykernel.kernelbase import Kernel
 
 from . import __version__
-from .agent import agent_source, bootstrap_command
+from .agent import SPARE_SOCKET, agent_source, bootstrap_command
 from .backends import Backend, Channel, SandboxError, SandboxNotFound, make_backend
 from .backends.base import WORKSPACE, workspace_dir
 from .config import ConfigError, SandboxConfig, load_config
@@ -41,6 +41,7 @@ from .identity import ScopeKey, notebook_metadata, scope_key
 from .lifecycle import gc
 from .store import HEARTBEAT, Store
 
+GC_DELAY = 2.0  # seconds after the start before the kernel applies the lifecycle policies
 CONNECT_WAIT_FOR_INFO = 5.0  # seconds kernel_info waits for the sandbox's Python version
 LOST = "variables were lost, files in /workspace were kept"
 
@@ -239,7 +240,11 @@ class SandboxKernel(Kernel):
             "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
             "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
         }
-        channel = self.backend.open_channel(info.id, bootstrap_command(), cwd=self._cell_cwd(), env=env)
+        spare = SPARE_SOCKET if self.backend.keeps_spares else ""
+        if spare:
+            env["SANDBOX_AGENT_SPARE"] = spare  # leave a warm interpreter for the next kernel
+        command = bootstrap_command(spare=spare)
+        channel = self.backend.open_channel(info.id, command, cwd=self._cell_cwd(), env=env)
         agent = AgentConnection(channel)
         try:
             agent.start()
@@ -282,7 +287,12 @@ class SandboxKernel(Kernel):
         return self._kernel_id() or f"pid{os.getpid()}"
 
     def _collect_garbage(self) -> None:
-        """Apply the lifecycle policies once per kernel start (hosts without a server need it)."""
+        """Apply the lifecycle policies once per kernel start (hosts without a server need it).
+
+        A moment after the start: listing every sandbox must not compete with the
+        kernel's first reply and first cell.
+        """
+        time.sleep(GC_DELAY)
         try:
             assert self.backend is not None and self.cfg is not None
             for action in gc(self.backend, self.cfg):

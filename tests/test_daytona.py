@@ -383,10 +383,10 @@ def test_bad_key_forbidden_and_unknown_ids(fake: FakeDaytona, backend_for: Calla
 
 
 def test_not_ours_is_never_touched(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
-    from daytona import CreateSandboxFromSnapshotParams, Daytona, DaytonaConfig
+    from daytona import CreateSandboxFromSnapshotParams, Daytona
 
     user = f"u{uuid.uuid4().hex[:6]}"
-    Daytona(DaytonaConfig()).create(CreateSandboxFromSnapshotParams(name=f"sk-{user}", snapshot=SNAPSHOT))
+    Daytona().create(CreateSandboxFromSnapshotParams(name=f"sk-{user}", snapshot=SNAPSHOT))
     backend = backend_for()
     with pytest.raises(SandboxError, match="not made by sandbox-kernel"):
         backend.ensure(user_key(user))

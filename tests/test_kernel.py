@@ -217,6 +217,54 @@ def test_restart_keeps_files_and_container(kernel: tuple[Any, Any], kenv: Kernel
     assert container_id(kenv.user) == before
 
 
+# The pid of the process listening on the spare's socket (a spare not yet taken): the
+# taken one keeps a connected socket with the same path, so only listeners count.
+SPARES = (
+    "import os\n"
+    "rows = [l.split() for l in open('/proc/net/unix')]\n"
+    "inodes = {r[6] for r in rows if r[-1].endswith('.sandbox-kernel-spare.sock') and r[3] == '00010000'}\n"
+    "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+    "    try:\n"
+    "        links = {os.readlink('/proc/%s/fd/%s' % (p, fd)) for fd in os.listdir('/proc/%s/fd' % p)}\n"
+    "    except OSError: continue\n"
+    "    if any('socket:[%s]' % i in links for i in inodes): print(p)\n"
+)
+
+
+def spare_pids(user: str) -> list[int]:
+    """Spare interpreters waiting in the sandbox (listening on the spare socket)."""
+    out = docker.from_env().containers.get(f"sk-{user}").exec_run(["python3", "-c", SPARES]).output
+    return sorted(int(p) for p in out.split())
+
+
+def wait_for_spare(user: str, other_than: int = 0) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pids = [p for p in spare_pids(user) if p != other_than]
+        if pids:
+            return pids[0]
+        time.sleep(0.2)
+    raise AssertionError("no spare interpreter appeared")
+
+
+def test_restart_takes_the_warm_spare_and_leaves_a_new_one(kernel: tuple[Any, Any], kenv: KernelEnv) -> None:
+    """A kernel leaves a warm interpreter behind; the next start takes it (fresh
+    variables, its own settings, same files) and a new spare replaces it."""
+    km, kc = kernel
+    run(kc, "import os\nleftover = 1")
+    spare = wait_for_spare(kenv.user)
+    km.restart_kernel(now=True)
+    kc.wait_for_ready(timeout=60)
+    reply, outputs = run(kc, "print(os.getpid() if 'os' in globals() else 'fresh', 'leftover' in globals())")
+    assert text_of(outputs) == "fresh False\n"
+    reply, outputs = run(kc, "import os, sys\nprint(os.getpid(), os.getcwd(), os.environ.get('SANDBOX_AGENT_OUTPUT_LIMIT'), sys.stdin.read())")
+    pid, cwd, limit, *rest = text_of(outputs).split()
+    assert (int(pid), cwd, limit, rest) == (spare, "/workspace", "10000000", [])
+    assert wait_for_spare(kenv.user, other_than=spare) != spare  # the next kernel's
+    reply, outputs = run(kc, "import subprocess\nprint(subprocess.run(['echo', 'fd capture'], capture_output=False).returncode)")
+    assert text_of(outputs) == "fd capture\n0\n"
+
+
 def test_container_removed_between_cells(kernel: tuple[Any, Any], kenv: KernelEnv) -> None:
     _, kc = kernel
     run(kc, "x = 1\nopen('/workspace/survivor.txt', 'w').write('kept')")
@@ -402,6 +450,36 @@ def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path) -> None:
         reply, outputs = run(kc, "print('back')")
         assert reply["status"] == "ok" and text_of(outputs) == "back\n"
         assert f"sk-{env.user} had been stopped" in text_of(outputs, "stderr")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        remove_user_containers(env.user)
+
+
+def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path) -> None:
+    """Hosts without a server still get idle stops: every kernel start runs the reaper
+    (a moment after starting, off the first cell's path)."""
+    from sandbox_kernel.backends.docker import DockerBackend
+    from sandbox_kernel.config import load_config
+    from sandbox_kernel.identity import ScopeKey
+
+    env = make_kernel_env(tmp_path, SANDBOX_KERNEL_IDLE_STOP=str(1 / 60))
+    os.environ["JUPYTER_PATH"] = env.jupyter_path
+    idle_user = f"{env.user}-idle"
+    cfg = load_config(
+        environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
+        state_dir=str(tmp_path / "state"), idle_stop=1 / 60,
+    )
+    idle = DockerBackend(cfg).ensure(ScopeKey(idle_user)).info
+    time.sleep(1.5)  # idle for longer than idle_stop, and no kernel attached
+    km, kc = start_new_kernel(kernel_name="sandbox")
+    try:
+        assert run(kc, "1")[0]["status"] == "ok"
+        deadline = time.monotonic() + 20
+        while docker.from_env().containers.get(idle.id).status == "running" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert docker.from_env().containers.get(idle.id).status == "exited"
+        assert docker.from_env().containers.get(f"sk-{env.user}").status == "running"  # its own is busy
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

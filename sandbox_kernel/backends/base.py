@@ -234,6 +234,9 @@ class Backend(abc.ABC):
     # Whether SandboxInfo.workspace is a folder on this host (Docker, local); when not
     # (Daytona's volumes), file routes go through the sandbox itself.
     workspace_on_host: bool = True
+    # Whether an agent may leave a warm spare interpreter for the next kernel: true where
+    # every channel of a sandbox sees the same /tmp (containers, Daytona sandboxes).
+    keeps_spares: bool = True
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config

@@ -126,6 +126,9 @@ def _kill_group(pgid: int) -> None:
 class LocalBackend(Backend):
     """Sandboxes as workspace folders and (bubblewrap'd) child processes."""
 
+    # Each channel is its own bubblewrap with its own /tmp: a spare could never be reached.
+    keeps_spares = False
+
     name = "local"
 
     def __init__(self, config: SandboxConfig) -> None:
