@@ -469,6 +469,10 @@ async def test_rest_over_daytona(jp_fetch: Any, fake: FakeDaytona, daytona_rest:
     assert (snap["name"], snap["source"], snap["backend"]) == ("rest-snap", sid, "daytona")
     await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=400)
     assert [s["name"] for s in await fetch(jp_fetch, "api", "snapshots")] == ["rest-snap"]
+    started = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": "rest-snap"}), expect=201)
+    assert (started["scope"], started["state"], started["backend"]) == ("thread", "running", "daytona")
+    assert next(b for b in fake.sandboxes.values() if b.name == started["id"]).snapshot == f"sk-{test_user}--rest-snap"
+    await fetch(jp_fetch, "api", "sandboxes", started["id"], method="DELETE", expect=204)
     await fetch(jp_fetch, "api", "snapshots", "rest-snap", method="DELETE", expect=204)
     stopped = await fetch(jp_fetch, "api", "sandboxes", sid, "stop", method="POST", body="")
     assert stopped["state"] == "stopped"

@@ -49,7 +49,7 @@ from daytona.common.errors import (
 
 from ..config import SandboxConfig
 from ..files import FileMissing
-from ..identity import ScopeKey, resolve_user, safe_id
+from ..identity import ScopeKey, safe_id
 from ..lifecycle import check_quota
 from ..store import Store
 from .base import (
@@ -326,7 +326,7 @@ class DaytonaBackend(Backend):
         record = self.store.get(self.name, key.name)
         check_quota(self, self.config, self.config.memory)
         volume = self._ensure_volume(key.user, say)
-        snapshot = self._snapshot_for_new()
+        snapshot = self._snapshot_for_new(key)
         say(f"creating Daytona sandbox {key.name} from {snapshot or 'the default snapshot'}")
         labels = sandbox_labels(key, self.config, f"daytona volume {volume.name}")
         labels[LABEL_IMAGE] = f"snapshot {self.config.snapshot}" if self.config.snapshot else self.config.image
@@ -356,20 +356,17 @@ class DaytonaBackend(Backend):
             return Ensured(info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had been removed)")
         return Ensured(info, "created")
 
-    def _snapshot_for_new(self) -> str:
+    def _snapshot_for_new(self, key: ScopeKey) -> str:
         """The Daytona snapshot a new sandbox starts from ("" for Daytona's default).
 
         The image setting names a Daytona snapshot here; its Docker-oriented default
         means "not chosen", which on Daytona is the organization's default snapshot.
         """
-        if self.config.snapshot:
-            return _snapshot_name(self._user_for_snapshots(), self.config.snapshot)
+        if self.config.snapshot:  # the owner's snapshot: names carry their user
+            return _snapshot_name(key.user, self.config.snapshot)
         if self.config.image == SandboxConfig.image.default_value:
             return ""
         return self.config.image
-
-    def _user_for_snapshots(self) -> str:
-        return resolve_user(self.config)
 
     def _wait_created(self, name: str) -> Any:
         deadline = time.monotonic() + 60
