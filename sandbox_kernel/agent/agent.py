@@ -80,13 +80,22 @@ class Output:
         self.sent = 0
         self.truncated = False
         self.wake = threading.Event()
-        self.captured = []  # CapturedFd of fds 1 and 2
+        self.captured = {}  # pipe read end -> CapturedFd, for fds 1 and 2
+        import select
+
+        self.poller = select.poll()
         threading.Thread(target=self._flusher, daemon=True).start()
 
     def drain(self):
-        """Take in what subprocesses wrote to fds 1/2 that the pumps have not read yet."""
-        for captured in self.captured:
-            captured.drain()
+        """Take in what subprocesses wrote to fds 1/2 that the pumps have not read yet.
+
+        Called before every Python-level write, so it costs one poll(2) when there is
+        nothing (no exception, no lock).
+        """
+        if not self.captured:
+            return
+        for fd, _ in self.poller.poll(0):
+            self.captured[fd].drain()
 
     def new_cell(self):
         with self.lock:
@@ -229,7 +238,11 @@ class CapturedFd:
 
 def capture_fd(fd, name, output):
     """Point fd at a pipe and forward what arrives (subprocesses, C code) as a stream."""
-    output.captured.append(CapturedFd(fd, name, output))
+    import select
+
+    captured = CapturedFd(fd, name, output)
+    output.captured[captured.r] = captured
+    output.poller.register(captured.r, select.POLLIN)
 
 
 class Agent:
