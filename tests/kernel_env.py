@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+import jupyter_kernel_test
 
 from .conftest import TEST_IMAGE
 
@@ -67,8 +70,14 @@ def make_kernel_env(root: Path, **settings: str) -> KernelEnv:
     return kenv
 
 
-class ConformanceSamples:
-    """The samples jupyter_kernel_test.KernelTests runs, shared by every backend's suite."""
+class ConformanceSuite(jupyter_kernel_test.KernelTests):
+    """jupyter_kernel_test's suite with our samples, run against one backend per subclass.
+
+    A subclass says how its sandboxes are reached (:meth:`settings`) and cleaned up
+    (:meth:`clean_up`); the kernelspec, JUPYTER_PATH and temporary folder are handled here.
+    """
+
+    __test__ = False  # collected through the backends' subclasses only
 
     kernel_name = "sandbox"
     language_name = "python"
@@ -94,3 +103,31 @@ class ConformanceSamples:
     supported_history_operations = ("tail", "search", "range")
     code_inspect_sample = "zip"
     code_clear_output = "from IPython.display import clear_output; clear_output()"
+
+    @classmethod
+    def settings(cls, root: Path) -> dict[str, str]:
+        """Extra kernelspec environment for this backend (root: a temporary folder)."""
+        return {}
+
+    @classmethod
+    def clean_up(cls) -> None:
+        """Remove what the suite's kernels made."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls._tmp = tempfile.TemporaryDirectory()
+        root = Path(cls._tmp.name)
+        cls.kenv = make_kernel_env(root, **cls.settings(root))
+        cls._old_path = os.environ.get("JUPYTER_PATH")
+        os.environ["JUPYTER_PATH"] = cls.kenv.jupyter_path
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        super().tearDownClass()
+        if cls._old_path is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = cls._old_path
+        cls.clean_up()
+        cls._tmp.cleanup()

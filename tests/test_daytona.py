@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 import uuid
@@ -18,7 +17,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import jupyter_kernel_test
 import pytest
 from jupyter_client.manager import start_new_kernel
 
@@ -33,7 +31,7 @@ from sandbox_kernel.identity import ScopeKey
 
 from .conftest import TEST_IMAGE
 from .fake_daytona import API_KEY, FakeDaytona
-from .kernel_env import ConformanceSamples, KernelEnv, make_kernel_env
+from .kernel_env import ConformanceSuite, KernelEnv, make_kernel_env
 from .test_kernel import run, text_of
 
 pytestmark = pytest.mark.docker
@@ -97,28 +95,19 @@ def sh(backend: Any, sandbox_id: str, script: str) -> str:
 
 
 # -- the kernel -------------------------------------------------------------------------------
-class TestDaytonaConformance(ConformanceSamples, jupyter_kernel_test.KernelTests):
+class TestDaytonaConformance(ConformanceSuite):
     """The official kernel conformance suite, with the kernel on a (fake) Daytona sandbox."""
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls._tmp = tempfile.TemporaryDirectory()
-        root = Path(cls._tmp.name)
-        cls.fake = start_fake(root / "fake")
-        cls.kenv = make_kernel_env(root, **daytona_settings(cls.fake))
-        cls._old_path = os.environ.get("JUPYTER_PATH")
-        os.environ["JUPYTER_PATH"] = cls.kenv.jupyter_path
-        super().setUpClass()
+    __test__ = True
 
     @classmethod
-    def tearDownClass(cls) -> None:
-        super().tearDownClass()
-        if cls._old_path is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = cls._old_path
+    def settings(cls, root: Path) -> dict[str, str]:
+        cls.fake = start_fake(root / "fake")
+        return daytona_settings(cls.fake)
+
+    @classmethod
+    def clean_up(cls) -> None:
         cls.fake.close()
-        cls._tmp.cleanup()
 
     def test_runs_in_a_daytona_sandbox(self) -> None:
         self.flush_channels()

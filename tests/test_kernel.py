@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import docker
-import jupyter_kernel_test
 import nbformat
 import pytest
 from jupyter_client.manager import start_new_kernel
@@ -21,7 +20,7 @@ from nbclient import NotebookClient
 
 from .conftest import TEST_IMAGE, remove_user_containers
 from .helpers import make_wheel
-from .kernel_env import ConformanceSamples, KernelEnv, make_kernel_env
+from .kernel_env import ConformanceSuite, KernelEnv, make_kernel_env
 
 pytestmark = pytest.mark.docker
 
@@ -74,28 +73,14 @@ def kernel(kenv: KernelEnv) -> Iterator[tuple[Any, Any]]:
     km.shutdown_kernel(now=True)
 
 
-class TestConformance(ConformanceSamples, jupyter_kernel_test.KernelTests):
+class TestConformance(ConformanceSuite):
     """The official kernel conformance suite, against the Docker backend."""
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        import tempfile
-
-        cls._tmp = tempfile.TemporaryDirectory()
-        cls.kenv = make_kernel_env(Path(cls._tmp.name))
-        cls._old_path = os.environ.get("JUPYTER_PATH")
-        os.environ["JUPYTER_PATH"] = cls.kenv.jupyter_path
-        super().setUpClass()
+    __test__ = True
 
     @classmethod
-    def tearDownClass(cls) -> None:
-        super().tearDownClass()
-        if cls._old_path is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = cls._old_path
+    def clean_up(cls) -> None:
         remove_user_containers(cls.kenv.user)
-        cls._tmp.cleanup()
 
     def test_language_version_is_the_sandboxes(self) -> None:
         self.flush_channels()
