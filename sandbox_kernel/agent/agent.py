@@ -297,12 +297,6 @@ class Agent:
 
     def serve(self):
         threading.Thread(target=self.read_loop, daemon=True).start()
-        self.wire.send(
-            ev="ready",
-            python_version="%d.%d.%d" % sys.version_info[:3],
-            ipython=self.shell is not None,
-            pid=os.getpid(),
-        )
         while True:
             with self.cond:
                 while not self.requests:
@@ -805,11 +799,21 @@ def wait_as_spare(path):
     return agent
 
 
+def send_ready(wire):
+    """Tell the kernel we are here, before the slow part (building IPython's shell): the
+    kernel answers kernel_info and its client settles meanwhile; requests wait in the pipe."""
+    import importlib.util
+
+    ipython = not os.environ.get("SANDBOX_AGENT_NO_IPYTHON") and importlib.util.find_spec("IPython") is not None
+    wire.send(ev="ready", python_version="%d.%d.%d" % sys.version_info[:3], ipython=ipython, pid=os.getpid())
+
+
 def main():
     agent = None
     if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):
         agent = wait_as_spare(os.environ["SANDBOX_AGENT_SPARE_LISTEN"])
     wire = Wire()
+    send_ready(wire)
     enable_user_site()
     # fd 0 and 1 now belong to the protocol; user code gets /dev/null and pipes.
     devnull = os.open(os.devnull, os.O_RDONLY)
