@@ -230,6 +230,7 @@ class FakeDaytona:
         r.add_get("/api/snapshots/{id}", self.get_snapshot)
         r.add_delete("/api/snapshots/{id}", self.delete_snapshot)
         t = "/toolbox/{sid}"
+        r.add_get(t + "/system/metrics", self.system_metrics)
         r.add_post(t + "/process/execute", self.execute)
         r.add_get(t + "/process/pty/create-connect", self.pty_create_connect)
         r.add_delete(t + "/process/pty/{pty}", self.pty_delete)
@@ -577,6 +578,32 @@ class FakeDaytona:
     def _sh(self, container: Any, script: str, *args: str) -> tuple[int, bytes]:
         res = container.exec_run(["sh", "-c", script, "sh", *args], user=SANDBOX_UID, demux=False)
         return res.exit_code, res.output or b""
+
+    async def system_metrics(self, request: web.Request) -> web.Response:
+        """What the sandbox daemon reports about itself, from the container's stats."""
+        container = self._container(request)
+        box = self._find(request.match_info["sid"])
+        stats = await self._run(lambda: container.stats(stream=False, one_shot=False))
+        cpu, pre = stats.get("cpu_stats") or {}, stats.get("precpu_stats") or {}
+        delta = (cpu.get("cpu_usage") or {}).get("total_usage", 0) - (pre.get("cpu_usage") or {}).get("total_usage", 0)
+        system = (cpu.get("system_cpu_usage") or 0) - (pre.get("system_cpu_usage") or 0)
+        online = cpu.get("online_cpus") or 1
+        used_pct = 100.0 * delta / system * online / box.cpu if system > 0 else 0.0
+        mem = stats.get("memory_stats") or {}
+        cache = (mem.get("stats") or {}).get("total_inactive_file", 0)
+        return web.json_response(
+            {
+                "cpuCount": box.cpu,
+                "cpuUsedPct": round(used_pct, 2),
+                "memTotal": box.memory * 2**30,
+                "memUsed": int(mem.get("usage") or 0),
+                "memCache": int(cache),
+                "diskTotal": box.disk * 2**30,
+                "diskUsed": 0,
+                "diskFree": box.disk * 2**30,
+                "timestamp": _now(),
+            }
+        )
 
     async def execute(self, request: web.Request) -> web.Response:
         container = self._container(request)

@@ -476,6 +476,24 @@ class DaytonaBackend(Backend):
         # Three refreshes per auto-stop interval, so one lost request never stops a cell.
         return max(1.0, self.config.idle_stop * 60 / 3) if self.config.idle_stop else 0.0
 
+    def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, float]]:
+        """Live use per running sandbox, as its daemon reports it (one toolbox call each).
+
+        ``cpu`` is in cores (the daemon's percentage of the sandbox's CPUs, times their
+        number), like the Docker backend's rate; ``memory`` leaves out the page cache.
+        """
+        found: dict[str, dict[str, float]] = {}
+        for info in infos:
+            try:
+                metrics = self._running(info.id).get_metrics_latest()
+            except (SandboxError, DaytonaError):
+                continue  # stopped meanwhile, or an old daemon: no figure rather than an error
+            found[info.id] = {
+                "memory": max(0, metrics.mem_used - metrics.mem_cache),
+                "cpu": round(metrics.cpu_used_pct / 100 * metrics.cpu_count, 3),
+            }
+        return found
+
     # -- processes -----------------------------------------------------------------------
     def exec(
         self,
