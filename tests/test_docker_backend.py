@@ -6,6 +6,7 @@ import multiprocessing
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -125,8 +126,16 @@ def test_stopped_container_is_started_again(backend: DockerBackend, test_user: s
     info = backend.ensure(key).info
     engine().containers.get(info.id).stop(timeout=1)
     assert backend.get(info.id).state == "stopped"
+    assert backend.get(info.id).started == 0.0  # no uptime while stopped
+    time.sleep(1.1)
     ensured = backend.ensure(key)
     assert (ensured.event, ensured.info.state, ensured.info.engine_id) == ("started", "running", info.engine_id)
+    # Uptime counts from this start, not from the creation: exact from an inspect,
+    # within the engine's rounding (a second here) from the one-call listing.
+    exact = backend.get(info.id)
+    assert exact.started > exact.created + 1 and abs(exact.started - time.time()) < 5
+    (listed,) = [i for i in backend.list(test_user) if i.id == info.id]
+    assert abs(listed.started - exact.started) < 3
 
 
 def _ensure_in_process(args: tuple[dict, str]) -> str:

@@ -59,9 +59,10 @@ def test_reuse_state_and_tiers(backend: LocalBackend) -> None:
     py(backend, sid, "import os; open('note.txt', 'w').write('w'); open(os.path.expanduser('~/t2.txt'), 'w').write('h')")
     assert py(backend, sid, "print(open('note.txt').read())") == "w"
     backend.stop(sid)
+    assert backend.get(sid).started == 0.0
     with pytest.raises(SandboxError, match="start it with"):
         backend.exec(sid, ["true"])
-    backend.start(sid)
+    assert backend.start(sid).started >= first.info.created  # uptime counts from this start
     assert py(backend, sid, "import os; print(open(os.path.expanduser('~/t2.txt')).read())") == "h"
     assert backend.destroy(sid) is True
     assert backend.destroy(sid) is False

@@ -20,6 +20,8 @@ export interface ISandbox {
   image: string;
   flavor: string;
   created: number;
+  /** While running: when it last started (epoch seconds; 0 when the backend can't tell). */
+  started?: number;
   last_activity: number;
   kernels: number;
   kernel_ids: string[];

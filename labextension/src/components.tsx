@@ -15,7 +15,7 @@ import * as React from 'react';
 
 import { ApiError, describeStatus, IFileEntry, ISandbox, ISnapshot } from './api';
 import {
-  age,
+  lifetime,
   formatAgo,
   formatBytes,
   formatCpu,
@@ -145,9 +145,9 @@ function SandboxCard(props: {
         <dd>
           {s.flavor || '–'} · {s.backend}
         </dd>
-        <dt>Age</dt>
-        <dd>
-          {age(s)} · active {formatAgo(s.last_activity)}
+        <dt>Time</dt>
+        <dd title={`created ${formatAgo(s.created)}`}>
+          {lifetime(s)} · active {formatAgo(s.last_activity)}
         </dd>
         <dt>CPU</dt>
         <dd className="jp-SandboxPanel-cpu">{formatCpu(s)}</dd>

@@ -100,10 +100,21 @@ export function originLabel(sandbox: ISandbox): string {
   return sandbox.image || '–';
 }
 
-/** How long ago the sandbox was created (the API does not say when it last started). */
+/** How long ago the sandbox was created. */
 export function age(sandbox: ISandbox, nowMs = Date.now()): string {
   if (!sandbox.created) {
     return '–';
   }
   return formatDuration(nowMs / 1000 - sandbox.created);
+}
+
+/**
+ * Uptime of a running sandbox ("up 5m"), else its age ("age 2d 3h"): a stopped one
+ * has no uptime, and a backend that can't tell when it started gives 0.
+ */
+export function lifetime(sandbox: ISandbox, nowMs = Date.now()): string {
+  if (sandbox.state === 'running' && sandbox.started) {
+    return `up ${formatDuration(Math.max(0, nowMs / 1000 - sandbox.started))}`;
+  }
+  return `age ${age(sandbox, nowMs)}`;
 }

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { age, formatAgo, formatBytes, formatCpu, formatDuration, formatMemory, memoryFraction, originLabel, scopeLabel } from '../src/format';
+import { age, formatAgo, lifetime, formatBytes, formatCpu, formatDuration, formatMemory, memoryFraction, originLabel, scopeLabel } from '../src/format';
 import { sandbox } from './server';
 
 describe('format', () => {
@@ -23,6 +23,10 @@ describe('format', () => {
     expect(memoryFraction(s)).toBe(0.25);
     expect(formatCpu(sandbox({ usage: {}, state: 'stopped' }))).toBe('– of 1 CPU');
     expect(age(sandbox({ created: 100 }), 3700 * 1000)).toBe('1h 00m');
+    // Uptime counts from the last start while running; otherwise the age is shown.
+    expect(lifetime(sandbox({ created: 100, started: 3400 }), 3700 * 1000)).toBe('up 5m');
+    expect(lifetime(sandbox({ created: 100, started: 3400, state: 'stopped' }), 3700 * 1000)).toBe('age 1h 00m');
+    expect(lifetime(sandbox({ created: 100, started: 0 }), 3700 * 1000)).toBe('age 1h 00m');
   });
 
   it('names scopes and origins', () => {

@@ -138,6 +138,7 @@ class SandboxInfo:
     usage: dict[str, Any] = field(default_factory=dict)  # cpu (fraction), memory (bytes)
     exit_reason: str = ""  # why it is not running, when known (OOM, exit code)
     finished: float = 0.0  # when it last stopped (epoch seconds; 0 if never)
+    started: float = 0.0  # while running: when it last started (epoch seconds; 0 if unknown)
     snapshot: str = ""  # the snapshot it was created from, if any
     spec: str = ""  # spec_hash of the settings it was made with
     installation: str = ""  # installation_id of the state file that owns it

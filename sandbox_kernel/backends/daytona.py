@@ -312,6 +312,8 @@ class DaytonaBackend(Backend):
             limits={"cpus": sandbox.cpu, "memory": int(sandbox.memory or 0) * 2**30, "disk": int(sandbox.disk or 0) * 2**30},
             exit_reason=getattr(sandbox, "error_reason", None) or "",
             finished=_epoch(sandbox.updated_at) if _state(sandbox) == "stopped" else 0.0,
+            # Daytona stamps updatedAt at each state change: for a running one, its start.
+            started=_epoch(sandbox.updated_at) if _state(sandbox) == "running" else 0.0,
             snapshot=labels.get("sandbox-kernel.snapshot", ""),
             spec=labels.get(LABEL_SPEC, ""),
             installation=labels.get(LABEL_INSTALLATION, ""),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import socket
 import struct
 import tarfile
@@ -290,6 +291,8 @@ class DockerBackend(Backend):
         info.exit_reason = exit_reason
         if state.get("Status") != "running":
             info.finished = _parse_time(state.get("FinishedAt", ""))
+        else:
+            info.started = _parse_time(state.get("StartedAt", ""))
         return info
 
     def _summary_info(self, summary: dict[str, Any]) -> SandboxInfo:
@@ -317,6 +320,7 @@ class DockerBackend(Backend):
             snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
             spec=labels.get(LABEL_SPEC, ""),
             installation=labels.get(LABEL_INSTALLATION, ""),
+            started=_started_from_status(summary.get("Status", "")) if summary.get("State") == "running" else 0.0,
         )
 
     def get(self, sandbox_id: str) -> SandboxInfo:
@@ -935,6 +939,24 @@ class _IterReader(io.RawIOBase):
         b[:n] = self._buf[:n]
         self._buf = self._buf[n:]
         return n
+
+
+_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400, "month": 30 * 86400, "year": 365 * 86400}
+
+
+def _started_from_status(status: str) -> float:
+    """When a listed container started, from the list call's "Up 5 minutes" (the engine's
+    rounding, at most a unit off): listings stay one engine call; a full inspect is exact."""
+    match = re.match(r"Up (Less than a second|About an? (\w+)|(\d+) (\w+?)s?)(?: \(|$)", status)
+    if not match:
+        return 0.0
+    if match.group(1) == "Less than a second":
+        seconds = 0.0
+    elif match.group(2):
+        seconds = _UNITS.get(match.group(2), 0)
+    else:
+        seconds = int(match.group(3)) * _UNITS.get(match.group(4), 0)
+    return time.time() - seconds
 
 
 def _parse_time(value: str) -> float:

@@ -172,6 +172,7 @@ class LocalBackend(Backend):
             workspace=record["workspace"],
             limits={"memory": self.config.memory, "cpus": 0, "pids": 0, "network": True},
             finished=record.get("stopped_at", 0.0) if record["state"] == "stopped" else 0.0,
+            started=record.get("started_at", record["created"]) if record["state"] == "running" else 0.0,
             spec=record.get("spec", ""),
             installation=record["labels"].get(LABEL_INSTALLATION, ""),
         )
@@ -191,6 +192,7 @@ class LocalBackend(Backend):
             self.store.put(self.name, key.name, key.user, record["engine_id"], spec_hash(self.config))
             if record["state"] != "running":
                 record["state"] = "running"
+                record["started_at"] = time.time()
                 self._save(record)
                 return Ensured(self._info(record), "started")
             return Ensured(self._info(record), "existing")
@@ -262,8 +264,10 @@ class LocalBackend(Backend):
         record = self._load(sandbox_id)
         if record is None:
             raise not_found(sandbox_id)
-        record["state"] = "running"
-        self._save(record)
+        if record["state"] != "running":
+            record["state"] = "running"
+            record["started_at"] = time.time()
+            self._save(record)
         return self._info(record)
 
     def destroy(self, sandbox_id: str) -> bool:
