@@ -234,7 +234,8 @@ class RemoteWorkspace:
         self.root = root
 
     def _ask(self, op: str, path: str) -> dict[str, Any]:
-        rel = str(PurePosixPath(*_parts(path))) if _parts(path) else ""
+        parts = _parts(path)
+        rel = str(PurePosixPath(*parts)) if parts else ""
         result = self.backend.exec(
             self.sandbox_id, ["python3", "-c", _REMOTE_FS, op, self.root, rel], cwd=self.root, timeout=60
         )

@@ -35,7 +35,7 @@ from ipykernel.kernelbase import Kernel
 from . import __version__
 from .agent import SPARE_SOCKET, agent_source, bootstrap_command
 from .backends import Backend, Channel, SandboxError, SandboxNotFound, make_backend
-from .backends.base import WORKSPACE, workspace_dir
+from .backends.base import LOST_NOTICE, WORKSPACE, workspace_dir
 from .config import ConfigError, SandboxConfig, load_config
 from .identity import ScopeKey, notebook_metadata, scope_key
 from .lifecycle import gc
@@ -43,7 +43,6 @@ from .store import HEARTBEAT, Store
 
 GC_DELAY = 2.0  # seconds after the start before the kernel applies the lifecycle policies
 CONNECT_WAIT_FOR_INFO = 5.0  # seconds kernel_info waits for the sandbox's Python version
-LOST = "variables were lost, files in /workspace were kept"
 
 
 class AgentGone(Exception):
@@ -141,6 +140,7 @@ class SandboxKernel(Kernel):
         self._busy = False
         self._heart: threading.Thread | None = None
         self._wake = threading.Event()
+        self._store_instance: Store | None = None
         self._early: concurrent.futures.Future[AgentConnection] | None = None
         try:
             self.cfg: SandboxConfig | None = load_config(**notebook_choices())
@@ -230,10 +230,10 @@ class SandboxKernel(Kernel):
         if ensured.notice:
             self._notices.append(ensured.notice)
         elif self._engine_id and info.engine_id != self._engine_id:
-            self._notices.append(f"sandbox restarted: {LOST} ({info.id} had been recreated)")
+            self._notices.append(f"sandbox restarted: {LOST_NOTICE} ({info.id} had been recreated)")
         elif self._lost:
             why = f"{info.id} had been stopped" if ensured.event == "started" else self._lost
-            self._notices.append(f"sandbox restarted: {LOST} ({why})")
+            self._notices.append(f"sandbox restarted: {LOST_NOTICE} ({why})")
         self._lost = ""
         self._sandbox_id, self._engine_id = info.id, info.engine_id
         env = {
@@ -276,11 +276,19 @@ class SandboxKernel(Kernel):
         if self.cfg is None or self.backend is None or not self._sandbox_id:
             return
         try:
-            Store(self.cfg).kernel_heartbeat(self._heartbeat_id, self.backend.name, self._sandbox_id, self._busy)
+            self._store.kernel_heartbeat(self._heartbeat_id, self.backend.name, self._sandbox_id, self._busy)
             if self._busy:
                 self.backend.keep_alive(self._sandbox_id)
         except Exception as exc:  # best effort: a cell never fails for bookkeeping
             self.log.debug("heartbeat failed: %s", exc)
+
+    @property
+    def _store(self) -> Store:
+        """One store per kernel: SQLite is set up once, not at every heartbeat."""
+        if self._store_instance is None:
+            assert self.cfg is not None
+            self._store_instance = Store(self.cfg)
+        return self._store_instance
 
     @property
     def _heartbeat_id(self) -> str:
@@ -437,15 +445,15 @@ class SandboxKernel(Kernel):
                     limit = f"the memory limit of {memory / 2**30:g} GiB" if memory else "a limit"
                     return (
                         f"the interpreter in {sandbox} was killed, most likely by {limit} "
-                        f"(flavor {info.flavor or '?'}; SANDBOX_KERNEL_FLAVOR picks a larger one): {LOST}"
+                        f"(flavor {info.flavor or '?'}; SANDBOX_KERNEL_FLAVOR picks a larger one): {LOST_NOTICE}"
                     )
-                return f"the interpreter in {sandbox} ended: {LOST}; the next cell starts a new one"
+                return f"the interpreter in {sandbox} ended: {LOST_NOTICE}; the next cell starts a new one"
             reason = f" ({info.exit_reason})" if info.exit_reason else ""
             self._lost = f"{sandbox} had stopped{reason}"
-            return f"sandbox {sandbox} stopped{reason}: {LOST}; the next cell restarts it"
+            return f"sandbox {sandbox} stopped{reason}: {LOST_NOTICE}; the next cell restarts it"
         except SandboxNotFound:
             self._lost = f"{sandbox} had been removed"
-            return f"sandbox {sandbox} was removed: {LOST}; the next cell recreates it"
+            return f"sandbox {sandbox} was removed: {LOST_NOTICE}; the next cell recreates it"
         except SandboxError as exc:
             self._lost = "the engine had lost it"
             return f"lost the sandbox {sandbox}: {_one_line(exc)}"
@@ -512,7 +520,7 @@ class SandboxKernel(Kernel):
         agent, self._agent = self._agent, None
         if self.cfg is not None:
             try:
-                Store(self.cfg).kernel_gone(self._heartbeat_id)
+                self._store.kernel_gone(self._heartbeat_id)
             except Exception as exc:
                 self.log.debug("could not record shutdown: %s", exc)
         if agent is not None and agent.alive:

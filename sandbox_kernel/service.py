@@ -101,11 +101,7 @@ class SandboxService:
         if not isinstance(snapshot, str):
             raise BadRequest('name the snapshot to start from: {"snapshot": "my-snapshot"}')
         check_snapshot_name(snapshot)
-        found = [s for s in self.backend.list_snapshots(None) if s.name == snapshot]
-        if not found:
-            raise SandboxNotFound(f"no snapshot named {snapshot!r}")
-        if found[0].user != user:
-            raise Forbidden(f"snapshot {snapshot} belongs to another user")
+        self._owned_snapshot(user, snapshot)
         settings = {name: getattr(self.config, name) for name in self.config.trait_names(config=True)}
         settings["snapshot"] = snapshot
         backend = type(self.backend)(SandboxConfig(**settings))
@@ -166,10 +162,14 @@ class SandboxService:
 
     def delete_snapshot(self, user: str, name: str) -> None:
         check_id(name, "snapshot name")
-        mine: list[SnapshotInfo] = self.backend.list_snapshots(None)
-        found = [s for s in mine if s.name == name]
+        self._owned_snapshot(user, name)
+        self.backend.delete_snapshot(name)
+
+    def _owned_snapshot(self, user: str, name: str) -> SnapshotInfo:
+        """The snapshot if ``user`` owns it: 404 when unknown, 403 when someone else's."""
+        found = [s for s in self.backend.list_snapshots(None) if s.name == name]
         if not found:
             raise SandboxNotFound(f"no snapshot named {name!r}")
         if found[0].user != user:
             raise Forbidden(f"snapshot {name} belongs to another user")
-        self.backend.delete_snapshot(name)
+        return found[0]

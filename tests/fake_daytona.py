@@ -42,6 +42,8 @@ from typing import Any
 import docker
 from aiohttp import WSMsgType, web
 
+from sandbox_kernel.backends.docker import _IterReader  # the same tar-stream reader as the product
+
 API_KEY = "fake-daytona-key"
 FAKE_LABEL = "fake-daytona"
 ORG = "org-fake"
@@ -831,26 +833,8 @@ class FakeDaytona:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=8)
         loop = asyncio.get_running_loop()
 
-        class Chunks(io.RawIOBase):
-            def __init__(self) -> None:
-                self.it = iter(stream)
-                self.rest = b""
-
-            def readable(self) -> bool:
-                return True
-
-            def readinto(self, b: Any) -> int:
-                while not self.rest:
-                    try:
-                        self.rest = next(self.it)
-                    except StopIteration:
-                        return 0
-                n = min(len(b), len(self.rest))
-                b[:n], self.rest = self.rest[:n], self.rest[n:]
-                return n
-
         def produce() -> None:
-            with tarfile.open(fileobj=io.BufferedReader(Chunks(), 1 << 20), mode="r|") as tar:
+            with tarfile.open(fileobj=io.BufferedReader(_IterReader(stream), 1 << 20), mode="r|") as tar:
                 member = tar.next()
                 fh = tar.extractfile(member) if member is not None else None
                 while fh is not None and (chunk := fh.read(1 << 20)):

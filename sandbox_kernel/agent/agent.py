@@ -34,6 +34,7 @@ import ast
 import codeop
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -81,8 +82,6 @@ class Output:
         self.truncated = False
         self.wake = threading.Event()
         self.captured = {}  # pipe read end -> CapturedFd, for fds 1 and 2
-        import select
-
         self.poller = select.poll()
         threading.Thread(target=self._flusher, daemon=True).start()
 
@@ -222,8 +221,6 @@ class CapturedFd:
                 self.output.write(self.name, self.decoder.decode(data))
 
     def _pump(self):
-        import select
-
         while True:
             try:
                 select.select([self.r], [], [])
@@ -238,8 +235,6 @@ class CapturedFd:
 
 def capture_fd(fd, name, output):
     """Point fd at a pipe and forward what arrives (subprocesses, C code) as a stream."""
-    import select
-
     captured = CapturedFd(fd, name, output)
     output.captured[captured.r] = captured
     output.poller.register(captured.r, select.POLLIN)

@@ -39,6 +39,8 @@ LABEL_WORKSPACE = LABEL_PREFIX + "workspace"
 LABEL_INSTALLATION = LABEL_PREFIX + "installation"
 
 WORKSPACE = "/workspace"
+# What every "sandbox restarted" notice says the user lost and kept (kernel and engines).
+LOST_NOTICE = "variables were lost, files in /workspace were kept"
 SHARED = "/shared"
 
 

@@ -60,6 +60,7 @@ from .base import (
     LABEL_SPEC,
     LABEL_THREAD,
     LABEL_USER,
+    LOST_NOTICE,
     WORKSPACE,
     Backend,
     BadRequest,
@@ -81,7 +82,6 @@ from .base import (
 
 T = TypeVar("T")
 
-LOST_NOTICE = "variables were lost, files in /workspace were kept"
 LABEL_IMAGE = "sandbox-kernel.image"
 AGENT_LOG = "/tmp/.sandbox-agent.log"
 READY = b"\x01SKREADY\n"
@@ -102,8 +102,13 @@ _STATES = {
 _GONE = {"destroyed", "destroying"}
 
 
+def _raw_state(item: Any) -> str:
+    """Daytona's own state name of a sandbox or volume (the SDK gives an enum or a str)."""
+    return getattr(item.state, "value", item.state) or "unknown"
+
+
 def _state(sandbox: Any) -> str:
-    raw = getattr(sandbox.state, "value", sandbox.state) or "unknown"
+    raw = _raw_state(sandbox)
     return raw if raw in _GONE else _STATES.get(raw, "creating")
 
 
@@ -385,7 +390,7 @@ class DaytonaBackend(Backend):
             self._remember(key, sandbox)
             return Ensured(self._info(sandbox), "existing")
         if state == "creating":
-            say(f"waiting for Daytona sandbox {key.name} ({sandbox.state.value if hasattr(sandbox.state, 'value') else sandbox.state})")
+            say(f"waiting for Daytona sandbox {key.name} ({_raw_state(sandbox)})")
             self._call(sandbox.wait_for_sandbox_start, timeout=self.config.start_timeout, what=f"start {key.name}")
             self._remember(key, sandbox)
             return Ensured(self._info(sandbox), "existing")
@@ -397,7 +402,7 @@ class DaytonaBackend(Backend):
             self.store.delete(self.name, key.name)
             ensured = self.ensure(key, say)
             return Ensured(ensured.info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had failed: {reason})")
-        raw = getattr(sandbox.state, "value", sandbox.state)
+        raw = _raw_state(sandbox)
         say(
             f"starting Daytona sandbox {key.name} ({raw}"
             + ("; restoring an archived sandbox can take a minute" if raw in ("archived", "archiving") else "")
@@ -422,8 +427,8 @@ class DaytonaBackend(Backend):
         name = _volume_name(user)
         volume = self._call(self.client.volume.get, name, create=True, what=f"get volume {name}")
         deadline = time.monotonic() + self.config.start_timeout
-        while getattr(volume.state, "value", volume.state) != "ready":
-            if getattr(volume.state, "value", volume.state) == "error":
+        while _raw_state(volume) != "ready":
+            if _raw_state(volume) == "error":
                 raise SandboxFailed(f"Daytona volume {name} is in error: {volume.error_reason or 'no reason given'}")
             if time.monotonic() > deadline:
                 raise SandboxFailed(f"Daytona volume {name} was not ready after {self.config.start_timeout:.0f} s")

@@ -42,6 +42,7 @@ from .base import (
     LABEL_USER,
     LABEL_USER_ID,
     LABEL_WORKSPACE,
+    LOST_NOTICE,
     SHARED,
     WORKSPACE,
     Backend,
@@ -84,7 +85,6 @@ _STATES = {
     "dead": "error",
     "removing": "error",
 }
-LOST_NOTICE = "variables were lost, files in /workspace were kept"
 
 
 def _human_bytes(n: int) -> str:
