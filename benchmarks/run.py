@@ -77,6 +77,14 @@ class Bench:
     def sandbox_id(self) -> str:
         return f"sk-{self.user}"
 
+    @property
+    def container_name(self) -> str:
+        """The engine's name of the sandbox (its id plus the installation's tag)."""
+        from sandbox_kernel.backends.base import engine_name
+        from sandbox_kernel.config import load_config
+
+        return engine_name(load_config(environ={}, state_dir=self.env["SANDBOX_KERNEL_STATE_DIR"]), self.sandbox_id)
+
     # -- helpers ----------------------------------------------------------------
     @staticmethod
     def execute(kc: Any, code: str, timeout: float = 120) -> tuple[float, list[dict]]:
@@ -172,12 +180,12 @@ class Bench:
         self.record("start to first result: sandbox exists", existing, plain)
         fresh = []
         for _ in range(runs):
-            client.containers.get(self.sandbox_id).remove(force=True)
+            client.containers.get(self.container_name).remove(force=True)
             fresh.append(self.first_result("sandbox"))
         self.record("start to first result: no sandbox yet", fresh, plain)
         stopped = []
         for _ in range(runs):
-            client.containers.get(self.sandbox_id).stop(timeout=1)
+            client.containers.get(self.container_name).stop(timeout=1)
             stopped.append(self.first_result("sandbox"))
         self.record("start to first result: sandbox stopped", stopped, plain)
 
@@ -217,10 +225,10 @@ class Bench:
                 subprocess.run(["curl", "-sf", "-o", str(self.root / "back.bin"), "-H", f"Authorization: token {token}", target], check=True)
                 downs.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                subprocess.run(["docker", "cp", str(src), f"{self.sandbox_id}:/tmp/blob.bin"], check=True)
+                subprocess.run(["docker", "cp", str(src), f"{self.container_name}:/tmp/blob.bin"], check=True)
                 cp_in.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                subprocess.run(["docker", "cp", f"{self.sandbox_id}:/tmp/blob.bin", str(self.root / "cp.bin")], check=True)
+                subprocess.run(["docker", "cp", f"{self.container_name}:/tmp/blob.bin", str(self.root / "cp.bin")], check=True)
                 cp_out.append(time.perf_counter() - t)
             assert (self.root / "back.bin").read_bytes() == src.read_bytes(), "download differs from upload"
             self.record(f"{size_mb} MB upload (REST)", ups, cp_in, against="docker cp")

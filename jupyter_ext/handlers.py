@@ -8,6 +8,7 @@ errors become statuses with a JSON ``{"message": ...}`` body and never a traceba
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import urllib.parse
 from collections.abc import Callable
@@ -17,18 +18,25 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from sandbox_kernel.backends.base import (
+from sandbox_kernel.errors import (
     BadRequest,
+    Conflict,
     EngineUnavailable,
+    FileMissing,
+    Forbidden,
     NotSupported,
     QuotaExceeded,
     SandboxError,
     SandboxNotFound,
+    TooLarge,
+    shorten,
 )
-from sandbox_kernel.files import FileMissing, RemoteUpload, Upload
-from sandbox_kernel.service import Forbidden, SandboxService
+from sandbox_kernel.files import RemoteUpload, Upload
+from sandbox_kernel.service import SandboxService
 
 AUTH_RESOURCE = "sandboxes"
+DISCARD_SLACK = 64 << 20  # bytes past the upload limit read and dropped to answer 413 cleanly
+MESSAGE_LIMIT = 400  # characters of an error message (names in it can be huge)
 
 _STATUS: list[tuple[type[Exception], int]] = [
     (BadRequest, 400),
@@ -36,6 +44,8 @@ _STATUS: list[tuple[type[Exception], int]] = [
     (SandboxNotFound, 404),
     (FileMissing, 404),
     (QuotaExceeded, 409),
+    (Conflict, 409),
+    (TooLarge, 413),
     (NotSupported, 501),
     (EngineUnavailable, 503),
     (SandboxError, 500),
@@ -65,7 +75,8 @@ class BaseHandler(APIHandler):
 
     def http_error(self, exc: SandboxError) -> web.HTTPError:
         status = next(code for kind, code in _STATUS if isinstance(exc, kind))
-        return web.HTTPError(status, reason=_reason(exc), log_message=str(exc))
+        # log_message is %-formatted by tornado's logger: keep the text out of the format.
+        return web.HTTPError(status, "%s", shorten(str(exc), MESSAGE_LIMIT), reason=_reason(exc))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Always JSON with a message; never a traceback."""
@@ -76,13 +87,13 @@ class BaseHandler(APIHandler):
             message = exc_info[1].log_message % exc_info[1].args if exc_info[1].args else exc_info[1].log_message
         elif exc_info and not isinstance(exc_info[1], web.HTTPError):
             message = "internal error in the sandbox API; the server log has details"
-        self.finish(json.dumps({"message": message}))
+        self.finish(json.dumps({"message": shorten(message, MESSAGE_LIMIT)}))
 
     def json_body(self) -> dict[str, Any]:
         try:
             body = json.loads(self.request.body or b"{}")
-        except (ValueError, UnicodeDecodeError):
-            raise web.HTTPError(400, log_message="the body is not valid JSON") from None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise web.HTTPError(400, log_message="the body is not valid JSON (or is nested too deeply)") from None
         if not isinstance(body, dict):
             raise web.HTTPError(400, log_message="the body must be a JSON object")
         return body
@@ -94,7 +105,9 @@ class BaseHandler(APIHandler):
 
 
 def _reason(exc: Exception) -> str:
-    return str(exc).splitlines()[0][:200].encode("latin-1", "replace").decode("latin-1")
+    """An HTTP reason phrase: one line, latin-1, short."""
+    text = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return shorten(text, 120).encode("latin-1", "replace").decode("latin-1")
 
 
 class SandboxesHandler(BaseHandler):
@@ -138,13 +151,18 @@ class FolderHandler(BaseHandler):
     async def get(self, sandbox_id: str) -> None:
         path = self.get_argument("path", "")
         workspace = await self.call(self.service.workspace, self.owner, sandbox_id)
-        entries = await self.call(workspace.list, path)
-        self.reply({"path": path, "entries": [e.to_dict() for e in entries]})
+        entries, truncated = await self.call(workspace.list, path)
+        self.reply({"path": path, "entries": [e.to_dict() for e in entries], "truncated": truncated})
 
 
 @web.stream_request_body
 class FileHandler(BaseHandler):
-    """Download, upload (raw body, streamed to a temporary file), delete."""
+    """Download, upload (raw body, streamed to a temporary file), delete.
+
+    An upload's bytes go to disk as they arrive (never whole in memory); past the size
+    limit the rest of the body is read and dropped, so the client gets its 413 instead
+    of a reset connection, and the temporary file is removed at once.
+    """
 
     _upload: Upload | RemoteUpload | None = None
     _refused: web.HTTPError | None = None
@@ -160,10 +178,15 @@ class FileHandler(BaseHandler):
         if not self.authorizer.is_authorized(self, self.current_user, "write", AUTH_RESOURCE):
             raise web.HTTPError(403, log_message="not allowed to write sandbox files")
         limit = self.settings["sandbox_max_upload"]
-        length = int(self.request.headers.get("Content-Length") or 0)
+        declared = self.request.headers.get("Content-Length")
+        if declared is not None and not declared.strip().isdigit():
+            raise web.HTTPError(400, log_message="the Content-Length header is not a number of bytes")
+        length = int(declared or 0)
         if length > limit:
             raise web.HTTPError(413, log_message=f"the file is {length} bytes; the limit is {limit} bytes")
-        self.request.connection.set_max_body_size(limit + 1)
+        # Bodies of unknown length (chunked) are checked as they come; a body far past
+        # the limit is cut off rather than read forever.
+        self.request.connection.set_max_body_size(2 * limit + DISCARD_SLACK)
         workspace = await self.call(self.service.workspace, self.owner, self.path_kwargs["sandbox_id"])
         self._upload = await self.call(workspace.start_upload, self.path_kwargs["path"])
 
@@ -171,25 +194,39 @@ class FileHandler(BaseHandler):
         if self._upload is None:
             return
         if self._upload.size + len(chunk) > self.settings["sandbox_max_upload"]:
-            self._upload.abort()
-            self._upload = None
-            self._refused = web.HTTPError(413, log_message="the upload passed the size limit")
+            self._drop_upload()
+            limit = self.settings["sandbox_max_upload"]
+            self._refused = web.HTTPError(413, log_message=f"the upload passed the size limit of {limit} bytes")
             return
-        self._upload.write(chunk)
+        try:
+            self._upload.write(chunk)
+        except OSError as exc:
+            self._drop_upload()
+            self._refused = web.HTTPError(507 if exc.errno == errno.ENOSPC else 500, "%s", f"could not write the upload: {exc.strerror}")
+
+    def _drop_upload(self) -> None:
+        if self._upload is not None:
+            upload, self._upload = self._upload, None
+            upload.abort()
 
     def on_connection_close(self) -> None:
-        if self._upload is not None:
-            self._upload.abort()
-            self._upload = None
+        self._drop_upload()
+
+    def on_finish(self) -> None:
+        self._drop_upload()  # a request that ended in an error never leaves a temporary
 
     @web.authenticated
     @authorized
     async def put(self, sandbox_id: str, path: str) -> None:
         if self._refused is not None:
             raise self._refused
-        assert self._upload is not None
+        if self._upload is None:
+            raise web.HTTPError(400, log_message="the upload was not received")
         upload, self._upload = self._upload, None
-        size = await asyncio.to_thread(upload.commit)
+        try:
+            size = await self.call(upload.commit)
+        finally:
+            upload.abort()  # no-op after a commit; removes the temporary after a failure
         self.reply({"path": path, "size": size}, status=201)
 
     @web.authenticated
@@ -201,9 +238,21 @@ class FileHandler(BaseHandler):
         self.set_header("Content-Type", "application/octet-stream")
         self.set_header("Content-Length", str(size))
         self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}")
-        for chunk in chunks:
-            self.write(chunk)
-            await self.flush()
+        try:
+            while True:
+                # Reads happen off the event loop: a slow disk never stalls other requests.
+                chunk = await asyncio.to_thread(next, chunks, None)
+                if chunk is None:
+                    break
+                self.write(chunk)
+                await self.flush()
+        except SandboxError as exc:
+            # Headers (and the length) are sent: the only honest end is a cut connection.
+            self.log.warning("download of %s cut short: %s", shorten(path), exc)
+            self.request.connection.close()
+            return
+        finally:
+            chunks.close()  # the file's descriptor, also when the client went away
         self.finish()
 
     @web.authenticated

@@ -18,6 +18,7 @@ both ways (environment variable and config key) and says what is accepted.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ from traitlets.config import Config, Configurable
 from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
 
 ENV_PREFIX = "SANDBOX_KERNEL_"
+# An interpreter with IPython needs a few dozen threads and processes; fewer and the
+# sandbox cannot run a cell (and says only "can't start new thread").
+MIN_PIDS = 64
 CONFIG_FILE_BASENAME = "sandbox_kernel_config"
 
 # Flavors fix CPU and memory together so a quota can count them (issue: small/medium/large).
@@ -47,6 +51,8 @@ def parse_size(text: str) -> int:
         value = float(number)
     except ValueError:
         raise TraitError(f"{text!r} is not a size like 64g, 512m or a number of bytes") from None
+    if not math.isfinite(value):
+        raise TraitError(f"{text!r} is not a finite size; use 0 for no limit")
     if value < 0:
         raise TraitError(f"must be zero or more, got {text!r}")
     return int(value * units[unit])
@@ -88,7 +94,16 @@ class SandboxConfig(Configurable):
         list(FLAVORS), default_value="small", help="CPU and memory of new sandboxes."
     ).tag(config=True)
     network = Bool(True, help="Whether sandboxes can reach the network.").tag(config=True)
-    pids_limit = Int(512, help="Maximum number of processes in one sandbox.").tag(config=True)
+    pids_limit = Int(
+        512, help=f"Maximum number of processes and threads in one sandbox (at least {MIN_PIDS})."
+    ).tag(config=True)
+    runtime = Unicode(
+        "",
+        help=(
+            "Docker runtime for new sandboxes (e.g. runsc for gVisor, which puts a user-space "
+            "kernel between sandbox code and the host's); empty: the engine's default (runc)."
+        ),
+    ).tag(config=True)
     user = Unicode("", help="Owner of the sandbox; else JUPYTERHUB_USER, else the OS user.").tag(
         config=True
     )
@@ -142,6 +157,10 @@ class SandboxConfig(Configurable):
         name = proposal["trait"].name
         if proposal["value"] < 0 or (name in ("pids_limit", "output_limit") and proposal["value"] == 0):
             raise TraitError(f"must be a positive number, got {proposal['value']}")
+        if name == "pids_limit" and proposal["value"] < MIN_PIDS:
+            raise TraitError(
+                f"{proposal['value']} is too few for an interpreter to start; use at least {MIN_PIDS}"
+            )
         return proposal["value"]
 
     @validate("max_total_memory")
@@ -151,6 +170,8 @@ class SandboxConfig(Configurable):
 
     @validate("start_timeout", "cell_timeout", "idle_stop", "idle_delete", "max_age", "idle_stop_with_kernel", "orphan_grace")
     def _non_negative_float(self, proposal: Any) -> float:
+        if not math.isfinite(proposal["value"]):
+            raise TraitError(f"must be a finite number of seconds or minutes, got {proposal['value']} (0 means none)")
         if proposal["value"] < 0:
             raise TraitError(f"must be zero or more, got {proposal['value']}")
         if proposal["trait"].name == "start_timeout" and proposal["value"] == 0:
@@ -172,7 +193,22 @@ class SandboxConfig(Configurable):
         path = Path(value).expanduser().resolve()
         if path.exists() and not path.is_dir():
             raise TraitError(f"{value!r} exists and is not a folder")
+        probe = path
+        while not probe.exists():
+            probe = probe.parent
+        if not probe.is_dir():
+            raise TraitError(f"{value!r} cannot be created: {probe} is a file")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            what = "is not writable" if probe == path else f"cannot be created ({probe} is not writable)"
+            raise TraitError(f"{value!r} {what} by this user")
         return str(path)
+
+    @validate("runtime")
+    def _runtime_name(self, proposal: Any) -> str:
+        value = proposal["value"].strip()
+        if value and not all(c.isalnum() or c in "-_." for c in value):
+            raise TraitError(f"{value!r} is not a runtime name (letters, digits, '-', '_', '.')")
+        return value
 
     @validate("image")
     def _image_given(self, proposal: Any) -> str:

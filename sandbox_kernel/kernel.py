@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import os
 import platform
 import re
@@ -34,85 +33,16 @@ from ipykernel.kernelbase import Kernel
 
 from . import __version__
 from .agent import SPARE_SOCKET, agent_source, bootstrap_command
-from .backends import Backend, Channel, SandboxError, SandboxNotFound, make_backend
+from .backends import Backend, SandboxError, SandboxNotFound, make_backend
 from .backends.base import LOST_NOTICE, WORKSPACE, workspace_dir
 from .config import ConfigError, SandboxConfig, load_config
+from .connection import OVERFLOW, AgentConnection, AgentGone
 from .identity import ScopeKey, notebook_metadata, scope_key
 from .lifecycle import gc
 from .store import HEARTBEAT, Store
 
 GC_DELAY = 2.0  # seconds after the start before the kernel applies the lifecycle policies
 CONNECT_WAIT_FOR_INFO = 5.0  # seconds kernel_info waits for the sandbox's Python version
-
-
-class AgentGone(Exception):
-    """The channel ended: the interpreter (or the whole sandbox) is gone."""
-
-
-class AgentConnection:
-    """One agent process: framed writes, and a reader thread feeding an asyncio queue."""
-
-    def __init__(self, channel: Channel) -> None:
-        self.channel = channel
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        self.lock = threading.Lock()
-        self.ready: dict[str, Any] = {}
-        self.alive = True
-        self._pending = b""
-
-    def start(self) -> dict[str, Any]:
-        """Send the agent's source and wait for its ``ready`` (runs in a worker thread)."""
-        self.channel.write(agent_source())
-        buf = bytearray()
-        while b"\n" not in buf:
-            chunk = self.channel.read()
-            if not chunk:
-                tail = getattr(self.channel, "stderr_tail", "")
-                raise SandboxError(
-                    "the interpreter in the sandbox did not start"
-                    + (f": {tail.strip()[-300:]}" if tail.strip() else " (does the image have python3?)")
-                )
-            buf += chunk
-        line, _, self._pending = bytes(buf).partition(b"\n")
-        self.ready = json.loads(line)
-        return self.ready
-
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start relaying to ``loop`` (the connection may be made before the loop runs)."""
-        self.loop = loop
-        threading.Thread(target=self._read_loop, args=(self._pending,), daemon=True).start()
-
-    def _read_loop(self, pending: bytes) -> None:
-        assert self.loop is not None
-        buf = bytearray(pending)
-        try:
-            while True:
-                while (nl := buf.find(b"\n")) >= 0:
-                    msg = json.loads(bytes(buf[:nl]))
-                    del buf[: nl + 1]
-                    self.loop.call_soon_threadsafe(self.queue.put_nowait, msg)
-                chunk = self.channel.read()
-                if not chunk:
-                    break
-                buf += chunk
-        finally:
-            self.alive = False
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
-
-    def send(self, **msg: Any) -> None:
-        with self.lock:
-            self.channel.write(json.dumps(msg).encode() + b"\n")
-
-    async def next(self) -> dict[str, Any]:
-        msg = await self.queue.get()
-        if msg is None:
-            raise AgentGone()
-        return msg
-
-    def close(self) -> None:
-        self.alive = False
-        self.channel.close()
 
 
 class SandboxKernel(Kernel):
@@ -240,23 +170,34 @@ class SandboxKernel(Kernel):
             "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
             "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
         }
-        spare = SPARE_SOCKET if self.backend.keeps_spares else ""
-        if spare:
-            env["SANDBOX_AGENT_SPARE"] = spare  # leave a warm interpreter for the next kernel
-        command = bootstrap_command(spare=spare)
-        channel = self.backend.open_channel(info.id, command, cwd=self._cell_cwd(), env=env)
-        agent = AgentConnection(channel)
+        spare = None
+        if self.backend.keeps_spares:
+            record = self._store.take_spare(self.backend.name, info.id, info.engine_id)
+            if record is not None:
+                spare = (SPARE_SOCKET, record.pid, record.start_time)
+        channel = self.backend.open_channel(info.id, bootstrap_command(spare=spare), cwd=self._cell_cwd(), env=env)
+        agent = AgentConnection(channel, max_line=self._output_ceiling())
         try:
-            agent.start()
+            agent.start(agent_source())
         except BaseException:
             agent.close()
             raise
         if self._heart is None:
             self._heart = threading.Thread(target=self._heartbeat_loop, daemon=True)
             self._heart.start()
-            threading.Thread(target=self._collect_garbage, daemon=True).start()
+            threading.Thread(target=self._housekeeping, daemon=True).start()
         self._wake.set()
         return agent
+
+    def _output_ceiling(self) -> int:
+        """Bytes of output events one cell may send on the wire, whatever the agent says.
+
+        The agent enforces the exact limit; this ceiling (the limit plus room for the
+        protocol's own bytes) holds against a cell that writes to the agent's channel
+        directly.
+        """
+        assert self.cfg is not None
+        return self.cfg.output_limit + max(self.cfg.output_limit // 8, 64 << 10)
 
     def _heartbeat_loop(self) -> None:
         """Tell every process (the reaper above all) that this kernel lives, and if it is busy.
@@ -294,19 +235,26 @@ class SandboxKernel(Kernel):
     def _heartbeat_id(self) -> str:
         return self._kernel_id() or f"pid{os.getpid()}"
 
-    def _collect_garbage(self) -> None:
-        """Apply the lifecycle policies once per kernel start (hosts without a server need it).
-
-        A moment after the start: listing every sandbox must not compete with the
-        kernel's first reply and first cell.
-        """
+    def _housekeeping(self) -> None:
+        """Once per kernel start, a moment after it (listing every sandbox must not compete
+        with the kernel's first reply and first cell): apply the lifecycle policies (hosts
+        without a server need it), then leave a warm spare for the next kernel."""
         time.sleep(GC_DELAY)
+        assert self.backend is not None and self.cfg is not None
         try:
-            assert self.backend is not None and self.cfg is not None
             for action in gc(self.backend, self.cfg):
                 self.log.info("lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
         except Exception as exc:
             self.log.warning("lifecycle check failed: %s", exc)
+        if self.backend.keeps_spares and self._sandbox_id:
+            try:
+                recorded = self._store.spare(self.backend.name, self._sandbox_id)
+                if recorded is None or not self.backend.spare_alive(recorded):
+                    spare = self.backend.start_spare(self._sandbox_id)
+                    if spare is not None:
+                        self._store.put_spare(self.backend.name, self._sandbox_id, spare)
+            except Exception as exc:  # a spare only saves time: never an error for the user
+                self.log.debug("no warm spare: %s", exc)
 
     def _cell_cwd(self) -> str:
         """/workspace/<folder of the notebook> when the notebook lies in the workspace."""
@@ -379,28 +327,36 @@ class SandboxKernel(Kernel):
             self._wake.set()  # idle from now: the reaper's clock starts here
 
     async def _relay(self, agent: AgentConnection, silent: bool, stdin_parent: Any) -> dict[str, Any]:
-        """Publish what the agent sends until its reply; that reply is ours."""
+        """Publish what the agent sends until its reply; that reply is ours.
+
+        Everything here may come from a cell rather than the agent (see
+        :mod:`.connection`): events are rebuilt from known fields, and their bytes are
+        counted against the output ceiling, past which they are dropped with a notice.
+        """
+        budget = self._output_ceiling()
+        used = 0
+        cut = False
         while True:
-            msg = await agent.next()
-            kind = msg.pop("ev", "")
+            msg, size = await agent.next()
+            kind = msg.get("ev")
             if kind == "reply":
-                return msg["content"]
+                content = msg.get("content")
+                return content if isinstance(content, dict) else {"status": "error", "ename": "SandboxError", "evalue": "malformed reply", "traceback": []}
             if kind == "input_request":
                 asyncio.ensure_future(self._answer_input(agent, msg, stdin_parent))
                 continue
             if silent:
                 continue
-            if kind == "stream":
-                self._stream(msg["name"], msg["text"])
-            elif kind == "display":
-                update = msg.pop("update", False)
-                self._publish("update_display_data" if update else "display_data", msg)
-            elif kind == "result":
-                self._publish("execute_result", msg)
-            elif kind == "clear":
-                self._publish("clear_output", msg)
-            elif kind == "error":
-                self._publish("error", msg)
+            used += size
+            if kind == OVERFLOW or used > budget:
+                if not cut:
+                    cut = True
+                    limit = self.cfg.output_limit if self.cfg else 0
+                    self._stream("stderr", f"\n[output truncated: this cell sent more than {limit / 1e6:.0f} MB of output; the rest was discarded]\n")
+                continue
+            content = _event_content(kind, msg)
+            if content is not None:
+                self._publish(*content)
 
     async def _answer_input(self, agent: AgentConnection, msg: dict[str, Any], stdin_parent: Any) -> None:
         if stdin_parent is None:
@@ -475,8 +431,8 @@ class SandboxKernel(Kernel):
             agent = await self._ensure_agent(show_progress=False)
             agent.send(op=op, **fields)
             while True:
-                msg = await agent.next()
-                if msg.get("ev") == "reply":
+                msg, _ = await agent.next()
+                if msg.get("ev") == "reply" and isinstance(msg.get("content"), dict):
                     return msg["content"]
         except Exception as exc:
             return {"status": "error", "ename": type(exc).__name__, "evalue": _one_line(exc), "traceback": []}
@@ -552,6 +508,37 @@ def notebook_choices() -> dict[str, Any]:
         for name in ("flavor", "snapshot")
         if isinstance(meta.get(name), str) and not os.environ.get(f"SANDBOX_KERNEL_{name.upper()}")
     }
+
+
+_DICT_FIELDS = ("data", "metadata", "transient")
+
+
+def _event_content(kind: Any, msg: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(message type, content) of an agent event, built only from the fields Jupyter
+    defines for it, or None for anything malformed."""
+    if kind == "stream":
+        name, text = msg.get("name"), msg.get("text")
+        if name in ("stdout", "stderr") and isinstance(text, str):
+            return "stream", {"name": name, "text": text}
+        return None
+    if kind in ("display", "result"):
+        content = {field: msg.get(field) or {} for field in _DICT_FIELDS}
+        if not all(isinstance(content[field], dict) for field in _DICT_FIELDS):
+            return None
+        if kind == "result":
+            del content["transient"]
+            count = msg.get("execution_count")
+            content["execution_count"] = count if isinstance(count, int) else None
+            return "execute_result", content
+        return ("update_display_data" if msg.get("update") else "display_data"), content
+    if kind == "clear":
+        return "clear_output", {"wait": bool(msg.get("wait"))}
+    if kind == "error":
+        traceback = msg.get("traceback")
+        if not isinstance(traceback, list):
+            traceback = []
+        return "error", {"ename": str(msg.get("ename", "")), "evalue": str(msg.get("evalue", "")), "traceback": [str(line) for line in traceback]}
+    return None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -19,7 +19,6 @@ from typing import Any
 from .backends.base import (
     Backend,
     QuotaExceeded,
-    SandboxError,
     SandboxInfo,
     SandboxNotFound,
     installation_id,
@@ -39,6 +38,7 @@ class Action:
     reason: str
     done: bool = False
     error: str = ""
+    engine_id: str = ""  # the incarnation judged; never acted on if the id now names another
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,23 +68,28 @@ def plan(
         age = now - info.created
         grace = _minutes(config.orphan_grace)
         if info.state == "creating" and age > grace:
-            actions.append(Action(info.id, "destroy", f"left half-created for {age / MINUTE:.0f} min"))
-        elif record is None and not live and age > grace:
-            actions.append(Action(info.id, "destroy", "orphan: no owner record"))
+            actions.append(Action(info.id, "destroy", f"left half-created for {age / MINUTE:.0f} min", engine_id=info.engine_id))
+        elif record is None:
+            # No owner record: either an orphan, or one being made right now (between the
+            # engine's create and the record, or a slow remote create): grace decides.
+            if not live and age > grace:
+                actions.append(Action(info.id, "destroy", "orphan: no owner record", engine_id=info.engine_id))
+        elif record.engine_id and info.engine_id and record.engine_id != info.engine_id and not live and age > grace:
+            actions.append(Action(info.id, "destroy", "orphan: its record points at a newer sandbox of the same id", engine_id=info.engine_id))
         elif record.spec and info.spec and info.spec != record.spec and not live and age > grace:
-            actions.append(Action(info.id, "destroy", "orphan: made with an older configuration (image, flavor or mounts)"))
+            actions.append(Action(info.id, "destroy", "orphan: made with an older configuration (image, flavor or mounts)", engine_id=info.engine_id))
         elif config.max_age and age > _minutes(config.max_age) and not busy:
-            actions.append(Action(info.id, "destroy", f"older than max_age={config.max_age:g} min"))
+            actions.append(Action(info.id, "destroy", f"older than max_age={config.max_age:g} min", engine_id=info.engine_id))
         elif info.state == "running":
             idle = now - last
             if not live and config.idle_stop and idle > _minutes(config.idle_stop):
-                actions.append(Action(info.id, "stop", f"idle {idle / MINUTE:.1f} min with no live kernel"))
+                actions.append(Action(info.id, "stop", f"idle {idle / MINUTE:.1f} min with no live kernel", engine_id=info.engine_id))
             elif live and not busy and config.idle_stop_with_kernel and idle > _minutes(config.idle_stop_with_kernel):
-                actions.append(Action(info.id, "stop", f"idle {idle / MINUTE:.1f} min with an idle kernel"))
+                actions.append(Action(info.id, "stop", f"idle {idle / MINUTE:.1f} min with an idle kernel", engine_id=info.engine_id))
         elif info.state == "stopped" and config.idle_delete:
             stopped_for = now - max(info.finished, last)
             if stopped_for > _minutes(config.idle_delete):
-                actions.append(Action(info.id, "destroy", f"stopped for {stopped_for / MINUTE:.1f} min"))
+                actions.append(Action(info.id, "destroy", f"stopped for {stopped_for / MINUTE:.1f} min", engine_id=info.engine_id))
     return actions
 
 
@@ -105,19 +110,39 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
     actions = plan(infos, config, store, backend.name)
     if dry_run:
         return actions
+    try:
+        backend.sweep()
+    except Exception:  # leftovers wait for the next run
+        pass
     for action in actions:
         try:
-            if action.action == "stop":
-                backend.stop(action.sandbox_id)
-            else:
-                backend.destroy(action.sandbox_id)
-                store.delete(backend.name, action.sandbox_id)
-            action.done = True
+            _apply(backend, store, action)
         except SandboxNotFound:
             action.done = True  # another reaper (or the user) got there first
-        except SandboxError as exc:
-            action.error = str(exc)
+        except Exception as exc:  # one sandbox's trouble must not stop the run
+            action.error = str(exc) or type(exc).__name__
     return actions
+
+
+def _apply(backend: Backend, store: Store, action: Action) -> None:
+    """Do one action, to the very sandbox that was judged (its engine id), or to none."""
+    current = backend.get(action.sandbox_id)
+    same = not action.engine_id or current.engine_id == action.engine_id
+    if action.action == "stop":
+        if same:
+            backend.stop(action.sandbox_id)
+        action.done = same
+        return
+    if same:
+        backend.destroy(action.sandbox_id)
+        store.delete(backend.name, action.sandbox_id)
+        action.done = True
+    elif backend.finds_engine_ids:
+        # The id names a newer sandbox now (this one is an older incarnation): remove
+        # the old one by its engine id and leave the id's record alone.
+        action.done = backend.destroy(action.engine_id)
+    else:
+        action.error = "it changed while the reaper ran; left for the next run"
 
 
 def check_quota(backend: Backend, config: SandboxConfig, new_memory: int) -> None:

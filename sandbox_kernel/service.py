@@ -13,15 +13,9 @@ import uuid
 from typing import Any
 
 from .backends import Backend, make_backend
-from .backends.base import (
-    BadRequest,
-    SandboxError,
-    SandboxInfo,
-    SandboxNotFound,
-    SnapshotInfo,
-    check_snapshot_name,
-)
+from .backends.base import SandboxInfo, SnapshotInfo, check_snapshot_name
 from .config import SandboxConfig
+from .errors import BadRequest, Forbidden, SandboxNotFound, shorten
 from .files import RemoteWorkspace, Workspace
 from .identity import ScopeKey
 from .lifecycle import stats
@@ -30,13 +24,9 @@ from .store import Store
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
-class Forbidden(SandboxError):
-    """The sandbox (or snapshot) belongs to another user (403)."""
-
-
 def check_id(value: str, what: str = "sandbox id") -> str:
     if not isinstance(value, str) or not _ID.fullmatch(value):
-        shown = value[:40] + "..." if isinstance(value, str) and len(value) > 40 else value
+        shown = shorten(value, 40) if isinstance(value, str) else value
         raise BadRequest(f"bad {what} {shown!r}: ids are 1-128 letters, digits, '.', '_' or '-'")
     return value
 
@@ -145,7 +135,11 @@ class SandboxService:
         info = self.owned(user, sandbox_id)
         self.store.touch(self.backend.name, sandbox_id)  # file use is activity
         if self.backend.workspace_on_host:
-            return Workspace(info.workspace)
+            owner = None
+            if info.file_owner:  # the sandbox runs as a uid the server must hand files to
+                uid, _, gid = info.file_owner.partition(":")
+                owner = (int(uid), int(gid or uid))
+            return Workspace(info.workspace, owner)
         if info.state != "running":
             raise BadRequest(f"sandbox {sandbox_id} is {info.state}: start it to reach its files")
         return RemoteWorkspace(self.backend, sandbox_id)

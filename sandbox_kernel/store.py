@@ -9,13 +9,15 @@ itself; WAL mode and a busy timeout make concurrent kernels, CLI and server safe
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import SandboxConfig
+from .config import SandboxConfig, setting_names
+from .errors import SandboxError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -34,11 +36,32 @@ CREATE TABLE IF NOT EXISTS kernels (
     sandbox_id TEXT NOT NULL,
     last_seen REAL NOT NULL,
     busy INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS spares (
+    backend TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    engine_id TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    start_time TEXT NOT NULL,
+    host_pid INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (backend, sandbox_id)
 )
 """
 # A kernel beats every HEARTBEAT seconds; one silent for STALE_AFTER is taken as dead.
 HEARTBEAT = 30.0
 STALE_AFTER = 3 * HEARTBEAT
+
+
+@dataclass
+class Spare:
+    """A warm interpreter the host started in a sandbox, known by what the kernel of the
+    sandbox's host says about it (its pid there and its start time), never by what any
+    process in the sandbox claims."""
+
+    engine_id: str
+    pid: int  # in the sandbox's pid namespace
+    start_time: str
+    host_pid: int = 0  # the same process as the engine's host numbers it
 
 
 @dataclass
@@ -60,16 +83,42 @@ class Store:
         self._checked = False
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        if not self._checked:  # WAL mode and the schema persist in the file: set them up once
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
-            if "spec" not in columns:  # a state file from before owner specs were kept
-                conn.execute("ALTER TABLE sandboxes ADD COLUMN spec TEXT NOT NULL DEFAULT ''")
-            self._checked = True
+        if not self._checked:
+            self._prepare_folder()
+        try:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            if not self._checked:  # WAL mode and the schema persist in the file: set them up once
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
+                if "spec" not in columns:  # a state file from before owner specs were kept
+                    conn.execute("ALTER TABLE sandboxes ADD COLUMN spec TEXT NOT NULL DEFAULT ''")
+                self._checked = True
+        except sqlite3.Error as exc:
+            raise SandboxError(
+                f"cannot use the state file {self.path} ({exc}); check {setting_names('state_dir')}"
+            ) from None
         return conn
+
+    def _prepare_folder(self) -> None:
+        """The state folder 0700 and the state file 0600: they say who owns which sandbox
+        and hold the warm-interpreter records, for this user's eyes only."""
+        folder = self.path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if folder.stat().st_uid == os.geteuid() and folder.stat().st_mode & 0o077:
+                folder.chmod(0o700)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                if os.fstat(fd).st_mode & 0o077:
+                    os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise SandboxError(
+                f"cannot create the state folder {folder} ({exc.strerror}); set {setting_names('state_dir')} "
+                "to a folder this user can write"
+            ) from None
 
     def get(self, backend: str, sandbox_id: str) -> Record | None:
         with closing(self._connect()) as conn:
@@ -145,3 +194,37 @@ class Store:
         for sandbox_id, kernel_id, busy in rows:
             live.setdefault(sandbox_id, []).append((kernel_id, bool(busy)))
         return live
+
+    # -- warm spares ------------------------------------------------------------------
+    def put_spare(self, backend: str, sandbox_id: str, spare: Spare) -> None:
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "INSERT INTO spares (backend, sandbox_id, engine_id, pid, start_time, host_pid)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (backend, sandbox_id) DO UPDATE SET engine_id = excluded.engine_id,"
+                " pid = excluded.pid, start_time = excluded.start_time, host_pid = excluded.host_pid",
+                (backend, sandbox_id, spare.engine_id, spare.pid, spare.start_time, spare.host_pid),
+            )
+
+    def take_spare(self, backend: str, sandbox_id: str, engine_id: str) -> Spare | None:
+        """The recorded spare of this incarnation of the sandbox, removed from the record
+        (one kernel takes it; the next one finds a new spare or starts cold)."""
+        with closing(self._connect()) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute(
+                "SELECT engine_id, pid, start_time, host_pid FROM spares WHERE backend = ? AND sandbox_id = ?",
+                (backend, sandbox_id),
+            ).fetchone()
+            conn.execute("DELETE FROM spares WHERE backend = ? AND sandbox_id = ?", (backend, sandbox_id))
+            conn.execute("COMMIT")
+        if row is None or row[0] != engine_id:
+            return None
+        return Spare(*row)
+
+    def spare(self, backend: str, sandbox_id: str) -> Spare | None:
+        with closing(self._connect()) as conn:
+            row = conn.execute(
+                "SELECT engine_id, pid, start_time, host_pid FROM spares WHERE backend = ? AND sandbox_id = ?",
+                (backend, sandbox_id),
+            ).fetchone()
+        return Spare(*row) if row else None

@@ -64,6 +64,17 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "jupyter-config"))
 
 
+@pytest.fixture(autouse=True)
+def _release_idmapped_mounts(tmp_path: Path) -> Iterator[None]:
+    """Idmapped workspace mounts of this test's sandboxes, gone with them: a test that
+    removes containers itself (or a crashed one) must not leave mounts on the host."""
+    yield
+    from sandbox_kernel.backends import idmap
+
+    for _source, target in idmap.mounts_of(tmp_path):
+        idmap.unmount(Path(target))
+
+
 @pytest.fixture
 def test_user() -> str:
     """A user name no other test (or person) uses, so cleanup can find what we made."""
@@ -91,10 +102,28 @@ def remove_user_containers(user_id_prefix: str, client: object = None) -> None:
     """Remove every container whose sandbox-kernel user id starts with the prefix."""
     import docker
 
+    from sandbox_kernel.backends import idmap
+
     client = client or docker.from_env()
     for container in client.containers.list(all=True, filters={"label": "sandbox-kernel.managed=1"}):
         if container.labels.get("sandbox-kernel.user-id", "").startswith(user_id_prefix):
             container.remove(force=True)
+            mount = container.labels.get("sandbox-kernel.workspace-mount")
+            if mount:  # removed behind the backend's back: its idmapped mount too
+                idmap.unmount(Path(mount))
+
+
+def sandbox_container(sandbox_id: str, client: object = None) -> object:
+    """The Docker container of a sandbox id: its engine name is the id plus the
+    installation's tag (``sk-alice--i1a2b3c4d``), so tests find it by that prefix."""
+    import re
+
+    import docker
+
+    client = client or docker.from_env()
+    found = client.containers.list(all=True, filters={"name": f"^/{re.escape(sandbox_id)}--i[0-9a-f]+$"})
+    assert len(found) == 1, f"expected one container for {sandbox_id}, found {[c.name for c in found]}"
+    return found[0]
 
 
 @pytest.fixture

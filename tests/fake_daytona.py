@@ -33,6 +33,7 @@ import tarfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http import HTTPStatus
@@ -41,8 +42,6 @@ from typing import Any
 
 import docker
 from aiohttp import WSMsgType, web
-
-from sandbox_kernel.backends.docker import _IterReader  # the same tar-stream reader as the product
 
 API_KEY = "fake-daytona-key"
 FAKE_LABEL = "fake-daytona"
@@ -62,6 +61,27 @@ def _error(status: int, message: str) -> web.Response:
         status=status,
     )
 
+
+class _IterReader(io.RawIOBase):
+    """A file-like view of an iterator of bytes, for tarfile's streaming mode."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
 
 @dataclass
 class FakeSandbox:

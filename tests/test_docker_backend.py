@@ -14,7 +14,7 @@ import docker
 import pytest
 
 from sandbox_kernel.backends import EngineUnavailable, SandboxNotFound
-from sandbox_kernel.backends.base import LABEL_MANAGED, workspace_dir
+from sandbox_kernel.backends.base import LABEL_MANAGED, engine_name, workspace_dir
 from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
@@ -114,7 +114,7 @@ def test_destroy_keeps_workspace_and_is_idempotent(backend: DockerBackend, test_
 def test_recreated_after_removal_behind_our_back(backend: DockerBackend, test_user: str) -> None:
     key = ScopeKey(test_user)
     info = backend.ensure(key).info
-    engine().containers.get(info.id).remove(force=True)
+    engine().containers.get(info.engine_id).remove(force=True)
     ensured = backend.ensure(key)
     assert ensured.event == "recreated"
     assert ensured.info.engine_id != info.engine_id
@@ -124,7 +124,7 @@ def test_recreated_after_removal_behind_our_back(backend: DockerBackend, test_us
 def test_stopped_container_is_started_again(backend: DockerBackend, test_user: str) -> None:
     key = ScopeKey(test_user)
     info = backend.ensure(key).info
-    engine().containers.get(info.id).stop(timeout=1)
+    engine().containers.get(info.engine_id).stop(timeout=1)
     assert backend.get(info.id).state == "stopped"
     assert backend.get(info.id).started == 0.0  # no uptime while stopped
     time.sleep(1.1)
@@ -159,7 +159,7 @@ def test_ten_processes_get_one_container(make_config: Callable[..., SandboxConfi
 def test_hardening_is_applied(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
     backend = DockerBackend(make_config(flavor="medium", pids_limit=100, network=False))
     info = backend.ensure(ScopeKey(test_user)).info
-    attrs = engine().containers.get(info.id).attrs
+    attrs = engine().containers.get(info.engine_id).attrs
     host = attrs["HostConfig"]
     assert attrs["Config"]["User"] == "1000:1000"
     assert host["CapDrop"] == ["ALL"]
@@ -182,11 +182,11 @@ def test_hardening_is_applied(make_config: Callable[..., SandboxConfig], test_us
 
 
 def test_fork_bomb_is_stopped_by_pids_limit(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
-    backend = DockerBackend(make_config(pids_limit=50))
+    backend = DockerBackend(make_config(pids_limit=64))
     info = backend.ensure(ScopeKey(test_user)).info
     code = (
         "import subprocess\nprocs=[]\n"
-        "try:\n    for _ in range(200): procs.append(subprocess.Popen(['sleep','30']))\n"
+        "try:\n    for _ in range(300): procs.append(subprocess.Popen(['sleep','30']))\n"
         "except OSError as e: print('refused', e.errno)\n"
         "for p in procs: p.kill()\n"
     )
@@ -256,9 +256,10 @@ def test_channel_round_trip_and_process_ends_on_close(backend: DockerBackend, te
 
 def test_foreign_container_with_our_name_is_refused(backend: DockerBackend, test_user: str) -> None:
     key = ScopeKey(test_user)
-    foreign = engine().containers.create(backend.config.image, ["python3", "-c", "pass"], name=key.name)
+    name = engine_name(backend.config, key.name)
+    foreign = engine().containers.create(backend.config.image, ["python3", "-c", "pass"], name=name)
     try:
-        with pytest.raises(Exception, match="not made by sandbox-kernel"):
+        with pytest.raises(Exception, match="not made by this sandbox-kernel installation"):
             backend.ensure(key)
         assert backend.destroy(key.name) is False  # never ours to remove
         engine().containers.get(foreign.id)

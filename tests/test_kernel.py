@@ -18,7 +18,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
-from .conftest import TEST_IMAGE, remove_user_containers
+from .conftest import TEST_IMAGE, remove_user_containers, sandbox_container
 from .helpers import make_wheel
 from .kernel_env import ConformanceSuite, KernelEnv, make_kernel_env
 
@@ -62,7 +62,7 @@ def text_of(outputs: list[dict], name: str = "stdout") -> str:
 
 
 def container_id(user: str) -> str:
-    return docker.from_env().containers.get(f"sk-{user}").id
+    return sandbox_container(f"sk-{user}").id
 
 
 @pytest.fixture
@@ -204,28 +204,24 @@ def test_restart_keeps_files_and_container(kernel: tuple[Any, Any], kenv: Kernel
 
 # The pid of the process listening on the spare's socket (a spare not yet taken): the
 # taken one keeps a connected socket with the same path, so only listeners count.
-SPARES = (
-    "import os\n"
-    "rows = [l.split() for l in open('/proc/net/unix')]\n"
-    "inodes = {r[6] for r in rows if r[-1].endswith('.sandbox-kernel-spare.sock') and r[3] == '00010000'}\n"
-    "for p in filter(str.isdigit, os.listdir('/proc')):\n"
-    "    try:\n"
-    "        links = {os.readlink('/proc/%s/fd/%s' % (p, fd)) for fd in os.listdir('/proc/%s/fd' % p)}\n"
-    "    except OSError: continue\n"
-    "    if any('socket:[%s]' % i in links for i in inodes): print(p)\n"
-)
+def spare_pids(user: str, root: Path) -> list[int]:
+    """The spare interpreter recorded for the sandbox, if it is alive. Spares are
+    non-dumpable (their fds cannot be read from the sandbox), so the host's record,
+    checked by the product against the host's /proc, is how we find one."""
+    from sandbox_kernel.config import load_config
+    from sandbox_kernel.store import Store
+
+    record = Store(load_config(environ={}, state_dir=str(root / "state"))).spare("docker", f"sk-{user}")
+    if record is None:
+        return []
+    alive = sandbox_container(f"sk-{user}").exec_run(["test", "-d", f"/proc/{record.pid}"]).exit_code == 0
+    return [record.pid] if alive else []
 
 
-def spare_pids(user: str) -> list[int]:
-    """Spare interpreters waiting in the sandbox (listening on the spare socket)."""
-    out = docker.from_env().containers.get(f"sk-{user}").exec_run(["python3", "-c", SPARES]).output
-    return sorted(int(p) for p in out.split())
-
-
-def wait_for_spare(user: str, other_than: int = 0) -> int:
+def wait_for_spare(kenv: KernelEnv, other_than: int = 0) -> int:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        pids = [p for p in spare_pids(user) if p != other_than]
+        pids = [p for p in spare_pids(kenv.user, kenv.root) if p != other_than]
         if pids:
             return pids[0]
         time.sleep(0.2)
@@ -237,7 +233,7 @@ def test_restart_takes_the_warm_spare_and_leaves_a_new_one(kernel: tuple[Any, An
     variables, its own settings, same files) and a new spare replaces it."""
     km, kc = kernel
     run(kc, "import os\nleftover = 1")
-    spare = wait_for_spare(kenv.user)
+    spare = wait_for_spare(kenv)
     km.restart_kernel(now=True)
     kc.wait_for_ready(timeout=60)
     reply, outputs = run(kc, "print(os.getpid() if 'os' in globals() else 'fresh', 'leftover' in globals())")
@@ -245,7 +241,7 @@ def test_restart_takes_the_warm_spare_and_leaves_a_new_one(kernel: tuple[Any, An
     reply, outputs = run(kc, "import os, sys\nprint(os.getpid(), os.getcwd(), os.environ.get('SANDBOX_AGENT_OUTPUT_LIMIT'), sys.stdin.read())")
     pid, cwd, limit, *rest = text_of(outputs).split()
     assert (int(pid), cwd, limit, rest) == (spare, "/workspace", "10000000", [])
-    assert wait_for_spare(kenv.user, other_than=spare) != spare  # the next kernel's
+    assert wait_for_spare(kenv, other_than=spare) != spare  # the next kernel's
     reply, outputs = run(kc, "import subprocess\nprint(subprocess.run(['echo', 'fd capture'], capture_output=False).returncode)")
     assert text_of(outputs) == "fd capture\n0\n"
 
@@ -253,7 +249,7 @@ def test_restart_takes_the_warm_spare_and_leaves_a_new_one(kernel: tuple[Any, An
 def test_container_removed_between_cells(kernel: tuple[Any, Any], kenv: KernelEnv) -> None:
     _, kc = kernel
     run(kc, "x = 1\nopen('/workspace/survivor.txt', 'w').write('kept')")
-    docker.from_env().containers.get(f"sk-{kenv.user}").remove(force=True)
+    sandbox_container(f"sk-{kenv.user}").remove(force=True)
     reply, outputs = run(kc, "print(open('/workspace/survivor.txt').read())")
     notices = [line for line in text_of(outputs, "stderr").splitlines() if "sandbox restarted" in line]
     assert notices == [notices[0]] and "variables were lost, files in /workspace were kept" in notices[0]
@@ -266,7 +262,7 @@ def test_container_removed_during_a_cell(kernel: tuple[Any, Any], kenv: KernelEn
     _, kc = kernel
     msg_id = kc.execute("import time; time.sleep(30)")
     time.sleep(1)
-    docker.from_env().containers.get(f"sk-{kenv.user}").remove(force=True)
+    sandbox_container(f"sk-{kenv.user}").remove(force=True)
     while True:
         reply = kc.get_shell_msg(timeout=30)
         if reply["parent_header"]["msg_id"] == msg_id:
@@ -301,7 +297,6 @@ def test_notebooks_with_nbclient(kenv: KernelEnv) -> None:
     project.mkdir(exist_ok=True)
     (project / "data.csv").write_text("a,b\n1,2\n")
     wheel = make_wheel(kenv.workspace / "wheels")
-    os.chown(project, 1000, 1000) if os.getuid() == 0 else None
     nb = _notebook(
         [
             "rows = open('data.csv').read().splitlines()\nrows",
@@ -337,7 +332,6 @@ def test_jupyter_execute(kenv: KernelEnv) -> None:
     project = kenv.workspace / "cli"
     project.mkdir(exist_ok=True)
     (project / "input.txt").write_text("41")
-    os.chown(project, 1000, 1000) if os.getuid() == 0 else None
     path = project / "run.ipynb"
     nbformat.write(_notebook(["n = int(open('input.txt').read())", "print(n + 1)"]), path)
     done = subprocess.run(
@@ -384,7 +378,7 @@ def test_notebook_metadata_picks_the_flavor(tmp_path: Path) -> None:
     try:
         reply, _ = run(kc, "1")
         assert reply["status"] == "ok"
-        host = docker.from_env().containers.get(f"sk-{env.user}").attrs["HostConfig"]
+        host = sandbox_container(f"sk-{env.user}").attrs["HostConfig"]
         assert host["Memory"] == 2 << 30
     finally:
         kc.stop_channels()
@@ -461,10 +455,10 @@ def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path) -> None:
     try:
         assert run(kc, "1")[0]["status"] == "ok"
         deadline = time.monotonic() + 20
-        while docker.from_env().containers.get(idle.id).status == "running" and time.monotonic() < deadline:
+        while docker.from_env().containers.get(idle.engine_id).status == "running" and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert docker.from_env().containers.get(idle.id).status == "exited"
-        assert docker.from_env().containers.get(f"sk-{env.user}").status == "running"  # its own is busy
+        assert docker.from_env().containers.get(idle.engine_id).status == "exited"
+        assert sandbox_container(f"sk-{env.user}").status == "running"  # its own is busy
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -23,6 +23,7 @@ from sandbox_kernel.backends.base import (
     BadRequest,
     QuotaExceeded,
     SandboxNotFound,
+    engine_name,
     installation_id,
     sandbox_labels,
 )
@@ -110,7 +111,7 @@ def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConf
         Store(cfg).delete("docker", no_record.id)  # its owner record is gone
         key = ScopeKey(test_user + "-b")
         half = client.containers.create(  # a create that crashed before start
-            image, ["python3", "-c", "pass"], name=key.name,
+            image, ["python3", "-c", "pass"], name=engine_name(cfg, key.name),
             labels=sandbox_labels(key, cfg, str(Path(cfg.workspace_root) / key.user_id)),
         )
         # Made with flavor medium; its owner's configuration has since become small.
@@ -125,7 +126,7 @@ def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConf
         assert healthy.id not in done
         for gone in (no_record.id, key.name, outdated.id):
             with pytest.raises(docker.errors.NotFound):
-                client.containers.get(gone)
+                client.containers.get(engine_name(cfg, gone))
         assert half.id  # created above
         assert client.containers.get(foreign.id).status == "running"
         assert client.containers.get(labelled_foreign.id).status == "created"
@@ -140,7 +141,7 @@ def test_other_installations_are_left_alone(make_config: Callable[..., SandboxCo
     other = DockerBackend(theirs).ensure(ScopeKey(test_user)).info
     assert installation_id(mine) != installation_id(theirs)
     assert all(a.sandbox_id != other.id for a in gc(DockerBackend(mine), mine))
-    assert engine().containers.get(other.id).status == "running"
+    assert engine().containers.get(other.engine_id).status == "running"
 
 
 def test_concurrent_reapers(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
@@ -177,7 +178,7 @@ def test_quotas(make_config: Callable[..., SandboxConfig], test_user: str) -> No
 @pytest.mark.parametrize(("flavor", "cpus", "memory"), [("small", 1, 1 << 30), ("large", 4, 4 << 30)])
 def test_flavor_limits(make_config: Callable[..., SandboxConfig], test_user: str, flavor: str, cpus: int, memory: int) -> None:
     info = DockerBackend(make_config(flavor=flavor)).ensure(ScopeKey(test_user)).info
-    host = engine().containers.get(info.id).attrs["HostConfig"]
+    host = engine().containers.get(info.engine_id).attrs["HostConfig"]
     cpus = min(cpus, engine().info()["NCPU"])  # clamped to what the machine has
     assert (host["NanoCpus"], host["Memory"], info.flavor) == (cpus * 10**9, memory, flavor)
 

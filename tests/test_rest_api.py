@@ -22,7 +22,7 @@ from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
 
-from .conftest import TEST_IMAGE, remove_user_containers
+from .conftest import TEST_IMAGE, remove_user_containers, sandbox_container
 
 pytestmark = pytest.mark.docker
 
@@ -55,7 +55,7 @@ def sandbox(rest_env: dict[str, str], make_config: Callable[..., SandboxConfig],
     """A sandbox of the server's user, made the way a kernel makes it."""
     cfg = make_config(workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"], state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"])
     info = DockerBackend(cfg).ensure(ScopeKey(test_user)).info
-    return {"id": info.id, "workspace": info.workspace}
+    return {"id": info.id, "workspace": info.workspace, "engine_id": info.engine_id}
 
 
 def server_url(app: Any) -> str:
@@ -138,7 +138,7 @@ async def test_other_users_sandbox_is_forbidden(jp_fetch: Any, sandbox: dict[str
             if method == "POST":
                 kw["body"] = ""
             await fetch(jp_fetch, *parts, expect=403, **kw)
-        assert docker.from_env().containers.get(other.id).status == "running"
+        assert docker.from_env().containers.get(other.engine_id).status == "running"
         assert other.id not in [s["id"] for s in await fetch(jp_fetch, "api", "sandboxes")]
     finally:
         remove_user_containers(test_user + "-other")
@@ -157,8 +157,10 @@ async def test_files_round_trip(jp_fetch: Any, sandbox: dict[str, str]) -> None:
     assert response.headers["Content-Length"] == "5"
     assert "note.txt" in response.headers["Content-Disposition"]
     # The sandbox sees it, owned by the sandbox user, and can change it.
-    backend_out = subprocess.run(["docker", "exec", sid, "sh", "-c", "cat deep/er/note.txt && echo && echo more >> deep/er/note.txt && stat -c %u deep/er/note.txt"], capture_output=True, text=True)
-    assert backend_out.stdout.split() == ["hello", "1000"]
+    backend_out = subprocess.run(["docker", "exec", sandbox["engine_id"], "sh", "-c", "cat deep/er/note.txt && echo && echo more >> deep/er/note.txt && stat -c %u deep/er/note.txt"], capture_output=True, text=True)
+    # Owned by the sandbox user inside; on the host by the server's user (idmapped when root).
+    assert backend_out.stdout.split() == ["hello", "1000" if os.getuid() == 0 else str(os.getuid())]
+    assert (Path(sandbox["workspace"]) / "deep" / "er" / "note.txt").stat().st_uid == os.getuid()
     await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "er", "note.txt", method="DELETE", expect=204)
     await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "er", "note.txt", expect=404)
     await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "er", "note.txt", method="DELETE", expect=404)
@@ -254,7 +256,7 @@ async def test_start_sandbox_from_snapshot(jp_fetch: Any, sandbox: dict[str, str
     name = f"{test_user}-start"
     sid = sandbox["id"]
     try:
-        subprocess.run(["docker", "exec", sid, "sh", "-c", "echo baked > /home/sandbox/baked.txt"], check=True)
+        subprocess.run(["docker", "exec", sandbox["engine_id"], "sh", "-c", "echo baked > /home/sandbox/baked.txt"], check=True)
         await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": name}), expect=201)
         await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({}), expect=400)
         await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": "Bad Name"}), expect=400)
@@ -265,7 +267,7 @@ async def test_start_sandbox_from_snapshot(jp_fetch: Any, sandbox: dict[str, str
         assert made["id"] != sid and made["thread"].startswith(f"snapshot:{name}:")
         assert made["kernel_ids"] == []
         # It really runs the snapshot's filesystem, and shares the user's workspace.
-        baked = subprocess.run(["docker", "exec", made["id"], "cat", "/home/sandbox/baked.txt"], capture_output=True, text=True)
+        baked = subprocess.run(["docker", "exec", made["engine_id"], "cat", "/home/sandbox/baked.txt"], capture_output=True, text=True)
         assert baked.stdout.strip() == "baked"
         assert made["workspace"] == sandbox["workspace"]
         listed = {s["id"] for s in await fetch(jp_fetch, "api", "sandboxes")}
@@ -275,7 +277,7 @@ async def test_start_sandbox_from_snapshot(jp_fetch: Any, sandbox: dict[str, str
         assert again["id"] not in (sid, made["id"])
         # Another user's snapshot is not theirs to start from.
         subprocess.run(["docker", "commit", "-c", f"LABEL sandbox-kernel.snapshot={name}-x sandbox-kernel.user=someone-else",
-                        sid, f"sandbox-kernel-snapshot:{name}-x"], check=True, capture_output=True)
+                        sandbox["engine_id"], f"sandbox-kernel-snapshot:{name}-x"], check=True, capture_output=True)
         body = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": f"{name}-x"}), expect=403)
         assert "another user" in body["message"]
     finally:
@@ -314,7 +316,7 @@ async def test_unauthenticated_refused(jp_fetch: Any, jp_serverapp: Any, sandbox
         )
         assert done.stdout in ("401", "403"), (method, path, done.stdout)
     assert not (Path(sandbox["workspace"]) / "x.txt").exists()
-    assert docker.from_env().containers.get(sandbox["id"]).status == "running"
+    assert sandbox_container(sandbox["id"]).status == "running"
 
 
 def test_openapi_matches_handlers() -> None:

@@ -11,38 +11,23 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-# The start program: read the agent's source (N bytes) from stdin; then, given a spare's
-# socket, hand our stdin/stdout to that warm interpreter and wait for it to end;
-# without one (or if it does not answer) run the source here, cold. Both paths leave
-# the channel in the same state, so the kernel cannot tell them apart but by speed.
+# The start program, small enough for argv: first make this process non-dumpable (other
+# processes of the sandbox, same uid, can then neither ptrace it nor open its
+# /proc/<pid>/fd and mem), then read the agent's source (N bytes) from stdin and run it.
+# The agent itself decides between taking a warm spare and a cold start (see agent.main).
 _BOOT = (
     "import os,sys\n"
+    "try:\n import ctypes;ctypes.CDLL(None).prctl(4,0,0,0,0)\n"
+    "except Exception:pass\n"
     "n=int(sys.argv[1]);b=b''\n"
     "while len(b)<n:\n"
     " c=os.read(0,n-len(b))\n"
     " if not c:sys.exit('sandbox agent: source cut short')\n"
     " b+=c\n"
-    "if len(sys.argv)>2:\n"
-    " import socket,array,json\n"
-    " def oom():\n"
-    "  for f in ('/sys/fs/cgroup/memory.events','/sys/fs/cgroup/memory/memory.oom_control'):\n"
-    "   try:\n"
-    "    for l in open(f):\n"
-    "     if l.startswith('oom_kill '):return int(l.split()[1])\n"
-    "   except OSError:pass\n"
-    "  return 0\n"
-    " try:\n"
-    "  s=socket.socket(socket.AF_UNIX);s.connect(sys.argv[2])\n"
-    "  e={k:v for k,v in os.environ.items() if k.startswith('SANDBOX_AGENT_')}\n"
-    "  m=json.dumps({'env':e,'cwd':os.getcwd()}).encode()+b'\\n'\n"
-    "  o=oom();s.sendmsg([m],[(socket.SOL_SOCKET,socket.SCM_RIGHTS,array.array('i',[0,1]))])\n"
-    "  if s.recv(1)==b'k':\n"
-    "   s.recv(1);os._exit(137 if oom()>o else 0)\n"
-    " except OSError:pass\n"
-    "exec(compile(b,'sandbox_agent.py','exec'),{'__name__':'__main__','AGENT_SOURCE':b})\n"
+    "exec(compile(b,'sandbox_agent.py','exec'),{'__name__':'__main__'})\n"
 )
 
-# Where an agent leaves a warm spare interpreter for the next kernel of its sandbox.
+# Where the warm spare interpreter of a sandbox (started by the host) waits for a kernel.
 SPARE_SOCKET = "/tmp/.sandbox-kernel-spare.sock"
 
 
@@ -52,11 +37,18 @@ def agent_source() -> bytes:
     return (Path(__file__).parent / "agent.py").read_bytes()
 
 
-def bootstrap_command(python: str = "python3", spare: str = "") -> list[str]:
+@lru_cache(maxsize=1)
+def fs_helper_source() -> str:
+    """The in-sandbox file helper (:mod:`.fs_helper`), passed with ``python3 -c``."""
+    return (Path(__file__).parent / "fs_helper.py").read_text()
+
+
+def bootstrap_command(python: str = "python3", spare: tuple[str, int, str] | None = None) -> list[str]:
     """The command that starts the agent; send :func:`agent_source` on its stdin next.
 
-    With ``spare`` (a socket path in the sandbox) a warm interpreter waiting there
-    takes over the channel when there is one.
+    ``spare`` is (socket path, pid, start time) of a warm interpreter the host started
+    and recorded: the agent hands the channel to it only if the listener at that path
+    is that very process, else it starts cold.
     """
     cmd = [python, "-u", "-c", _BOOT, str(len(agent_source()))]
-    return [*cmd, spare] if spare else cmd
+    return [*cmd, spare[0], str(spare[1]), spare[2]] if spare else cmd

@@ -112,7 +112,7 @@ class Output:
                 if room:
                     self.parts.append((name, text[:room]))
                     self.size += room
-                self.parts.append(("stderr", "\n[output truncated: this cell printed more than %.0f MB; the rest was discarded]\n" % (OUTPUT_LIMIT / 1e6)))
+                self.parts.append(("stderr", truncation_notice()))
                 self.truncated = True
             else:
                 self.parts.append((name, text))
@@ -122,6 +122,24 @@ class Output:
             self.flush()
         else:
             self.wake.set()
+
+    def allow(self, data):
+        """Whether a display or result of this mime bundle fits in the cell's output limit.
+
+        Rich output counts against the same budget as printed text, so no message kind
+        can carry more than the limit to the browser; past it, one notice says so.
+        """
+        size = bundle_size(data)
+        with self.lock:
+            if self.truncated:
+                return False
+            if self.sent + self.size + size <= OUTPUT_LIMIT:
+                self.sent += size
+                return True
+            self.parts.append(("stderr", truncation_notice()))
+            self.truncated = True
+        self.flush()
+        return False
 
     def flush(self):
         with self.lock:
@@ -147,6 +165,21 @@ class Output:
                 self.flush()
             except Exception:
                 pass
+
+
+def truncation_notice():
+    return "\n[output truncated: this cell sent more than %.0f MB of output; the rest was discarded]\n" % (OUTPUT_LIMIT / 1e6)
+
+
+def bundle_size(data):
+    """Bytes a mime bundle adds to a cell's output (text as characters, JSON as encoded)."""
+    total = 0
+    for value in (data or {}).values() if isinstance(data, dict) else ():
+        if isinstance(value, (str, bytes)):
+            total += len(value)
+        else:
+            total += len(json.dumps(value, default=repr))
+    return total
 
 
 class Stream:
@@ -253,7 +286,6 @@ class Agent:
         self.history = []  # (session, line, input)
         self.allow_stdin = False
         self.shell = None
-        self.spare = ""  # where to leave a warm interpreter for the next kernel, if anywhere
         self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         if not os.environ.get("SANDBOX_AGENT_NO_IPYTHON"):
             try:
@@ -284,10 +316,9 @@ class Agent:
                     self.cond.notify_all()
 
     def leave(self):
-        """End this interpreter; first make sure a warm one waits for the next kernel
-        (a restart comes right after), when the kernel asked for spares."""
-        if self.spare:
-            spawn_spare(self.spare)
+        """End this interpreter and what its cells left running (background processes,
+        daemons: they are all below us or our watcher, both subreapers)."""
+        kill_tree(os.getpid(), include_root=False)
         os._exit(0)
 
     def serve(self):
@@ -409,7 +440,9 @@ class Agent:
                 if value is not None and not silent:
                     self.namespace["_"] = value
                     self.output.flush()
-                    self.wire.send(ev="result", execution_count=self.execution_count, data=mime_bundle(value), metadata={})
+                    data = mime_bundle(value)
+                    if self.output.allow(data):
+                        self.wire.send(ev="result", execution_count=self.execution_count, data=data, metadata={})
             return True, None
         except BaseException as exc:  # SystemExit and KeyboardInterrupt included: the cell failed
             if isinstance(exc, SystemExit) and not exc.code:
@@ -541,6 +574,8 @@ def plain_display(agent):
         transient = {"display_id": display_id} if display_id else {}
         for obj in objs:
             data = obj if raw else mime_bundle(obj)
+            if not agent.output.allow(data):
+                return
             agent.wire.send(ev="display", data=data, metadata=metadata or {}, transient=transient, update=bool(update))
 
     def clear_output(wait=False):
@@ -559,6 +594,8 @@ def make_shell(agent):
     class Publisher(DisplayPublisher):
         def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
             agent.output.flush()
+            if not agent.output.allow(data):
+                return
             agent.wire.send(ev="display", data=data, metadata=metadata or {}, transient=transient or {}, update=bool(update))
 
         def clear_output(self, wait=False):
@@ -578,6 +615,8 @@ def make_shell(agent):
 
         def finish_displayhook(self):
             agent.output.flush()
+            if not agent.output.allow(self.msg["data"]):
+                return
             agent.wire.send(ev="result", execution_count=self.prompt_count, **self.msg)
 
     from traitlets import Type
@@ -683,69 +722,311 @@ def enable_user_site():
 
 
 SPARE_TTL = 600.0  # seconds a spare waits for a kernel before it ends (its memory is freed)
-SPARE_DELAY = 2.0  # after our ready: the kernel's first cell has the CPU to itself
+
+# -- hardening and process supervision ----------------------------------------------------
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 
 
-def spawn_spare(path):
-    """Leave a warm interpreter at ``path`` for the next kernel of this sandbox, unless one
-    already waits there. It is a new process (started from our own source, in its own
-    session) so it carries none of this kernel's state."""
+def prctl(option, value):
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except Exception:  # not Linux, or no libc: nothing to harden with
+        return -1
+
+
+def tracer_of(pid="self"):
+    """The pid tracing a process (0: none), from /proc."""
+    try:
+        with open("/proc/%s/status" % pid) as fh:
+            for line in fh:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def harden():
+    """Other processes of this sandbox (same uid, possibly planted by earlier cells) must
+    not read or steer this interpreter: no ptrace, no /proc/<pid>/mem or fd, no core.
+    The start program already made the process non-dumpable before reading anything;
+    this repeats it and refuses to run when someone attached before that."""
+    prctl(PR_SET_DUMPABLE, 0)
+    if tracer_of() != 0:
+        sys.stderr.write("sandbox agent: another process traces this interpreter; refusing to run\n")
+        os._exit(70)
+
+
+def start_time_of(pid):
+    """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, it names one
+    process for good, since a reused pid starts later."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return ""
+    return data[data.rfind(b")") + 2 :].split()[19].decode()
+
+
+def process_table():
+    """{pid: (parent pid, state)} of every process this sandbox sees."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        rest = data[data.rfind(b")") + 2 :].split()
+        table[int(name)] = (int(rest[1]), rest[0])
+    return table
+
+
+def descendants(root):
+    """Live (not zombie) descendants of ``root``."""
+    children = {}
+    for pid, (ppid, state) in process_table().items():
+        if state != b"Z":
+            children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(root, include_root, reap=False):
+    """SIGKILL every descendant of ``root`` (and ``root`` itself when asked).
+
+    ``root`` is stopped first so it cannot start more; descendants that fork while we
+    kill are caught on the next pass (orphans stay under a subreaper: the watcher, or
+    the spare itself). A cell that double-forks a daemon does not escape.
+    """
+    if include_root:
+        try:
+            os.kill(root, signal.SIGSTOP)
+        except OSError:
+            include_root = False
+    for _ in range(500):
+        found = descendants(root)
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if reap:
+            reap_children()
+        time.sleep(0.002)
+    if include_root:
+        try:
+            os.kill(root, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def reap_children():
+    """Collect exited children without blocking; {pid: wait status}."""
+    done = {}
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return done
+        if pid == 0:
+            return done
+        done[pid] = status
+
+
+def exit_code(status):
+    """The exit code a shell would report for a wait status (137 for SIGKILL)."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def channel_hup_poller(extra=()):
+    """A poll object that wakes when the kernel's side of the channel (fd 0) closes."""
+    poller = select.poll()
+    poller.register(0, getattr(select, "POLLRDHUP", 0))
+    for fd in extra:
+        poller.register(fd, select.POLLIN)
+    return poller
+
+
+def watch_child():
+    """Fork: the child goes on to be the agent; this process stays as its watcher.
+
+    The watcher holds no protocol data (it never reads fd 0, it closes fd 1) and waits
+    for either the agent's end or the kernel's: when the channel closes (shutdown,
+    restart, the kernel killed) it kills the agent and everything the cells started,
+    even an interpreter stuck in C code with the GIL held, which could not act on an
+    EOF by itself. It exits with the agent's status (137 after an out-of-memory kill),
+    which is what the kernel reads to explain a death.
+    """
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay ours to kill
+    watcher = os.getpid()
+    rfd, wfd = os.pipe()
+    os.set_blocking(rfd, False)
+    os.set_blocking(wfd, False)
+    pid = os.fork()
+    if pid == 0:
+        os.close(rfd)
+        os.close(wfd)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != watcher:
+            os._exit(1)  # the watcher died before we could ask to follow it
+        return
+    os.close(1)  # the agent's end of stdout must be the last: EOF tells the kernel it ended
+    os.open(os.devnull, os.O_WRONLY)
+    signal.set_wakeup_fd(wfd)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    poller = channel_hup_poller([rfd])
+    status = None
+    while status is None:
+        hup = any(fd == 0 for fd, _ in poller.poll())
+        try:
+            while os.read(rfd, 512):
+                pass
+        except OSError:
+            pass
+        status = reap_children().get(pid)
+        if hup and status is None:
+            kill_tree(watcher, include_root=False, reap=True)
+            while status is None:
+                try:
+                    status = os.waitpid(pid, 0)[1]
+                except ChildProcessError:
+                    status = 0
+    kill_tree(watcher, include_root=False, reap=True)  # what the cells left running
+    os._exit(exit_code(status))
+
+
+def oom_kills():
+    """The sandbox's count of out-of-memory kills so far (cgroup v2 or v1)."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+    return 0
+
+
+def hand_over(path, pid, start):
+    """Give this kernel's channel (fds 0 and 1) to the warm spare at ``path``.
+
+    Only to the spare the host started and recorded: the listener's pid (from the
+    kernel, SO_PEERCRED) and its start time must be the ones the host read from its
+    own /proc. A process that cells left listening at the same path gets nothing, not
+    even a byte: the connection closes and we start cold. Returns False then.
+    """
+    import array
     import socket
-    import subprocess
+    import struct
+
+    conn = socket.socket(socket.AF_UNIX)
+    conn.settimeout(5)
+    try:
+        conn.connect(path)
+        peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        if peer != pid or start_time_of(peer) != start:
+            conn.close()
+            return False
+        settings = {"env": {k: v for k, v in os.environ.items() if k.startswith("SANDBOX_AGENT_")}, "cwd": os.getcwd()}
+        before = oom_kills()
+        conn.sendmsg([json.dumps(settings).encode() + b"\n"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1]))])
+        if conn.recv(1) != b"k":
+            conn.close()
+            return False
+    except OSError:
+        conn.close()
+        return False
+    supervise_spare(pid, conn, before)
+    return True  # not reached: supervise_spare ends the process
+
+
+def supervise_spare(pid, conn, oom_before):
+    """Stay as the channel's process while the spare serves it: end when it ends, and
+    kill it (and what its cells started) when the kernel closes the channel."""
+    os.close(1)
+    os.open(os.devnull, os.O_WRONLY)
+    conn.settimeout(None)
+    poller = channel_hup_poller([conn.fileno()])
+    while True:
+        events = dict(poller.poll())
+        if 0 in events:
+            kill_tree(pid, include_root=True)
+            os._exit(0)
+        if conn.fileno() in events:
+            try:
+                if conn.recv(1):
+                    continue
+            except OSError:
+                pass
+            os._exit(137 if oom_kills() > oom_before else 0)
+
+
+def displace(path):
+    """End the process listening at ``path``: an older spare the host no longer records
+    (its kernel died before recording it), or a listener a cell planted there."""
+    import socket
+    import struct
 
     probe = socket.socket(socket.AF_UNIX)
     try:
+        probe.settimeout(2)
         probe.connect(path)
-        return  # a spare answers: it takes our probe (no fds) for what it is
+        pid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        if pid > 1 and pid != os.getpid():
+            os.kill(pid, signal.SIGKILL)
     except OSError:
-        pass
+        pass  # a stale socket file of a spare that ended
     finally:
         probe.close()
-    source = globals().get("AGENT_SOURCE")
-    if not source:
-        return
-    env = dict(os.environ, SANDBOX_AGENT_SPARE_LISTEN=path)
-    boot = "import sys;b=sys.stdin.buffer.read();exec(compile(b,'sandbox_agent.py','exec'),{'__name__':'__main__','AGENT_SOURCE':b})"
-    try:
-        child = subprocess.Popen(
-            [sys.executable, "-u", "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env=env, start_new_session=True, close_fds=True,
-        )
-        child.stdin.write(source)
-        child.stdin.close()
-    except OSError:
-        pass
 
 
 def wait_as_spare(path):
     """Listen at ``path`` while warming up; take the fds and settings of the first kernel.
 
-    Returns once a kernel's start program handed over its stdin and stdout (now our fds
-    0 and 1); ends the process when nobody came within SPARE_TTL.
+    A spare is started by the host (never by a cell), announces "listening" on its own
+    stdout once bound (the host then records its pid and start time), and returns once
+    a kernel's start program handed over its stdin and stdout (now our fds 0 and 1);
+    it ends when nobody came within SPARE_TTL.
     """
     import array
     import socket
 
     global OUTPUT_LIMIT, CELL_TIMEOUT
     os.environ.pop("SANDBOX_AGENT_SPARE_LISTEN", None)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay below us, for the kill
     listener = socket.socket(socket.AF_UNIX)
     try:
         listener.bind(path)
     except OSError:
-        probe = socket.socket(socket.AF_UNIX)
-        try:
-            probe.connect(path)
-            os._exit(0)  # another spare got there first and waits: one is enough
-        except OSError:
-            pass  # a stale socket file of a spare that ended
-        finally:
-            probe.close()
+        displace(path)  # the host records only us: whatever listens there is stale
         try:
             os.unlink(path)
             listener.bind(path)
         except OSError:
             os._exit(0)
     listener.listen(4)
+    os.write(1, b"listening\n")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # the host's attach ends now; nothing of ours depends on it
+        os.dup2(devnull, fd)
+    os.close(devnull)
     agent = Agent(None)  # the expensive part: IPython imported, its shell built
     listener.settimeout(SPARE_TTL)
     while True:
@@ -768,7 +1049,9 @@ def wait_as_spare(path):
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % 4])
         if len(fds) < 2:
-            conn.close()  # a probe from an agent checking that we are here
+            for fd in fds:
+                os.close(fd)
+            conn.close()  # a probe, or a malformed hand-over
             continue
         break
     listener.close()
@@ -776,13 +1059,17 @@ def wait_as_spare(path):
         os.unlink(path)
     except OSError:
         pass
-    settings = json.loads(msg.decode("utf-8") or "{}")
-    os.environ.update(settings.get("env") or {})
+    try:
+        settings = json.loads(msg.decode("utf-8") or "{}")
+    except ValueError:
+        settings = {}
+    env = settings.get("env") if isinstance(settings, dict) else None
+    os.environ.update({k: str(v) for k, v in (env or {}).items() if str(k).startswith("SANDBOX_AGENT_")})
     OUTPUT_LIMIT = int(os.environ.get("SANDBOX_AGENT_OUTPUT_LIMIT") or 10_000_000)
     CELL_TIMEOUT = float(os.environ.get("SANDBOX_AGENT_CELL_TIMEOUT") or 0)
     try:
-        os.chdir(settings.get("cwd") or ".")
-    except OSError:
+        os.chdir(str(settings.get("cwd") or "."))
+    except (OSError, AttributeError):
         pass
     os.dup2(fds[0], 0)
     os.dup2(fds[1], 1)
@@ -804,9 +1091,15 @@ def send_ready(wire):
 
 
 def main():
+    harden()
     agent = None
     if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):
         agent = wait_as_spare(os.environ["SANDBOX_AGENT_SPARE_LISTEN"])
+    else:
+        spare = sys.argv[2:5]  # [socket path, pid, start time] of a recorded spare, if any
+        if len(spare) == 3 and spare[1].isdigit():
+            hand_over(spare[0], int(spare[1]), spare[2])
+        watch_child()
     wire = Wire()
     send_ready(wire)
     enable_user_site()
@@ -834,11 +1127,6 @@ def main():
         agent.namespace["display"] = display
         agent.namespace["clear_output"] = clear_output
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    agent.spare = os.environ.pop("SANDBOX_AGENT_SPARE", "")
-    if agent.spare:
-        timer = threading.Timer(SPARE_DELAY, spawn_spare, args=(agent.spare,))
-        timer.daemon = True
-        timer.start()
     agent.serve()
 
 

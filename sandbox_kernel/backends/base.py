@@ -22,7 +22,19 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..config import SandboxConfig
+from ..errors import (  # noqa: F401  (re-exported: backends raise them)
+    BadRequest,
+    Conflict,
+    EngineUnavailable,
+    FileMissing,
+    NotSupported,
+    QuotaExceeded,
+    SandboxError,
+    SandboxFailed,
+    SandboxNotFound,
+)
 from ..identity import ScopeKey
+from ..store import Spare
 
 Progress = Callable[[str], None]
 
@@ -44,34 +56,6 @@ LOST_NOTICE = "variables were lost, files in /workspace were kept"
 SHARED = "/shared"
 
 
-class SandboxError(Exception):
-    """Base of every error a backend raises; the message is meant for the user."""
-
-
-class EngineUnavailable(SandboxError):
-    """The engine does not answer (not installed, not running, no permission)."""
-
-
-class SandboxNotFound(SandboxError):
-    """No sandbox of ours has this id."""
-
-
-class BadRequest(SandboxError):
-    """The caller asked for something malformed (a bad name, a bad path)."""
-
-
-class NotSupported(SandboxError):
-    """This backend cannot do that (the REST API maps it to 501)."""
-
-
-class QuotaExceeded(SandboxError):
-    """A new sandbox would pass a quota; the message names it and what to destroy."""
-
-
-class SandboxFailed(SandboxError):
-    """The sandbox could not be created or started (bad image, no python3 ...)."""
-
-
 def spec_hash(config: SandboxConfig) -> str:
     """A short hash of what a sandbox is made from; a mismatch marks it as outdated."""
     spec = json.dumps(
@@ -91,6 +75,26 @@ def spec_hash(config: SandboxConfig) -> str:
 def installation_id(config: SandboxConfig) -> str:
     """Which installation (state file) owns a sandbox: the reaper only touches its own."""
     return hashlib.sha256(str(config.state_dir).encode()).hexdigest()[:12]
+
+
+ENGINE_SUFFIX = "--i"
+
+
+def engine_name(config: SandboxConfig, sandbox_id: str) -> str:
+    """The engine's name for a sandbox: its id plus this installation's tag.
+
+    Ids (``sk-alice``) are what users see and type; two installations on one engine
+    (another state folder, another server) have the same ids for the same user, so
+    the engine's names carry the installation and never collide: neither can find,
+    stop or reap the other's sandboxes by name.
+    """
+    return f"{sandbox_id}{ENGINE_SUFFIX}{installation_id(config)[:8]}"
+
+
+def sandbox_id_of(config: SandboxConfig, name: str) -> str:
+    """The sandbox id of an engine name made by :func:`engine_name` (else the name)."""
+    suffix = f"{ENGINE_SUFFIX}{installation_id(config)[:8]}"
+    return name[: -len(suffix)] if name.endswith(suffix) else name
 
 
 def workspace_dir(config: SandboxConfig, key: ScopeKey) -> Path:
@@ -144,6 +148,7 @@ class SandboxInfo:
     snapshot: str = ""  # the snapshot it was created from, if any
     spec: str = ""  # spec_hash of the settings it was made with
     installation: str = ""  # installation_id of the state file that owns it
+    file_owner: str = ""  # "uid:gid" the server gives new workspace files, when not its own
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -240,6 +245,8 @@ class Backend(abc.ABC):
     # Whether an agent may leave a warm spare interpreter for the next kernel: true where
     # every channel of a sandbox sees the same /tmp (containers, Daytona sandboxes).
     keeps_spares: bool = True
+    # Whether get/destroy also accept an engine id (to reach an older incarnation of an id).
+    finds_engine_ids: bool = False
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
@@ -313,6 +320,22 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
         """Read a file from the sandbox in chunks."""
+
+    def sweep(self) -> None:
+        """Remove host-side leftovers of sandboxes that vanished behind our back (the
+        reaper calls it); engines with nothing on the host need nothing."""
+        return None
+
+    # -- warm spares: optional ----------------------------------------------------------
+    def start_spare(self, sandbox_id: str) -> Spare | None:
+        """Start a warm interpreter in the sandbox for its next kernel, and say how to know
+        it (pid and start time as the engine's host sees them); None when the engine
+        cannot vouch for a process (the kernel then always starts cold)."""
+        return None
+
+    def spare_alive(self, spare: Spare) -> bool:
+        """Whether a spare recorded by :meth:`start_spare` still waits."""
+        return False
 
     # -- activity, usage and snapshots: optional ------------------------------------------
     keep_alive_interval: float = 0.0  # seconds between keep_alive calls while a cell runs; 0: never

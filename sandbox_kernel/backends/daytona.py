@@ -206,6 +206,7 @@ class PtyChannel(Channel):
 class DaytonaBackend(Backend):
     name = "daytona"
     workspace_on_host = False
+    keeps_spares = False  # no view of the runner's processes to vouch for a spare
 
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)

@@ -1,12 +1,18 @@
 """Sandboxes as Docker containers, one per scope key.
 
-A container is found again by its deterministic name (``sk-<user>[--t<thread>]``) and
-our labels, so the kernel, the CLI and the server agree without sharing a process;
-a name conflict on create means another process won the race, and we use its
-container. Containers run hardened by default: a non-root user, every capability
-dropped, no-new-privileges, pids/memory/CPU limits from the flavor, no published
-ports, optionally no network. The user's workspace is a host folder bind-mounted at
-/workspace, so it outlives the container.
+A container is found again by its deterministic name (the sandbox id plus this
+installation's tag, see :func:`~.base.engine_name`) and our labels, so the kernel, the
+CLI and the server agree without sharing a process; a name conflict on create means
+another process won the race, and we use its container.
+
+Containers run hardened by default: a non-root user, every capability dropped,
+no-new-privileges, a seccomp profile of ours (no setuid files, no namespaces, see
+:mod:`.docker_security`), pids/memory/CPU limits from the flavor, no published
+ports, one shared network on which sandboxes cannot reach each other (or none), and
+the runtime the administrator chose (``runsc`` for gVisor). The user's workspace is a
+host folder bind-mounted at /workspace, so it outlives the container; a root server
+presents it through an idmapped mount (:mod:`.idmap`) so that no host file changes
+owner.
 
 The container's main process only waits (``signal.pause()`` under docker-init); the
 interpreters are ``docker exec`` processes whose stdin/stdout form a :class:`Channel`.
@@ -14,23 +20,26 @@ interpreters are ``docker exec`` processes whose stdin/stdout form a :class:`Cha
 
 from __future__ import annotations
 
+import fcntl
 import io
+import json
+import logging
 import os
+import pwd
 import re
-import socket
-import struct
 import tarfile
-import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from ..config import SandboxConfig
+from ..agent import SPARE_SOCKET, agent_source, bootstrap_command, fs_helper_source
+from ..config import SandboxConfig, setting_names
 from ..identity import ScopeKey
 from ..lifecycle import check_quota
-from ..store import Store
+from ..safefs import make_folder
+from ..store import Spare, Store
+from . import idmap
 from .base import (
     LABEL_FLAVOR,
     LABEL_INSTALLATION,
@@ -47,7 +56,6 @@ from .base import (
     WORKSPACE,
     Backend,
     BadRequest,
-    Channel,
     EngineUnavailable,
     Ensured,
     ExecResult,
@@ -59,11 +67,18 @@ from .base import (
     SandboxNotFound,
     SnapshotInfo,
     check_snapshot_name,
+    engine_name,
+    installation_id,
     not_found,
+    sandbox_id_of,
     sandbox_labels,
     spec_hash,
-    workspace_dir,
 )
+from .cgroups import cgroup_usage
+from .docker_channel import DockerChannel
+from .docker_security import NETWORK, block_link_local, network_options, seccomp_profile
+
+log = logging.getLogger("sandbox_kernel")
 
 HOME = "/home/sandbox"
 SNAPSHOT_REPO = "sandbox-kernel-snapshot"
@@ -72,6 +87,9 @@ LABEL_SNAPSHOT_OF = LABEL_PREFIX + "from-snapshot"
 LABEL_CPUS = LABEL_PREFIX + "cpus"
 LABEL_MEMORY = LABEL_PREFIX + "memory"
 LABEL_PIDS = LABEL_PREFIX + "pids"
+LABEL_UID = LABEL_PREFIX + "uid"  # "uid:gid" the sandbox runs as
+LABEL_OWNERSHIP = LABEL_PREFIX + "ownership"  # same-user | idmap | chown (see _ownership)
+LABEL_MOUNT = LABEL_PREFIX + "workspace-mount"  # the idmapped mount given to Docker, if any
 DEFAULT_UID = 1000
 # The container's PID 1 (under docker-init) only waits; python3 is the one thing every
 # image we support has, so we do not depend on `sleep` or a shell.
@@ -87,6 +105,36 @@ _STATES = {
 }
 
 
+EXEC_OUTPUT_LIMIT = 64 << 20  # bytes of a command's output kept by exec(); the rest is dropped
+
+
+def _process_identity(host_pid: int) -> tuple[int, str] | None:
+    """(pid inside its pid namespace, start time) of a host process, from this host's /proc."""
+    if host_pid <= 0:
+        return None
+    try:
+        status = Path(f"/proc/{host_pid}/status").read_text()
+        stat = Path(f"/proc/{host_pid}/stat").read_bytes()
+    except OSError:
+        return None
+    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+    if len(nspid) < 2:
+        return None
+    start = stat[stat.rfind(b")") + 2 :].split()[19].decode()
+    return int(nspid[-1]), start
+
+
+def _unused_host_uid() -> int:
+    """1000 when no host account has it, else the first uid from 100000 that none has:
+    what a sandbox writes must never belong to a real host user."""
+    for uid in (DEFAULT_UID, *range(100_000, 165_536)):
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+    return 165_536
+
+
 def _human_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -95,100 +143,19 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-class DockerChannel(Channel):
-    """The attach socket of a ``docker exec`` with stdin, demultiplexed.
-
-    Without a TTY the engine frames output as ``[stream, 0, 0, 0, size(4)] payload``;
-    stdout payloads are the channel, stderr payloads are kept (last 8 KiB) to explain
-    a process that died at once (a missing python3, say).
-    """
-
-    def __init__(
-        self, sock: socket.socket, exec_id: str, merge_stderr: bool = False, api: Any = None
-    ) -> None:
-        self._sock = sock
-        self._api = api
-        self._merge_stderr = merge_stderr
-        self.exec_id = exec_id
-        self._pending = b""  # stdout bytes of a frame not yet returned
-        self._remaining = 0  # bytes of the current stdout frame still on the socket
-        self._stderr: deque[bytes] = deque(maxlen=64)
-        self._write_lock = threading.Lock()
-        self._closed = False
-        self.keep_alive: Any = None  # the SDK object that must outlive the socket
-
-    @property
-    def stderr_tail(self) -> str:
-        return b"".join(self._stderr).decode("utf-8", "replace")[-8192:]
-
-    def exit_status(self) -> int | None:
-        if self._api is None:
-            return None
-        try:
-            state = self._api.exec_inspect(self.exec_id)
-        except Exception:
-            return None
-        return None if state.get("Running") else state.get("ExitCode")
-
-    def write(self, data: bytes) -> None:
-        with self._write_lock:
-            try:
-                self._sock.sendall(data)
-            except OSError as exc:
-                raise SandboxError(f"the sandbox process is gone ({exc})") from exc
-
-    def _recv_exact(self, size: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < size:
-            try:
-                chunk = self._sock.recv(size - len(buf))
-            except OSError:
-                chunk = b""
-            if not chunk:
-                return b""
-            buf += chunk
-        return bytes(buf)
-
-    def read(self, size: int = 65536) -> bytes:
-        while True:
-            if self._remaining:
-                try:
-                    chunk = self._sock.recv(min(size, self._remaining))
-                except OSError:
-                    chunk = b""
-                self._remaining -= len(chunk)
-                if not chunk:
-                    self._remaining = 0
-                return chunk
-            header = self._recv_exact(8)
-            if len(header) < 8:
-                return b""
-            stream, length = header[0], struct.unpack(">I", header[4:])[0]
-            if stream == 2 and not self._merge_stderr:
-                self._stderr.append(self._recv_exact(length))
-                continue
-            self._remaining = length
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for op in (lambda: self._sock.shutdown(socket.SHUT_RDWR), self._sock.close):
-            try:
-                op()
-            except OSError:
-                pass
-
-
 class DockerBackend(Backend):
     """The default engine: local Docker through the ``docker`` SDK."""
 
     name = "docker"
+    finds_engine_ids = True
 
     def __init__(self, config: SandboxConfig) -> None:
         super().__init__(config)
         self._client: Any = None
         self.store = Store(config)
+        self._installation = installation_id(config)
+        self._network_checked = False
+        self._proc_visible: bool | None = None
 
     # -- engine --------------------------------------------------------------
     @property
@@ -241,19 +208,29 @@ class DockerBackend(Backend):
             raise EngineUnavailable(self._unreachable(exc)) from None
 
     # -- lookups -------------------------------------------------------------
+    def _id(self, container: Any) -> str:
+        """The sandbox id of one of our containers (its name without our installation tag)."""
+        return sandbox_id_of(self.config, container.name)
+
+    def _ours(self, labels: dict[str, str] | None) -> bool:
+        """Made by sandbox-kernel, and by this installation (this state folder)."""
+        labels = labels or {}
+        return labels.get(LABEL_MANAGED) == "1" and labels.get(LABEL_INSTALLATION) == self._installation
+
     def _container(self, sandbox_id: str) -> Any:
-        """Our container by name or engine id, or None; foreign containers are never ours."""
+        """Our container by sandbox id (or engine id), or None; others' are never ours."""
         import docker.errors
 
-        try:
-            container = self._call(self.client.containers.get, sandbox_id)
-        except docker.errors.NotFound:
-            return None
-        except docker.errors.APIError as exc:
-            raise SandboxError(f"Docker refused to look up {sandbox_id!r}: {exc.explanation}") from None
-        if container.labels.get(LABEL_MANAGED) != "1":
-            return None
-        return container
+        for candidate in (engine_name(self.config, sandbox_id), sandbox_id):
+            try:
+                container = self._call(self.client.containers.get, candidate)
+            except docker.errors.NotFound:
+                continue
+            except docker.errors.APIError as exc:
+                raise SandboxError(f"Docker refused to look up {sandbox_id!r}: {exc.explanation}") from None
+            if self._ours(container.labels):
+                return container
+        return None
 
     def _require(self, sandbox_id: str) -> Any:
         container = self._container(sandbox_id)
@@ -298,8 +275,9 @@ class DockerBackend(Backend):
     def _summary_info(self, summary: dict[str, Any]) -> SandboxInfo:
         """A listing entry: built from one list call, with limits read from our labels."""
         labels = summary.get("Labels") or {}
+        runtime = labels.get(LABEL_PREFIX + "runtime", "")
         return SandboxInfo(
-            id=(summary.get("Names") or ["/?"])[0].lstrip("/"),
+            id=sandbox_id_of(self.config, (summary.get("Names") or ["/?"])[0].lstrip("/")),
             backend=self.name,
             scope=labels.get(LABEL_SCOPE, "user"),
             user=labels.get(LABEL_USER, ""),
@@ -309,7 +287,10 @@ class DockerBackend(Backend):
             created=float(summary.get("Created") or 0),
             engine_id=summary.get("Id", ""),
             flavor=labels.get(LABEL_FLAVOR, ""),
-            isolation="container (non-root, no capabilities, pids/memory/CPU limits)",
+            isolation=(
+                "container (non-root, no capabilities, seccomp, pids/memory/CPU limits"
+                + (f", runtime {runtime})" if runtime else ")")
+            ),
             workspace=labels.get(LABEL_WORKSPACE, ""),
             limits={
                 "cpus": float(labels.get(LABEL_CPUS) or 0),
@@ -321,13 +302,14 @@ class DockerBackend(Backend):
             spec=labels.get(LABEL_SPEC, ""),
             installation=labels.get(LABEL_INSTALLATION, ""),
             started=_started_from_status(summary.get("Status", "")) if summary.get("State") == "running" else 0.0,
+            file_owner=labels.get(LABEL_UID, "") if labels.get(LABEL_OWNERSHIP) == "chown" else "",
         )
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         return self._info(self._require(sandbox_id))
 
     def list(self, user: str | None = None) -> list[SandboxInfo]:
-        filters = [f"{LABEL_MANAGED}=1"]
+        filters = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALLATION}={self._installation}"]
         if user is not None:
             filters.append(f"{LABEL_USER_ID}={ScopeKey(user).user_id}")
         # One round trip for the whole list (the SDK's containers.list inspects each one).
@@ -339,22 +321,22 @@ class DockerBackend(Backend):
         import docker.errors
 
         say = progress or (lambda _msg: None)
-        container = self._call_lookup(key.name)
+        name = engine_name(self.config, key.name)
+        container = self._call_lookup(name)
         if container is not None:
             return self._revive(container, key, say)
         record = self.store.get(self.name, key.name)
         check_quota(self, self.config, self.config.memory)
         image = self._snapshot_image() if self.config.snapshot else self._ensure_image(say)
-        workspace = self._ensure_workspace(key)
-        say(f"creating sandbox {key.name} from {self.config.image} ({self.config.flavor})")
+        source = f"snapshot {self.config.snapshot}" if self.config.snapshot else self.config.image
+        say(f"creating sandbox {key.name} from {source} ({self.config.flavor})")
         try:
-            container = self._call(
-                self.client.containers.create, **self._create_args(key, image, workspace)
-            )
+            container = self._call(self.client.containers.create, **self._create_args(key, image))
         except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: another process created it first
-                raise SandboxFailed(f"Docker could not create {key.name}: {exc.explanation}") from None
-            return self._revive(self._wait_created(key.name), key, say)
+            if exc.status_code == 409:  # another process created it first
+                return self._revive(self._wait_created(name), key, say)
+            self._release_mount(name)
+            raise self._create_failed(key.name, exc) from None
         self._prepare(container, image)
         self._start(container)
         self.store.put(self.name, key.name, key.user, container.id, spec_hash(self.config))
@@ -363,6 +345,16 @@ class DockerBackend(Backend):
             return Ensured(info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had been removed)")
         return Ensured(info, "created")
 
+    def _create_failed(self, sandbox_id: str, exc: Any) -> SandboxFailed:
+        """The one-line error for a refused create, naming the setting to change when known."""
+        explanation = str(getattr(exc, "explanation", "") or exc)
+        if self.config.runtime and "runtime" in explanation.lower():
+            return SandboxFailed(
+                f"Docker has no runtime {self.config.runtime!r} ({explanation}); install it and register it "
+                f"with dockerd (gVisor: runsc), or unset {setting_names('runtime')}"
+            )
+        return SandboxFailed(f"Docker could not create {sandbox_id}: {explanation}")
+
     def _call_lookup(self, name: str) -> Any:
         import docker.errors
 
@@ -370,9 +362,9 @@ class DockerBackend(Backend):
             container = self._call(self.client.containers.get, name)
         except docker.errors.NotFound:
             return None
-        if container.labels.get(LABEL_MANAGED) != "1":
+        if not self._ours(container.labels):
             raise SandboxFailed(
-                f"a container named {name} exists but was not made by sandbox-kernel; "
+                f"a container named {name} exists but was not made by this sandbox-kernel installation; "
                 "rename or remove it (we never touch containers that are not ours)"
             )
         return container
@@ -404,7 +396,7 @@ class DockerBackend(Backend):
                 self._prepare(container, self._image_of(container))
         if container.status in ("dead", "removing"):
             say(f"sandbox {key.name} is {container.status}; recreating it")
-            self.destroy(container.name, forget=False)
+            self.destroy(key.name, forget=False)
             return self.ensure(key, say)
         previous = self._info(container)
         if container.status == "paused":
@@ -460,47 +452,158 @@ class DockerBackend(Backend):
                 "load or build it locally, or set SANDBOX_KERNEL_IMAGE to an image you have"
             ) from None
 
-    def _sandbox_user(self, image: Any) -> tuple[int, int, str]:
-        """uid, gid and --user value: the image's non-root user, the host user, or 1000."""
+    # -- who the sandbox runs as, and how it may write the workspace ---------------
+    def _ownership(self, image: Any) -> tuple[int, int, str]:
+        """(uid, gid, how): the sandbox's user, and how the workspace becomes writable to it.
+
+        * ``same-user``: a server that is not root runs sandboxes as its own uid: files
+          the sandbox writes belong to the host user, and nothing changes owner.
+        * ``idmap``: a root server runs them as the image's non-root user (or 1000) and
+          mounts the workspace idmapped, so root's files look like the sandbox user's
+          inside and what the sandbox writes is root's on the host.
+        * ``chown``: a root server where idmapped mounts do not work hands the workspace
+          to the sandbox uid; then that uid is one no host account has, so no host user
+          gains files.
+        """
+        if os.geteuid() != 0:
+            return os.geteuid(), os.getegid(), "same-user"
         configured = (image.attrs.get("Config", {}) or {}).get("User") or ""
+        uid = gid = DEFAULT_UID
         if configured and configured.split(":")[0] not in ("root", "0"):
             parts = configured.split(":")
             uid = int(parts[0]) if parts[0].isdigit() else DEFAULT_UID
             gid = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else uid
-            return uid, gid, configured
-        uid = os.getuid() if os.getuid() != 0 else DEFAULT_UID
-        gid = os.getgid() if os.getuid() != 0 else DEFAULT_UID
-        return uid, gid, f"{uid}:{gid}"
+            if idmap.supported(str(self._mounts_dir())):
+                return uid, gid, "idmap"
+            return uid, gid, "chown"
+        if idmap.supported(str(self._mounts_dir())):
+            return uid, gid, "idmap"
+        uid = gid = _unused_host_uid()
+        return uid, gid, "chown"
 
-    def _ensure_workspace(self, key: ScopeKey) -> Path:
-        path = workspace_dir(self.config, key)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+    def _mounts_dir(self) -> Path:
+        """Where idmapped mounts live: /run (root-only, emptied at boot like the mounts
+        themselves), never under a folder a user might delete with ``rm -rf``, which
+        would walk into the mount and delete the workspace."""
+        if Path("/run").is_dir():
+            return Path("/run/sandbox-kernel") / self._installation[:8]
+        return Path(self.config.state_dir) / "mounts"
 
-    def _create_args(self, key: ScopeKey, image: Any, workspace: Path) -> dict[str, Any]:
+    def _mount_point(self, name: str) -> Path:
+        return self._mounts_dir() / name / "workspace"
+
+    def _workspace_source(self, key: ScopeKey, name: str, uid: int, gid: int, how: str) -> tuple[Path, Path]:
+        """(the user's workspace folder, the host path to bind at /workspace)."""
+        root = Path(self.config.workspace_root)
+        workspace = make_folder(root, key.user_id, owner=(uid, gid) if how == "chown" else None)
+        if how != "idmap":
+            return workspace, workspace
+        point = self._mount_point(name)
+        self._idmap(workspace, point, uid, gid)
+        return workspace, point
+
+    def _idmap(self, workspace: Path, point: Path, uid: int, gid: int) -> None:
+        """Make (or keep) the idmapped mount; one process at a time per sandbox."""
+        point.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(point.parent / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                idmap.mount(workspace, point, uid, gid)
+            except OSError as exc:
+                raise SandboxFailed(f"cannot present the workspace {workspace} to the sandbox: {exc}") from None
+
+    def _prepare_mounts(self, container: Any) -> None:
+        """Before a start: the idmapped mount does not survive a reboot, so remake it."""
+        labels = container.labels
+        if labels.get(LABEL_OWNERSHIP) != "idmap" or not labels.get(LABEL_MOUNT):
+            return
+        uid, _, gid = labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
+        self._idmap(Path(labels[LABEL_WORKSPACE]), Path(labels[LABEL_MOUNT]), int(uid), int(gid or uid))
+
+    def _release_mount(self, name: str) -> None:
+        point = self._mount_point(name)
+        if point.parent.exists():
+            idmap.unmount(point)
+
+    def sweep(self) -> None:
+        """Unmount idmapped mounts whose container is gone (removed with `docker rm`)."""
+        base = self._mounts_dir()
+        if not base.is_dir():
+            return
+        names = {
+            (c.get("Names") or ["/?"])[0].lstrip("/")
+            for c in self._call(self.client.api.containers, all=True, filters={"label": [f"{LABEL_INSTALLATION}={self._installation}"]})
+        }
+        for folder in base.iterdir():
+            if folder.is_dir() and not folder.name.startswith(".") and folder.name not in names:
+                self._release_mount(folder.name)
+
+    # -- the network ---------------------------------------------------------------
+    def _network(self) -> str:
+        """Our shared network (made on first use): sandboxes on it cannot reach each other."""
+        import docker.errors
+
+        if self._network_checked:
+            return NETWORK
+        try:
+            network = self._call(self.client.networks.get, NETWORK)
+        except docker.errors.NotFound:
+            try:
+                network = self._call(self.client.networks.create, NETWORK, check_duplicate=True, **network_options())
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:
+                    raise SandboxFailed(f"Docker could not create the network {NETWORK}: {exc.explanation}") from None
+                network = self._call(self.client.networks.get, NETWORK)
+        except docker.errors.APIError as exc:
+            raise SandboxFailed(f"Docker could not look up the network {NETWORK}: {exc.explanation}") from None
+        if network.attrs.get("Labels", {}).get(LABEL_MANAGED) != "1":
+            raise SandboxFailed(
+                f"a Docker network named {NETWORK} exists but was not made by sandbox-kernel; "
+                "remove or rename it (its sandboxes could reach each other)"
+            )
+        if os.geteuid() == 0:
+            problem = block_link_local()
+            if problem:
+                log.warning("sandboxes may reach link-local addresses (cloud metadata): %s", problem)
+        self._network_checked = True
+        return NETWORK
+
+    def _create_args(self, key: ScopeKey, image: Any) -> dict[str, Any]:
         from docker.types import Mount
 
-        uid, gid, user = self._sandbox_user(image)
-        if os.getuid() == 0 and workspace.stat().st_uid != uid:
-            os.chown(workspace, uid, gid)  # the non-root sandbox user must own its workspace
+        name = engine_name(self.config, key.name)
+        uid, gid, how = self._ownership(image)
+        workspace, source = self._workspace_source(key, name, uid, gid, how)
         image_env = dict(
             item.split("=", 1) for item in (image.attrs.get("Config", {}).get("Env") or []) if "=" in item
         )
         path = image_env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        mounts = [Mount(WORKSPACE, str(workspace), type="bind", read_only=False)]
+        mounts = [Mount(WORKSPACE, str(source), type="bind", read_only=False)]
         if self.config.shared_folder:
             mounts.append(Mount(SHARED, self.config.shared_folder, type="bind", read_only=True))
         cfg = self.config
         # Docker refuses more CPUs than the engine's machine has: a large flavor on a
         # small host gets all of its CPUs rather than an error.
         cpus = min(cfg.cpus, self._engine_cpus())
-        return {
+        labels = {
+            **sandbox_labels(key, cfg, str(workspace)),
+            "sandbox-kernel.image": f"snapshot {cfg.snapshot}" if cfg.snapshot else cfg.image,
+            LABEL_SNAPSHOT_OF: cfg.snapshot,
+            LABEL_CPUS: f"{cpus:g}",
+            LABEL_MEMORY: str(cfg.memory),
+            LABEL_PIDS: str(cfg.pids_limit),
+            LABEL_UID: f"{uid}:{gid}",
+            LABEL_OWNERSHIP: how,
+            LABEL_MOUNT: str(source) if how == "idmap" else "",
+            LABEL_PREFIX + "runtime": cfg.runtime,
+        }
+        args: dict[str, Any] = {
             "image": image.id,
-            "name": key.name,
+            "name": name,
             "command": IDLE_COMMAND,
             "entrypoint": [],
             "init": True,
-            "user": user,
+            "user": f"{uid}:{gid}",
             "working_dir": WORKSPACE,
             "hostname": "sandbox",
             "environment": {
@@ -513,35 +616,34 @@ class DockerBackend(Backend):
                 "PIP_BREAK_SYSTEM_PACKAGES": "1",
                 "PYTHONUNBUFFERED": "1",
             },
-            "labels": {
-                **sandbox_labels(key, cfg, str(workspace)),
-                "sandbox-kernel.image": f"snapshot {cfg.snapshot}" if cfg.snapshot else cfg.image,
-                LABEL_SNAPSHOT_OF: cfg.snapshot,
-                LABEL_CPUS: f"{cpus:g}",
-                LABEL_MEMORY: str(cfg.memory),
-                LABEL_PIDS: str(cfg.pids_limit),
-            },
+            "labels": labels,
             "mounts": mounts,
             "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
+            "security_opt": ["no-new-privileges", f"seccomp={seccomp_profile()}"],
             "pids_limit": cfg.pids_limit,
             "mem_limit": cfg.memory,
             "memswap_limit": cfg.memory,
             "nano_cpus": int(cpus * 1e9),
-            "network_mode": "bridge" if cfg.network else "none",
             "detach": True,
         }
+        if cfg.network:
+            args["network"] = self._network()
+        else:
+            args["network_mode"] = "none"
+        if cfg.runtime:
+            args["runtime"] = cfg.runtime
+        return args
 
     def _prepare(self, container: Any, image: Any) -> None:
         """Create the sandbox user's HOME before start (the image may not have it)."""
-        uid, gid, _ = self._sandbox_user(image)
+        uid, _, gid = container.labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for name in ("home", "home/sandbox"):
                 entry = tarfile.TarInfo(name)
                 entry.type = tarfile.DIRTYPE
                 entry.mode = 0o755
-                entry.uid, entry.gid = (0, 0) if name == "home" else (uid, gid)
+                entry.uid, entry.gid = (0, 0) if name == "home" else (int(uid), int(gid or uid))
                 entry.mtime = int(time.time())
                 tar.addfile(entry)
         self._call(container.put_archive, "/", buf.getvalue())
@@ -549,15 +651,16 @@ class DockerBackend(Backend):
     def _start(self, container: Any) -> None:
         import docker.errors
 
+        self._prepare_mounts(container)
         try:
             self._call(container.start)
         except docker.errors.APIError as exc:
-            raise SandboxFailed(f"Docker could not start {container.name}: {exc.explanation}") from None
+            raise SandboxFailed(f"Docker could not start {self._id(container)}: {exc.explanation}") from None
         self._reload(container)
         if container.status != "running":
             logs = self._call(container.logs, tail=5).decode("utf-8", "replace").strip()
             hint = " (does the image have python3 on its PATH?)" if "python3" in logs or not logs else ""
-            raise SandboxFailed(f"sandbox {container.name} stopped right after start{hint}: {logs[-300:]}")
+            raise SandboxFailed(f"sandbox {self._id(container)} stopped right after start{hint}: {logs[-300:]}")
 
     # -- life ------------------------------------------------------------------
     def stop(self, sandbox_id: str) -> SandboxInfo:
@@ -589,17 +692,19 @@ class DockerBackend(Backend):
             if exc.status_code == 409:  # removal already in progress elsewhere
                 return True
             raise SandboxError(f"Docker could not remove {sandbox_id}: {exc.explanation}") from None
+        self._release_mount(container.name)
         if forget:
-            self.store.delete(self.name, container.name)
+            self.store.delete(self.name, self._id(container))
         return True
 
     # -- processes -------------------------------------------------------------
     def _running(self, sandbox_id: str) -> Any:
         container = self._require(sandbox_id)
         if container.status != "running":
+            sid = self._id(container)
             raise SandboxError(
-                f"sandbox {container.name} is {_STATES.get(container.status, container.status)}; "
-                f"start it with `sandbox-kernel start {container.name}`"
+                f"sandbox {sid} is {_STATES.get(container.status, container.status)}; "
+                f"start it with `sandbox-kernel start {sid}`"
             )
         return container
 
@@ -619,7 +724,7 @@ class DockerBackend(Backend):
                 environment=env or None,
             )["Id"]
         except docker.errors.APIError as exc:
-            raise SandboxError(f"cannot run a process in {container.name}: {exc.explanation}") from None
+            raise SandboxError(f"cannot run a process in {self._id(container)}: {exc.explanation}") from None
 
     def open_channel(
         self,
@@ -656,16 +761,56 @@ class DockerBackend(Backend):
         out = bytearray()
         try:
             # stdin is not used: closing our half tells the process so.
-            channel._sock.shutdown(socket.SHUT_WR)
+            channel.close_input()
             while True:
                 chunk = channel.read()
                 if not chunk:
                     break
-                out += chunk
+                if len(out) < EXEC_OUTPUT_LIMIT:
+                    out += chunk[: EXEC_OUTPUT_LIMIT - len(out)]
         finally:
             channel.close()
         code = self._call(self.client.api.exec_inspect, channel.exec_id).get("ExitCode")
         return ExecResult(code if code is not None else -1, bytes(out))
+
+    # -- warm spares -------------------------------------------------------------------
+    def start_spare(self, sandbox_id: str) -> Spare | None:
+        """Start a warm interpreter for the sandbox's next kernel, and identify it as the
+        host sees it: pid in the container and start time, read from this host's /proc
+        for the exec's own process. Nothing a process in the sandbox says is trusted,
+        so a listener planted by a cell at the same path is never mistaken for it."""
+        container = self._running(sandbox_id)
+        if not self._host_sees_processes(container):
+            return None
+        channel = self.open_channel(
+            sandbox_id, bootstrap_command(), cwd=WORKSPACE, env={"SANDBOX_AGENT_SPARE_LISTEN": SPARE_SOCKET}
+        )
+        try:
+            channel.write(agent_source())
+            channel._sock.settimeout(30)
+            if channel.read_line() != b"listening":
+                return None  # another spare already waits there, or it failed
+            host_pid = self._call(self.client.api.exec_inspect, channel.exec_id).get("Pid") or 0
+            identity = _process_identity(host_pid)
+        except OSError:
+            return None
+        finally:
+            channel.close()  # the spare no longer uses the exec's stdio
+        if identity is None:
+            return None
+        return Spare(engine_id=container.id, pid=identity[0], start_time=identity[1], host_pid=host_pid)
+
+    def spare_alive(self, spare: Spare) -> bool:
+        """Whether a recorded spare still runs (the same process: pid and start time)."""
+        identity = _process_identity(spare.host_pid)
+        return identity == (spare.pid, spare.start_time)
+
+    def _host_sees_processes(self, container: Any) -> bool:
+        """Whether this host's /proc shows the engine's processes (a local engine)."""
+        if self._proc_visible is None:
+            pid = (container.attrs.get("State") or {}).get("Pid") or 0
+            self._proc_visible = _process_identity(pid) is not None
+        return self._proc_visible
 
     # -- usage -----------------------------------------------------------------------
     def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, float]]:
@@ -676,7 +821,7 @@ class DockerBackend(Backend):
         """
         found: dict[str, dict[str, float]] = {}
         for info in infos:
-            local = _cgroup_usage(info.engine_id)
+            local = cgroup_usage(info.engine_id)
             if local is not None:
                 found[info.id] = local
                 continue
@@ -731,7 +876,8 @@ class DockerBackend(Backend):
             LABEL_SNAPSHOT: name,
             LABEL_USER: container.labels.get(LABEL_USER, ""),
             LABEL_USER_ID: container.labels.get(LABEL_USER_ID, ""),
-            LABEL_PREFIX + "source": container.name,
+            LABEL_PREFIX + "source": self._id(container),
+            LABEL_INSTALLATION: self._installation,
         }
         try:
             image = self._call(
@@ -788,44 +934,61 @@ class DockerBackend(Backend):
         p = PurePosixPath(path)
         return p if p.is_absolute() else PurePosixPath(WORKSPACE) / p
 
+    def _file_helper(self, sandbox_id: str, op: str, target: PurePosixPath, *extra: str) -> DockerChannel:
+        """The in-sandbox file helper on ``target``: it runs as the sandbox user, inside the
+        container, so whatever it resolves stays within what the sandbox may reach
+        (the engine's archive API resolves paths from the host: CVE-2018-15664)."""
+        cmd = ["python3", "-c", fs_helper_source(), op, "/", str(target).lstrip("/"), *extra]
+        return self.open_channel(sandbox_id, cmd, cwd="/", merge_stderr=False)
+
     def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
-        container = self._require(sandbox_id)
         target = self._sandbox_path(path)
-        # The container already records the user it runs as: no image lookup needed.
-        user = (container.attrs.get("Config", {}).get("User") or f"{DEFAULT_UID}").split(":")
-        uid = int(user[0]) if user[0].isdigit() else DEFAULT_UID
-        gid = int(user[1]) if len(user) > 1 and user[1].isdigit() else uid
         if isinstance(data, bytes | bytearray):
             data = io.BytesIO(data)
         size = _size_of(data)
-        now = int(time.time())
-        header = b""
-        for parent in target.parents:
-            if str(parent) in ("/", WORKSPACE, "/home", "/tmp"):
-                continue
-            header = _tar_header(str(parent), tarfile.DIRTYPE, 0, 0o755, uid, gid, now) + header
-        header += _tar_header(str(target), tarfile.REGTYPE, size, 0o644, uid, gid, now)
-        self._call(container.put_archive, "/", _tar_stream(header, data, size))
+        channel = self._file_helper(sandbox_id, "write", target, str(size))
+        try:
+            left = size
+            while left > 0:
+                chunk = data.read(min(1 << 20, left))
+                if not chunk:
+                    raise SandboxError("the upload ended early")
+                channel.write(chunk)
+                left -= len(chunk)
+            channel.close_input()
+            answer = _json_line(channel.read_line())
+        finally:
+            channel.close()
+        if "error" in answer or answer.get("size") != size:
+            raise SandboxError(f"could not write {path!r} in {sandbox_id}: {answer.get('error', 'no answer')}")
 
     def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
-        import docker.errors
-
-        container = self._require(sandbox_id)
         target = self._sandbox_path(path)
+        channel = self._file_helper(sandbox_id, "read", target)
+        channel.close_input()
         try:
-            stream, stat = self._call(container.get_archive, str(target), chunk_size=1 << 20)
-        except docker.errors.NotFound:
-            raise SandboxError(f"no file {path!r} in sandbox {container.name}") from None
-        if stat.get("mode", 0) & (1 << 31):
-            raise SandboxError(f"{path!r} is a folder, not a file")
-        with tarfile.open(fileobj=_IterReader(stream), mode="r|") as tar:
-            for member in tar:
-                extracted = tar.extractfile(member)
-                if extracted is None:
-                    continue
-                while chunk := extracted.read(1 << 20):
-                    yield chunk
-                return
+            answer = _json_line(channel.read_line())
+            size = answer.get("size")
+            if not isinstance(size, int) or size < 0:
+                raise SandboxError(f"cannot read {path!r} in {sandbox_id}: {answer.get('error', 'no answer')}")
+            left = size
+            while left > 0:
+                chunk = channel.read(min(1 << 20, left))
+                if not chunk:
+                    raise SandboxError(f"{path!r} shrank while it was read")
+                left -= len(chunk)
+                yield chunk
+        finally:
+            channel.close()
+
+
+def _json_line(line: bytes) -> dict[str, Any]:
+    """A JSON object from the in-sandbox helper, or {} for anything else (it is untrusted)."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 # Runs a command with a time limit inside the sandbox (images may lack `timeout`).
@@ -838,57 +1001,6 @@ _TIMEOUT_RUNNER = (
 )
 
 
-def _cgroup_usage(container_id: str) -> dict[str, float] | None:
-    """Memory use and CPU seconds of a container from this host's cgroup files, if visible."""
-    memory = _cgroup_memory(container_id)
-    if memory is None:
-        return None
-    found: dict[str, float] = {"memory": memory}
-    for path, scale in (
-        (f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage", 1e-9),
-        (f"/sys/fs/cgroup/cpu,cpuacct/docker/{container_id}/cpuacct.usage", 1e-9),
-    ):
-        try:
-            found["cpu_seconds"] = int(Path(path).read_text()) * scale
-            return found
-        except (OSError, ValueError):
-            continue
-    for base in (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope", f"/sys/fs/cgroup/docker/{container_id}"):
-        try:
-            for line in Path(base, "cpu.stat").read_text().splitlines():
-                if line.startswith("usage_usec "):
-                    found["cpu_seconds"] = int(line.split()[1]) * 1e-6
-                    return found
-        except (OSError, ValueError):
-            continue
-    return found
-
-
-def _cgroup_memory(container_id: str) -> int | None:
-    """Memory use of a container from cgroup v1 or v2 files on this host, if visible."""
-    candidates = [
-        (f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes", "total_inactive_file"),
-        (f"/sys/fs/cgroup/memory/system.slice/docker-{container_id}.scope/memory.usage_in_bytes", "total_inactive_file"),
-        (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.current", "inactive_file"),
-        (f"/sys/fs/cgroup/docker/{container_id}/memory.current", "inactive_file"),
-    ]
-    for usage_file, inactive_key in candidates:
-        try:
-            usage = int(Path(usage_file).read_text())
-        except (OSError, ValueError):
-            continue
-        inactive = 0
-        try:
-            for line in Path(usage_file).with_name("memory.stat").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == inactive_key:
-                    inactive = int(value)
-        except (OSError, ValueError):
-            pass
-        return max(0, usage - inactive)
-    return None
-
-
 def _size_of(data: IO[bytes]) -> int:
     try:
         here = data.tell()
@@ -897,48 +1009,6 @@ def _size_of(data: IO[bytes]) -> int:
         return end - here
     except (OSError, AttributeError, ValueError):
         raise SandboxError("uploads need a sized, seekable source") from None
-
-
-def _tar_header(path: str, kind: bytes, size: int, mode: int, uid: int, gid: int, mtime: int) -> bytes:
-    entry = tarfile.TarInfo(path.lstrip("/"))
-    entry.type, entry.size, entry.mode, entry.uid, entry.gid, entry.mtime = kind, size, mode, uid, gid, mtime
-    return entry.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-
-
-def _tar_stream(header: bytes, data: IO[bytes], size: int) -> Iterator[bytes]:
-    """One-member tar archive streamed from ``data`` without holding it in memory."""
-    yield header
-    left = size
-    while left > 0:
-        chunk = data.read(min(1 << 20, left))
-        if not chunk:
-            raise SandboxError("the upload ended early")
-        left -= len(chunk)
-        yield chunk
-    pad = (-size) % 512
-    yield b"\0" * pad + b"\0" * 1024
-
-
-class _IterReader(io.RawIOBase):
-    """A file-like view of an iterator of bytes, for tarfile's streaming mode."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._buf = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        while not self._buf:
-            try:
-                self._buf = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
 
 
 _UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400, "month": 30 * 86400, "year": 365 * 86400}

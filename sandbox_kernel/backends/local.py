@@ -32,8 +32,10 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from ..config import SandboxConfig
+from ..errors import FileMissing
 from ..identity import ScopeKey
 from ..lifecycle import check_quota
+from ..safefs import Beneath, make_folder
 from ..store import Store
 from .base import (
     LABEL_INSTALLATION,
@@ -50,7 +52,6 @@ from .base import (
     not_found,
     sandbox_labels,
     spec_hash,
-    workspace_dir,
 )
 
 HOME = "/home/sandbox"
@@ -185,8 +186,7 @@ class LocalBackend(Backend):
     # -- sandboxes ------------------------------------------------------------------
     def ensure(self, key: ScopeKey, progress: Progress | None = None) -> Ensured:
         self.root.mkdir(parents=True, exist_ok=True)
-        workspace = workspace_dir(self.config, key)
-        workspace.mkdir(parents=True, exist_ok=True)
+        workspace = make_folder(Path(self.config.workspace_root), key.user_id)
         record = self._load(key.name)
         if record is not None:
             self.store.put(self.name, key.name, key.user, record["engine_id"], spec_hash(self.config))
@@ -409,8 +409,12 @@ class LocalBackend(Backend):
         return ExecResult(code if code >= 0 else 128 - code, out)
 
     # -- files ------------------------------------------------------------------------
-    def _confined(self, sandbox_id: str, path: str) -> Path:
-        """The host path of a workspace file; anything resolving outside is refused."""
+    def _files(self, sandbox_id: str, path: str) -> tuple[Beneath, str]:
+        """The workspace (as a :class:`Beneath`) and the path in it, for a workspace path.
+
+        The workspace is as hostile here as under Docker (a bubblewrap'd cell can plant
+        links and FIFOs in it), so files are reached through descriptors only.
+        """
         record = self._load(sandbox_id)
         if record is None:
             raise not_found(sandbox_id)
@@ -419,31 +423,25 @@ class LocalBackend(Backend):
             if not (pure == PurePosixPath(WORKSPACE) or PurePosixPath(WORKSPACE) in pure.parents):
                 raise SandboxError(f"{path!r} is outside {WORKSPACE}")
             pure = pure.relative_to(WORKSPACE)
-        root = Path(record["workspace"]).resolve()
-        target = (root / pure).resolve()
-        if target != root and root not in target.parents:
-            raise SandboxError(f"{path!r} leads outside the workspace")
-        return target
+        return Beneath(record["workspace"]), str(pure)
 
     def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
-        target = self._confined(sandbox_id, path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+        files, rel = self._files(sandbox_id, path)
+        upload = files.start_write(rel)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                if isinstance(data, bytes | bytearray):
-                    fh.write(data)
-                else:
-                    shutil.copyfileobj(data, fh, 1 << 20)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            if isinstance(data, bytes | bytearray):
+                upload.write(bytes(data))
+            else:
+                while chunk := data.read(1 << 20):
+                    upload.write(chunk)
+            upload.commit()
+        finally:
+            upload.abort()  # no-op after a commit
 
     def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
-        target = self._confined(sandbox_id, path)
-        if not target.is_file():
-            raise SandboxError(f"no file {path!r} in sandbox {sandbox_id}")
-        with target.open("rb") as fh:
-            while chunk := fh.read(1 << 20):
-                yield chunk
+        files, rel = self._files(sandbox_id, path)
+        try:
+            _, chunks = files.read_chunks(rel)
+        except FileMissing:
+            raise SandboxError(f"no file {path!r} in sandbox {sandbox_id}") from None
+        yield from chunks

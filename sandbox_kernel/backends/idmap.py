@@ -1,0 +1,197 @@
+"""Idmapped bind mounts: a host folder that a sandbox uid sees as its own, without chown.
+
+A sandbox runs as a non-root uid (1000, or the image's user). When the server runs as
+root, the folders it shares with the sandbox (the workspace) belong to root: without
+help the sandbox could not write there, and the old remedy, chowning the folder to uid
+1000, hands host files to whatever host account has that uid. An idmapped mount
+(Linux >= 5.12, ``mount_setattr(MOUNT_ATTR_IDMAP)``) instead presents the folder so
+that files owned by the host user appear owned by the sandbox uid, and files the
+sandbox creates land on disk owned by the host user. Nothing on disk changes owner.
+
+The mount is made in the host's mount namespace under the state folder and given to
+Docker as the bind source; it is remade before every container start (it does not
+survive a reboot) and removed with the sandbox. It is also ``nosuid`` and ``nodev``.
+Only root can make one; :func:`supported` says whether it works here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import struct
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_AT_RECURSIVE = 0x8000
+_OPEN_TREE_CLONE = 1
+_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
+_MOUNT_ATTR_IDMAP = 0x00100000
+_MNT_DETACH = 2
+
+# A process that only holds a user namespace open until its parent has read the
+# namespace's descriptor; the parent writes the id maps into it.
+_HOLDER = (
+    "import ctypes,os,sys\n"
+    "l=ctypes.CDLL(None,use_errno=True)\n"
+    "if l.unshare(0x10000000)!=0:sys.exit(1)\n"
+    "os.write(1,b'r');os.read(0,1)\n"
+)
+
+
+class IdmapError(OSError):
+    """An idmapped mount could not be made (unsupported kernel or file system, not root)."""
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise IdmapError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _userns_fd(inside_uid: int, inside_gid: int, host_uid: int, host_gid: int) -> int:
+    """A descriptor of a user namespace whose map makes on-disk ``host_uid`` show as
+    ``inside_uid`` through an idmapped mount (and files made as ``inside_uid`` land as
+    ``host_uid``); the same for gids."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        if holder.stdout.read(1) != b"r":
+            raise IdmapError(errno.EPERM, "cannot create a user namespace here")
+        # An idmapped mount maps on-disk ids as ids *inside* the namespace: on-disk
+        # host_uid is read as ns id host_uid, which the map turns into inside_uid.
+        Path(f"/proc/{holder.pid}/uid_map").write_text(f"{host_uid} {inside_uid} 1\n")
+        Path(f"/proc/{holder.pid}/setgroups").write_text("deny\n")
+        Path(f"/proc/{holder.pid}/gid_map").write_text(f"{host_gid} {inside_gid} 1\n")
+        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise IdmapError(exc.errno or errno.EPERM, f"cannot set up the id map: {exc}") from None
+    finally:
+        try:
+            holder.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        holder.wait()
+
+
+def is_mountpoint(path: Path) -> bool:
+    """Whether ``path`` is a mount point in this process's mount namespace."""
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            for line in fh:
+                fields = line.split(" ")
+                if len(fields) > 4 and _unescape(fields[4]) == target:
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal."""
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def mount(source: Path, target: Path, inside_uid: int, inside_gid: int, host_uid: int = 0, host_gid: int = 0) -> None:
+    """Mount ``source`` at ``target`` so that ``host_uid`` files appear owned by ``inside_uid``.
+
+    Idempotent: an existing mount at ``target`` is kept. Raises :class:`IdmapError`.
+    """
+    if is_mountpoint(target):
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    libc = _libc()
+    ns_fd = _userns_fd(inside_uid, inside_gid, host_uid, host_gid)
+    tree_fd = -1
+    try:
+        # The source is opened without following a final link (it is a host folder we made).
+        tree_fd = _check(
+            libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(source), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC),
+            f"open_tree({source})",
+        )
+        attr = struct.pack("QQQQ", _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, ns_fd)
+        buf = ctypes.create_string_buffer(attr, len(attr))
+        _check(libc.syscall(_SYS_MOUNT_SETATTR, tree_fd, b"", _AT_EMPTY_PATH, buf, len(attr)), "mount_setattr")
+        _check(
+            libc.syscall(_SYS_MOVE_MOUNT, tree_fd, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
+            f"move_mount({target})",
+        )
+    finally:
+        os.close(ns_fd)
+        if tree_fd >= 0:
+            os.close(tree_fd)
+
+
+def mounts_of(source_root: Path) -> list[tuple[str, str]]:
+    """(source, mount point) of the idmapped mounts whose source lies under ``source_root``
+    (the source as mountinfo gives it: exact for a file system mounted at /; for tests)."""
+    root = os.path.realpath(source_root)
+    found = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+            for line in fh:
+                fields = line.split(" ")
+                if len(fields) > 5 and "idmapped" in fields[5]:
+                    source = _unescape(fields[3])
+                    if source == root or source.startswith(root + "/"):
+                        found.append((source, _unescape(fields[4])))
+    except OSError:
+        pass
+    return found
+
+
+def unmount(target: Path) -> None:
+    """Detach the mount at ``target`` (if any) and remove the empty folder."""
+    libc = _libc()
+    for _ in range(4):  # stacked mounts (made twice in a race) come off one by one
+        if not is_mountpoint(target):
+            break
+        if libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
+            break
+    # The mount point, its lock file and the folders above it that are left empty.
+    for leftover in (target, target.parent / ".lock", target.parent, target.parent.parent):
+        try:
+            leftover.unlink() if leftover.name == ".lock" else leftover.rmdir()
+        except OSError:
+            pass
+
+
+@lru_cache(maxsize=8)
+def supported(probe_dir: str) -> bool:
+    """Whether an idmapped mount of a folder in ``probe_dir`` works (root, kernel, file system)."""
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        return False
+    base = Path(probe_dir)
+    src, dst = base / ".idmap-probe-src", base / ".idmap-probe-dst"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        src.mkdir(exist_ok=True)
+        mount(src, dst, 1000, 1000)
+        ok = os.stat(dst).st_uid == 1000
+    except OSError:
+        ok = False
+    finally:
+        unmount(dst)
+        try:
+            src.rmdir()
+        except OSError:
+            pass
+    return ok
