@@ -34,8 +34,8 @@ from ipykernel.kernelbase import Kernel
 from . import __version__
 from .agent import SPARE_SOCKET, agent_source, bootstrap_command
 from .backends import Backend, SandboxError, SandboxNotFound, make_backend
-from .backends.base import LOST_NOTICE, WORKSPACE, workspace_dir
-from .config import ConfigError, SandboxConfig, load_config
+from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo, workspace_dir
+from .config import MIN_PIDS, ConfigError, SandboxConfig, load_config
 from .connection import OVERFLOW, AgentConnection, AgentGone
 from .identity import ScopeKey, notebook_metadata, scope_key
 from .lifecycle import gc
@@ -179,6 +179,12 @@ class SandboxKernel(Kernel):
         agent = AgentConnection(channel, max_line=self._output_ceiling())
         try:
             agent.start(agent_source())
+        except SandboxError as exc:
+            agent.close()
+            hint = _too_few_pids(info)
+            if hint:
+                raise SandboxError(f"{exc}; {hint}") from None
+            raise
         except BaseException:
             agent.close()
             raise
@@ -403,6 +409,9 @@ class SandboxKernel(Kernel):
                         f"the interpreter in {sandbox} was killed, most likely by {limit} "
                         f"(flavor {info.flavor or '?'}; SANDBOX_KERNEL_FLAVOR picks a larger one): {LOST_NOTICE}"
                     )
+                hint = _too_few_pids(info)
+                if hint:
+                    return f"the interpreter in {sandbox} ended: {hint}"
                 return f"the interpreter in {sandbox} ended: {LOST_NOTICE}; the next cell starts a new one"
             reason = f" ({info.exit_reason})" if info.exit_reason else ""
             self._lost = f"{sandbox} had stopped{reason}"
@@ -539,6 +548,19 @@ def _event_content(kind: Any, msg: dict[str, Any]) -> tuple[str, dict[str, Any]]
             traceback = []
         return "error", {"ename": str(msg.get("ename", "")), "evalue": str(msg.get("evalue", "")), "traceback": [str(line) for line in traceback]}
     return None
+
+
+def _too_few_pids(info: SandboxInfo) -> str:
+    """How to recover from a sandbox whose process limit cannot hold an interpreter (made
+    before the setting was checked, or by hand), or "" when that is not the trouble."""
+    pids = int(info.limits.get("pids") or 0)
+    if not 0 < pids < MIN_PIDS:
+        return ""
+    return (
+        f"the sandbox {info.id} allows only {pids} processes, too few for an interpreter: destroy it "
+        f"(`sandbox-kernel destroy {info.id}`, your workspace is kept) and set SANDBOX_KERNEL_PIDS_LIMIT "
+        f"to {MIN_PIDS} or more"
+    )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -53,6 +53,15 @@ def test_config_file_then_env_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         ({"SANDBOX_KERNEL_SHARED_FOLDER": "/does/not/exist"}, "SANDBOX_KERNEL_SHARED_FOLDER"),
         ({"SANDBOX_KERNEL_NETWORK": "maybe"}, "SANDBOX_KERNEL_NETWORK"),
         ({"SANDBOX_KERNEL_FLAVOR": "huge"}, "SANDBOX_KERNEL_FLAVOR"),
+        # Values that parse but would break things later, far from their cause.
+        ({"SANDBOX_KERNEL_MAX_TOTAL_MEMORY": "inf"}, "SANDBOX_KERNEL_MAX_TOTAL_MEMORY"),
+        ({"SANDBOX_KERNEL_MAX_TOTAL_MEMORY": "nan"}, "SANDBOX_KERNEL_MAX_TOTAL_MEMORY"),
+        ({"SANDBOX_KERNEL_CELL_TIMEOUT": "1e309"}, "SANDBOX_KERNEL_CELL_TIMEOUT"),
+        ({"SANDBOX_KERNEL_CELL_TIMEOUT": "nan"}, "SANDBOX_KERNEL_CELL_TIMEOUT"),
+        ({"SANDBOX_KERNEL_START_TIMEOUT": "nan"}, "SANDBOX_KERNEL_START_TIMEOUT"),
+        ({"SANDBOX_KERNEL_IDLE_STOP": "inf"}, "SANDBOX_KERNEL_IDLE_STOP"),
+        ({"SANDBOX_KERNEL_PIDS_LIMIT": "1"}, "SANDBOX_KERNEL_PIDS_LIMIT"),
+        ({"SANDBOX_KERNEL_RUNTIME": "run sc; rm"}, "SANDBOX_KERNEL_RUNTIME"),
     ],
 )
 def test_bad_values_name_the_setting(env: dict[str, str], named: str) -> None:
@@ -61,6 +70,28 @@ def test_bad_values_name_the_setting(env: dict[str, str], named: str) -> None:
     message = str(err.value)
     assert named in message
     assert "Traceback" not in message
+
+
+def test_folders_that_cannot_be_made_name_the_setting(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for name in ("STATE_DIR", "WORKSPACE_ROOT"):
+        with pytest.raises(ConfigError, match=f"SANDBOX_KERNEL_{name}.*cannot be created"):
+            load_config(environ={f"SANDBOX_KERNEL_{name}": str(blocker / "below")})
+
+
+def test_state_folder_is_private(tmp_path: Path) -> None:
+    from sandbox_kernel.store import Store
+
+    store = Store(load_config(environ={}, state_dir=str(tmp_path / "state")))
+    store.touch("docker", "sk-x")
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "state" / "state.sqlite").stat().st_mode & 0o777 == 0o600
+    # A state folder made earlier with looser modes is tightened.
+    (tmp_path / "old").mkdir(mode=0o755)
+    (tmp_path / "old").chmod(0o755)
+    Store(load_config(environ={}, state_dir=str(tmp_path / "old"))).touch("docker", "sk-x")
+    assert (tmp_path / "old").stat().st_mode & 0o777 == 0o700
 
 
 def test_unknown_setting_in_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

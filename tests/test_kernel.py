@@ -463,3 +463,33 @@ def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path) -> None:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
         remove_user_containers(env.user)
+
+
+def test_sandbox_with_too_few_processes_says_how_to_recover(tmp_path: Path) -> None:
+    """A sandbox made with a process limit too low for an interpreter (before the setting
+    was checked, or by hand) is not a dead end: the cell says how to get out."""
+    from sandbox_kernel.backends.docker import DockerBackend
+    from sandbox_kernel.config import load_config
+    from sandbox_kernel.identity import ScopeKey
+
+    env = make_kernel_env(tmp_path)
+    cfg = load_config(
+        environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
+        state_dir=str(tmp_path / "state"),
+    )
+    cfg._trait_values["pids_limit"] = 5  # what validation now refuses
+    DockerBackend(cfg).ensure(ScopeKey(env.user))
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("JUPYTER_PATH", env.jupyter_path)
+            km, kc = start_new_kernel(kernel_name="sandbox")
+            try:
+                reply, _ = run(kc, "print(1)", timeout=120)
+            finally:
+                kc.stop_channels()
+                km.shutdown_kernel(now=True)
+        assert reply["status"] == "error"
+        assert "allows only 5 processes" in reply["evalue"] and "SANDBOX_KERNEL_PIDS_LIMIT" in reply["evalue"]
+        assert f"sandbox-kernel destroy sk-{env.user}" in reply["evalue"]
+    finally:
+        remove_user_containers(env.user)
