@@ -133,3 +133,32 @@ def docker_cleanup(test_user: str) -> Iterator[None]:
     client = docker.from_env()  # made now: a test may point DOCKER_HOST elsewhere
     yield
     remove_user_containers(test_user, client)
+
+
+@pytest.fixture
+def rest_env(tmp_path: Path, test_user: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The environment of a Jupyter server under test: Docker, the test image, folders
+    under tmp_path, the test's user; its sandboxes are removed afterwards."""
+    env = {
+        "SANDBOX_KERNEL_BACKEND": "docker",
+        "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,
+        "SANDBOX_KERNEL_WORKSPACE_ROOT": str(tmp_path / "ws"),
+        "SANDBOX_KERNEL_STATE_DIR": str(tmp_path / "state"),
+        "SANDBOX_KERNEL_USER": test_user,
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    yield env
+    remove_user_containers(test_user)
+
+
+@pytest.fixture
+def sandbox(rest_env: dict[str, str], make_config: Callable[..., SandboxConfig], test_user: str) -> dict[str, str]:
+    """A sandbox of the server's user, made the way a kernel makes it (``engine_id`` is
+    its container, for tests that reach into it with the docker SDK)."""
+    from sandbox_kernel.backends.docker import DockerBackend
+    from sandbox_kernel.identity import ScopeKey
+
+    cfg = make_config(workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"], state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"])
+    info = DockerBackend(cfg).ensure(ScopeKey(test_user)).info
+    return {"id": info.id, "workspace": info.workspace, "engine_id": info.engine_id}

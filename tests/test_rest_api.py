@@ -8,7 +8,7 @@ import os
 import re
 import subprocess
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -22,24 +22,9 @@ from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
 
-from .conftest import TEST_IMAGE, remove_user_containers, sandbox_container
+from .conftest import remove_user_containers, sandbox_container
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture
-def rest_env(tmp_path: Path, test_user: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    env = {
-        "SANDBOX_KERNEL_BACKEND": "docker",
-        "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,
-        "SANDBOX_KERNEL_WORKSPACE_ROOT": str(tmp_path / "ws"),
-        "SANDBOX_KERNEL_STATE_DIR": str(tmp_path / "state"),
-        "SANDBOX_KERNEL_USER": test_user,
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    yield env
-    remove_user_containers(test_user)
 
 
 @pytest.fixture
@@ -48,14 +33,6 @@ def jp_server_config(rest_env: dict[str, str]) -> dict[str, Any]:
         "ServerApp": {"jpserver_extensions": {"jupyter_ext": True}},
         "SandboxExtension": {"gc_interval": 0, "max_upload_size": 200 << 20},
     }
-
-
-@pytest.fixture
-def sandbox(rest_env: dict[str, str], make_config: Callable[..., SandboxConfig], test_user: str) -> dict[str, str]:
-    """A sandbox of the server's user, made the way a kernel makes it."""
-    cfg = make_config(workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"], state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"])
-    info = DockerBackend(cfg).ensure(ScopeKey(test_user)).info
-    return {"id": info.id, "workspace": info.workspace, "engine_id": info.engine_id}
 
 
 def server_url(app: Any) -> str:
@@ -276,7 +253,8 @@ async def test_start_sandbox_from_snapshot(jp_fetch: Any, sandbox: dict[str, str
         again = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": name}), expect=201)
         assert again["id"] not in (sid, made["id"])
         # Another user's snapshot is not theirs to start from.
-        subprocess.run(["docker", "commit", "-c", f"LABEL sandbox-kernel.snapshot={name}-x sandbox-kernel.user=someone-else",
+        installation = docker.from_env().containers.get(sandbox["engine_id"]).labels["sandbox-kernel.installation"]
+        subprocess.run(["docker", "commit", "-c", f"LABEL sandbox-kernel.snapshot={name}-x sandbox-kernel.user=someone-else sandbox-kernel.installation={installation}",
                         sandbox["engine_id"], f"sandbox-kernel-snapshot:{name}-x"], check=True, capture_output=True)
         body = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": f"{name}-x"}), expect=403)
         assert "another user" in body["message"]

@@ -888,7 +888,7 @@ class DockerBackend(Backend):
         return self._snapshot_info(self._call(self.client.images.get, image.id))
 
     def list_snapshots(self, user: str | None = None) -> list[SnapshotInfo]:
-        filters = [f"{LABEL_SNAPSHOT}"]
+        filters = [f"{LABEL_SNAPSHOT}", f"{LABEL_INSTALLATION}={self._installation}"]
         if user is not None:
             filters.append(f"{LABEL_USER_ID}={ScopeKey(user).user_id}")
         images = self._call(self.client.images.list, filters={"label": filters})
@@ -901,7 +901,8 @@ class DockerBackend(Backend):
             image = self._call(self.client.images.get, self._snapshot_ref(name))
         except docker.errors.ImageNotFound:
             raise SandboxNotFound(f"no snapshot named {name!r}; `sandbox-kernel snapshot list` shows yours") from None
-        if LABEL_SNAPSHOT not in (image.labels or {}):
+        labels = image.labels or {}
+        if LABEL_SNAPSHOT not in labels or labels.get(LABEL_INSTALLATION) != self._installation:
             raise SandboxNotFound(f"no snapshot named {name!r}")
         return self._snapshot_info(image)
 

@@ -1,0 +1,974 @@
+"""An attacker's test of the REST file routes (``/api/sandboxes/{id}/files...``).
+
+The code inside the sandbox is hostile (DESIGN.md, REST contract): it can change any
+path under the workspace at any moment, including while the server is in the middle
+of a request. Every test here runs a real Jupyter server (pytest-jupyter's
+``jp_fetch``) and a real Docker sandbox, and most of them start an attack loop INSIDE
+the container while the test drives the REST API from outside.
+
+The host "secrets" live in ``tmp_path``, outside the workspace: a 0600 file holding
+``HOST-SECRET`` and a host folder holding ``f`` (= ``HOST-SECRET``) and
+``host-only.txt``. The container cannot see them, but it can plant symlinks whose
+target text is their HOST absolute path: a server on the host that follows such a
+link reads, writes, chmods or deletes host files for the sandbox.
+
+Every attack loop ends by itself (``ATTACK_SECONDS``), is stopped by the test when
+its phase is over (its stdin is closed) and reports what it did; the test checks
+that report, so a pass is never a pass because the attacker did not run. Every race
+is bounded in tries and in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.simple_httpclient import SimpleAsyncHTTPClient
+
+pytestmark = pytest.mark.docker
+
+SECRET = b"HOST-SECRET"
+MAX_UPLOAD = 1 << 20  # the server's max_upload_size in this module
+ATTACK_SECONDS = 30  # no attack loop outlives this, whatever the test does
+PHASE_SECONDS = 20  # and no race phase of a test lasts longer than this
+REQUEST_SECONDS = 10  # one request (5 s where the contract says "quickly")
+
+
+# -- fixtures -------------------------------------------------------------------------
+
+
+@dataclass
+class FifoRescue:
+    """FIFOs the server might still be blocked on, held by O_PATH descriptors.
+
+    An ``open(O_RDONLY)`` of a FIFO blocks until a writer comes; a server thread stuck
+    there keeps the Python process from exiting. The rescue can always reach the FIFO
+    (even once renamed or replaced) through ``/proc/self/fd``.
+    """
+
+    fds: list[int] = field(default_factory=list)
+
+    def watch(self, path: Path) -> int:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+        self.fds.append(fd)
+        return fd
+
+    def release(self, seconds: float = 3.0) -> int:
+        """Give every blocked reader a writer (then EOF); how many times one was there."""
+        return sum(release_fifo_readers(fd, seconds) for fd in self.fds)
+
+
+@pytest.fixture
+def fifo_rescue() -> Iterator[FifoRescue]:
+    """Set up before the server, so its teardown runs after the server's shutdown.
+
+    Any reader still blocked then is a server thread the shutdown left behind: the
+    test errors at teardown (and the reader is released so pytest can exit).
+    """
+    rescue = FifoRescue()
+    yield rescue
+    try:
+        left = rescue.release()
+    finally:
+        for fd in rescue.fds:
+            os.close(fd)
+    if left:
+        pytest.fail(
+            f"after the Jupyter server shut down, server threads were still blocked opening a FIFO "
+            f"of the workspace (a writer had to release them {left} time(s)); they would have kept the process from exiting",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def jp_server_config(rest_env: dict[str, str], fifo_rescue: FifoRescue) -> dict[str, Any]:
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_ext": True}},
+        "SandboxExtension": {"gc_interval": 0, "max_upload_size": MAX_UPLOAD},
+    }
+
+
+@dataclass
+class HostSecrets:
+    """Host files the sandbox must never reach, and a check that they are intact."""
+
+    file: Path  # 0600, SECRET
+    folder: Path  # f = SECRET, host-only.txt
+    mode: int
+    uid: int
+    gid: int
+
+    NAMES = frozenset({"f", "host-only.txt"})
+
+    def problems(self) -> list[str]:
+        found = []
+        st = os.lstat(self.file)
+        if not stat.S_ISREG(st.st_mode):
+            found.append(f"the host secret file is no longer a regular file (mode {st.st_mode:o})")
+        else:
+            if stat.S_IMODE(st.st_mode) != self.mode:
+                found.append(f"the host secret's mode changed: {stat.S_IMODE(st.st_mode):o} (was {self.mode:o})")
+            if (st.st_uid, st.st_gid) != (self.uid, self.gid):
+                found.append(f"the host secret's owner changed: {st.st_uid}:{st.st_gid} (was {self.uid}:{self.gid})")
+            if self.file.read_bytes() != SECRET:
+                found.append("the host secret's content changed")
+        names = set(os.listdir(self.folder))
+        if names != self.NAMES:
+            found.append(f"the host folder changed: {sorted(names)} (was {sorted(self.NAMES)})")
+        if "f" in names and (self.folder / "f").read_bytes() != SECRET:
+            found.append("the host folder's f changed")
+        return found
+
+    def restore(self) -> None:
+        """Put things back after a violation, so the next try is measured afresh."""
+        if os.path.islink(self.file) or not self.file.is_file():
+            self.file.unlink(missing_ok=True)
+        self.file.write_bytes(SECRET)
+        os.chmod(self.file, self.mode)
+        os.chown(self.file, self.uid, self.gid)
+        for name in set(os.listdir(self.folder)) - self.NAMES:
+            extra = self.folder / name
+            if extra.is_dir() and not extra.is_symlink():
+                for sub in extra.iterdir():
+                    sub.unlink()
+                extra.rmdir()
+            else:
+                extra.unlink()
+        (self.folder / "f").write_bytes(SECRET)
+        (self.folder / "host-only.txt").write_bytes(b"only on the host")
+
+
+def make_host_folder(path: Path, first: str = "f") -> Path:
+    path.mkdir()
+    (path / first).write_bytes(SECRET)
+    (path / "host-only.txt").write_bytes(b"only on the host")
+    return path
+
+
+@pytest.fixture
+def secrets(tmp_path: Path) -> HostSecrets:
+    """The host secrets, outside the workspace (tmp_path/ws is the workspace root)."""
+    file = tmp_path / "host-secret.txt"
+    file.write_bytes(SECRET)
+    os.chmod(file, 0o600)
+    folder = make_host_folder(tmp_path / "host-folder")
+    st = file.stat()
+    return HostSecrets(file, folder, 0o600, st.st_uid, st.st_gid)
+
+
+# -- the attacker ---------------------------------------------------------------------
+
+# Runs inside the sandbox as the sandbox user, cwd /workspace. It execs the attack body
+# with: running() (False once the host closes our stdin or ATTACK_SECONDS passed),
+# ready() (tells the host the setup is done), stats (a dict reported at the end) and
+# ARGS (JSON from the host). The last line it prints is "STATS {json}".
+_WRAPPER = r"""
+import json, os, sys, threading, time
+stop = threading.Event()
+def _watch():
+    try:
+        while sys.stdin.buffer.read1(65536):
+            pass
+    except Exception:
+        pass
+    stop.set()
+threading.Thread(target=_watch, daemon=True).start()
+deadline = time.monotonic() + float(sys.argv[2])
+stats = {"loops": 0}
+def running():
+    return not stop.is_set() and time.monotonic() < deadline
+def ready():
+    sys.stdout.write("READY\n")
+    sys.stdout.flush()
+os.chdir("/workspace")
+try:
+    exec(sys.argv[1], {"running": running, "ready": ready, "stats": stats, "ARGS": json.loads(sys.argv[3])})
+except BaseException as exc:
+    stats["crash"] = repr(exc)
+stats["ended"] = "stopped" if stop.is_set() else "deadline"
+sys.stdout.write("STATS " + json.dumps(stats) + "\n")
+sys.stdout.flush()
+"""
+
+
+class Attacker:
+    """One attack loop running inside the sandbox (a ``docker exec`` with stdin)."""
+
+    def __init__(self, container: str, body: str, args: dict[str, Any], seconds: float) -> None:
+        self.api = docker.from_env().api
+        cmd = ["python3", "-c", _WRAPPER, body, str(seconds), json.dumps(args)]
+        self.exec_id = self.api.exec_create(container, cmd, stdin=True, stdout=True, stderr=True, workdir="/workspace")["Id"]
+        self._keep = self.api.exec_start(self.exec_id, socket=True)  # the SDK object owns the socket
+        self._sock = getattr(self._keep, "_sock", self._keep)
+        self._sock.settimeout(None)
+        self.output = bytearray()
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        self.stats: dict[str, Any] | None = None
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        from docker.utils.socket import frames_iter
+
+        try:
+            for _stream, data in frames_iter(self._sock, tty=False):
+                self.output += data
+                if b"READY\n" in self.output:
+                    self.ready.set()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.done.set()
+
+    def stop(self, timeout: float = 15.0) -> dict[str, Any]:
+        if self.stats is not None:
+            return self.stats
+        try:
+            self._sock.shutdown(socket.SHUT_WR)  # stdin EOF: the loop ends
+        except OSError:
+            pass
+        finished = self.done.wait(timeout)
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        text = self.output.decode("utf-8", "replace")
+        line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("STATS ")), None)
+        assert finished and line, f"the attack loop did not report (test bug): {text[-2000:]!r}"
+        self.stats = json.loads(line[6:])
+        return self.stats
+
+
+_ATTACKERS: list[Attacker] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_attackers() -> Iterator[None]:
+    yield
+    while _ATTACKERS:
+        attacker = _ATTACKERS.pop()
+        try:
+            attacker.stop(timeout=5)
+        except AssertionError:
+            pass
+
+
+def start_attack(container: str, body: str, seconds: float = ATTACK_SECONDS, **args: Any) -> Attacker:
+    """Start ``body`` as a bounded attack loop inside the sandbox; return once it is set up."""
+    attacker = Attacker(container, body, args, seconds)
+    _ATTACKERS.append(attacker)
+    deadline = time.monotonic() + 20
+    while not attacker.ready.wait(0.05):
+        if attacker.done.is_set() or time.monotonic() > deadline:
+            raise AssertionError(f"the attack loop did not start (test bug): {bytes(attacker.output)[-2000:]!r}")
+    return attacker
+
+
+def finish_attack(attacker: Attacker, **minimum: int) -> dict[str, Any]:
+    """Stop the loop and wait for it; check it really ran for the whole phase.
+
+    ``minimum`` gives counters of its report that must have reached a value (the proof
+    that it attacked). A loop that crashed or ran out of time before the phase ended
+    is a bug of this test, not a pass.
+    """
+    stats = attacker.stop()
+    assert "crash" not in stats, f"the attack loop crashed (test bug): {stats}"
+    assert stats["ended"] == "stopped", f"the attack loop ended before the phase did (test bug): {stats}"
+    for key, least in minimum.items():
+        assert stats.get(key, 0) >= least, f"the attack did not happen ({key} < {least}; test bug): {stats}"
+    return stats
+
+
+def sandbox_run(container: str, code: str, **args: Any) -> bytes:
+    """Run a short python3 setup script in the sandbox as the sandbox user (cwd /workspace)."""
+    result = docker.from_env().containers.get(container).exec_run(
+        ["python3", "-c", code, json.dumps(args)], workdir="/workspace"
+    )
+    assert result.exit_code == 0, f"setup in the sandbox failed (test bug): {result.output[-2000:]!r}"
+    return result.output
+
+
+# renameat2(RENAME_EXCHANGE): swaps two names atomically, so at every instant each of
+# the two names exists and is either the real folder or the link out.
+_EXCHANGE = r"""
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {"x86_64": 316, "aarch64": 276}[platform.machine()]
+a, b = ARGS["a"].encode(), ARGS["b"].encode()
+stats["swaps"] = stats["failed"] = 0
+ready()
+while running():
+    stats["loops"] += 1
+    if libc.syscall(NR, -100, a, -100, b, 2) == 0:
+        stats["swaps"] += 1
+    else:
+        stats["failed"] += 1
+"""
+
+
+def saw_both(path: Path, seconds: float = 3.0) -> None:
+    """Host-side proof that the exchange runs: ``path`` is seen as a folder and as a link."""
+    kinds: set[str] = set()
+    deadline = time.monotonic() + seconds
+    while kinds != {"dir", "link"} and time.monotonic() < deadline:
+        mode = os.lstat(path).st_mode
+        kinds.add("link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else "other")
+    assert kinds == {"dir", "link"}, f"the host never saw {path.name} swapped (test bug): {kinds}"
+
+
+def release_fifo_readers(opath_fd: int, seconds: float = 3.0) -> int:
+    """Open the FIFO for writing while a reader waits (then close: EOF); count the times."""
+    released = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            fd = os.open(f"/proc/self/fd/{opath_fd}", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no reader left
+                return released
+            raise
+        released += 1
+        time.sleep(0.05)
+        os.close(fd)
+        time.sleep(0.05)
+    return released
+
+
+# -- talking to the server ------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    code: int  # 599: no HTTP answer (connection closed, timeout)
+    body: bytes
+    headers: dict[str, str]
+    error: str = ""
+
+    def message(self) -> str:
+        """The JSON message of an error answer; fails unless the body is one, without traceback."""
+        try:
+            data = json.loads(self.body)
+        except ValueError:
+            raise AssertionError(f"{self.code} with a body that is not JSON: {self.body[:300]!r}") from None
+        assert isinstance(data, dict) and isinstance(data.get("message"), str), data
+        assert "Traceback" not in data["message"], data["message"]
+        return data["message"]
+
+    def is_json_4xx(self, *codes: int) -> bool:
+        if self.code not in codes:
+            return False
+        try:
+            self.message()
+        except AssertionError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"<{self.code} {self.error or self.body[:160]!r}>"
+
+
+async def answer(pending: Any, timeout: float) -> Reply:
+    """Await a tornado fetch; HTTP errors, resets and no answer within ``timeout`` become a Reply."""
+    try:
+        response = await asyncio.wait_for(pending, timeout)
+    except HTTPClientError as err:
+        if err.response is None:
+            return Reply(599, b"", {}, f"{type(err).__name__}: {err}")
+        return Reply(err.code, err.response.body or b"", dict(err.response.headers))
+    except asyncio.TimeoutError:
+        return Reply(599, b"", {}, f"no answer within {timeout} s")
+    except Exception as exc:  # a reset connection, a closed stream
+        return Reply(599, b"", {}, f"{type(exc).__name__}: {exc}")
+    return Reply(response.code, response.body or b"", dict(response.headers))
+
+
+async def call(jp_fetch: Any, *parts: str, timeout: float = REQUEST_SECONDS, **kw: Any) -> Reply:
+    """One request through jp_fetch; never raises (see :func:`answer`)."""
+    kw.setdefault("request_timeout", timeout + 5)
+    return await answer(jp_fetch(*parts, **kw), timeout)
+
+
+def files(sid: str, path: str = "") -> tuple[str, ...]:
+    return ("api", "sandboxes", sid, "files", *([path] if path else []))
+
+
+def raw_http(app: Any, request: bytes, body_parts: tuple[bytes, ...] = (), abort: bool = False,
+             timeout: float = REQUEST_SECONDS) -> Reply:
+    """Send bytes as they are (headers tornado's client would fix) and read to EOF.
+
+    ``abort``: close the connection after sending ``body_parts`` without reading.
+    """
+    with socket.create_connection(("127.0.0.1", app.port), timeout=timeout) as sock:
+        sock.sendall(request)
+        for part in body_parts:
+            sock.sendall(part)
+            time.sleep(0.2)
+        if abort:
+            return Reply(0, b"", {}, "aborted by the client")
+        data = bytearray()
+        try:
+            while chunk := sock.recv(1 << 20):
+                data += chunk
+        except TimeoutError:
+            if not data:
+                return Reply(599, b"", {}, f"no answer within {timeout} s")
+        except ConnectionResetError:
+            if not data:
+                return Reply(599, b"", {}, "connection reset")
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        code = int(lines[0].split()[1])
+    except (IndexError, ValueError):
+        return Reply(599, bytes(data[:300]), {}, "not an HTTP answer")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return Reply(code, body, headers)
+
+
+def request_head(app: Any, method: str, path: str, *extra: str) -> bytes:
+    token = app.identity_provider.token
+    lines = [f"{method} {app.base_url}{path} HTTP/1.1", f"Host: 127.0.0.1:{app.port}",
+             f"Authorization: token {token}", "Connection: close", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def read_nofollow(path: Path) -> tuple[str, bytes]:
+    """(kind, content) of a workspace file read from the host without following a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return ("link" if exc.errno == errno.ELOOP else os.strerror(exc.errno)), b""
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return "not a regular file", b""
+        return "file", fh.read()
+
+
+def workspace_leftovers(workspace: Path) -> list[str]:
+    """Everything under the workspace, walked on the host (os.walk)."""
+    found = []
+    for folder, dirs, names in os.walk(workspace):
+        for name in dirs + names:
+            found.append(os.path.relpath(os.path.join(folder, name), workspace))
+    return sorted(found)
+
+
+def summary(problems: list[str], limit: int = 12) -> str:
+    counted: dict[str, int] = {}
+    for item in problems:
+        counted[item] = counted.get(item, 0) + 1
+    lines = [f"{n}x {text}" for text, n in list(counted.items())[:limit]]
+    return f"{len(problems)} violation(s):\n  " + "\n  ".join(lines)
+
+
+# -- 1. upload temp-file swap -------------------------------------------------------------
+
+_SWAP_DOT_NAMES = r"""
+import os
+secret = ARGS["secret"]
+os.makedirs("up", exist_ok=True)
+stats.update(replaced=0, renamed_over=0, errors=0)
+seen = set()
+n = 0
+ready()
+while running():
+    stats["loops"] += 1
+    try:
+        names = os.listdir("up")
+    except OSError:
+        continue
+    for name in names:
+        if not name.startswith(".") or name.startswith(".atk-") or name in seen:
+            continue
+        path = "up/" + name
+        n += 1
+        try:
+            if n % 2:  # unlink the server's file, plant a link under its name
+                os.unlink(path)
+                os.symlink(secret, path)
+                stats["replaced"] += 1
+            else:  # or rename a link over it atomically
+                tmp = "up/.atk-%d" % n
+                os.symlink(secret, tmp)
+                os.rename(tmp, path)
+                stats["renamed_over"] += 1
+            seen.add(name)
+        except OSError:
+            stats["errors"] += 1
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_upload_temp_file_swap(jp_fetch: Any, sandbox: dict[str, str], secrets: HostSecrets) -> None:
+    """Uploads while the sandbox swaps the server's temporary file for a link out.
+
+    The attack: an upload is written to a temporary file beside the target and renamed
+    into place. The attacker lists ``up/`` in a tight loop and replaces every dot-name
+    it sees (the temporary file) with a symlink to the host secret file, by unlink +
+    symlink and by renaming a link over it. A server that then chmods/chowns/renames
+    the temporary file by name changes the host secret's mode or owner, or puts the
+    link in place of the upload and still says 201.
+
+    Required: the secret is untouched; every answer is 201 with exactly a regular file
+    ``up/target.bin`` holding one of the uploads, or a 400/409 JSON message.
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    sent: set[bytes] = set()
+    problems: list[str] = []
+    codes: dict[int, int] = {}
+    attacker = start_attack(sandbox["engine_id"], _SWAP_DOT_NAMES, secret=str(secrets.file))
+    deadline = time.monotonic() + PHASE_SECONDS
+    for i in range(50):
+        if time.monotonic() > deadline:
+            break
+        body = (b"upload-%03d " % i) * 6000  # ~66 KB, distinct per upload
+        sent.add(body)
+        reply = await call(jp_fetch, *files(sid, "up/target.bin"), method="PUT", body=body)
+        codes[reply.code] = codes.get(reply.code, 0) + 1
+        if reply.code == 201:
+            kind, content = read_nofollow(ws / "up" / "target.bin")
+            if kind != "file":
+                problems.append(f"201 but up/target.bin is a {kind}, not the uploaded file")
+                os.unlink(ws / "up" / "target.bin")  # so that the next upload is measured afresh
+            elif content not in sent:
+                problems.append("201 but up/target.bin holds none of the uploads")
+        elif not reply.is_json_4xx(400, 409):
+            problems.append(f"answer {reply.code} (only 201 or a 400/409 JSON message): {reply!r}")
+        found = secrets.problems()
+        if found:
+            problems.extend(found)
+            secrets.restore()
+    stats = finish_attack(attacker, loops=100)
+    print(f"answers {codes}; attacker {stats}")
+    assert not problems, f"{summary(problems)}\nanswers {codes}; attacker {stats}"
+    assert sum(codes.values()) >= 20, f"too few uploads in {PHASE_SECONDS} s: {codes}"
+
+
+# -- 2. folder swap race -----------------------------------------------------------------
+
+
+_MAKE_D_AND_X = r"""
+import json, os, sys
+args = json.loads(sys.argv[1])
+os.makedirs(args["real"])
+with open(os.path.join(args["real"], args["file"]), "wb") as fh:
+    fh.write(b"inside")
+os.symlink(args["host"], args["link"])
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("operation", ["download", "listing", "delete", "upload"])
+async def test_folder_swap_race(jp_fetch: Any, sandbox: dict[str, str], secrets: HostSecrets, operation: str) -> None:
+    """Requests on ``d/...`` while the sandbox swaps the folder ``d`` for a link out.
+
+    The attack (docker cp's CVE-2018-15664): the workspace holds a real folder ``d``
+    (with ``f`` = ``inside``) and a symlink ``x`` -> the host folder (with ``f`` =
+    HOST-SECRET and ``host-only.txt``). The attacker exchanges the two names with
+    renameat2(RENAME_EXCHANGE) in a tight loop, so a server that checks ``d`` and then
+    uses the name ``d`` again may check the real folder and act in the host folder.
+
+    Required, each of 200 downloads / 200 listings / 100 deletes / 100 uploads (bounded
+    in time): a download never returns HOST-SECRET, a listing never shows
+    ``host-only.txt``, a delete never removes the host ``f``, an upload never creates
+    anything in the host folder; the answer is never a 5xx (4xx is fine).
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    sandbox_run(sandbox["engine_id"], _MAKE_D_AND_X, real="d", file="f", link="x", host=str(secrets.folder))
+    inside = os.open(ws / "d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the real d, whatever its name
+    tries = {"download": 200, "listing": 200, "delete": 100, "upload": 100}[operation]
+    problems: list[str] = []
+    codes: dict[int, int] = {}
+    try:
+        attacker = start_attack(sandbox["engine_id"], _EXCHANGE, a="d", b="x")
+        saw_both(ws / "d")
+        deadline = time.monotonic() + PHASE_SECONDS
+        done = 0
+        for i in range(tries):
+            if time.monotonic() > deadline:
+                break
+            done += 1
+            if operation == "download":
+                reply = await call(jp_fetch, *files(sid, "d/f"))
+                if reply.code == 200 and SECRET in reply.body:
+                    problems.append("a download of d/f returned the host folder's f (HOST-SECRET)")
+            elif operation == "listing":
+                reply = await call(jp_fetch, *files(sid), params={"path": "d"})
+                if reply.code == 200:
+                    names = {e["name"] for e in json.loads(reply.body)["entries"]}
+                    if "host-only.txt" in names:
+                        problems.append(f"a listing of d showed the host folder: {sorted(names)}")
+            elif operation == "delete":
+                if "f" not in os.listdir(inside):  # the previous try deleted the inside f: put it back
+                    fd = os.open("f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=inside)
+                    os.write(fd, b"inside")
+                    os.close(fd)
+                reply = await call(jp_fetch, *files(sid, "d/f"), method="DELETE")
+            else:
+                reply = await call(jp_fetch, *files(sid, f"d/new-{i}.txt"), method="PUT", body=b"new %d" % i)
+            codes[reply.code] = codes.get(reply.code, 0) + 1
+            if reply.code >= 500 or (reply.code >= 400 and not reply.is_json_4xx(reply.code)):
+                problems.append(f"{operation}: answer {reply.code} {reply!r}")
+            found = secrets.problems()
+            if found:
+                problems.extend(f"{operation}: {text}" for text in found)
+                secrets.restore()
+        stats = finish_attack(attacker, swaps=1000)
+    finally:
+        os.close(inside)
+    print(f"{operation}: answers {codes} in {done} tries; attacker {stats}")
+    assert not problems, f"{summary(problems)}\nanswers {codes} in {done} tries; attacker {stats}"
+    assert done >= min(tries, 50), f"too few tries in {PHASE_SECONDS} s: {codes}"
+
+
+_MAKE_MID_PATH = r"""
+import json, os, sys
+args = json.loads(sys.argv[1])
+os.makedirs("a/b")
+with open("a/b/c.txt", "wb") as fh:
+    fh.write(b"inside")
+os.symlink(args["host"], "a/l")
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_mid_path_swap_race(jp_fetch: Any, sandbox: dict[str, str], tmp_path: Path) -> None:
+    """The same race one level deeper: ``a/b/c.txt`` while ``a/b`` is swapped for a link.
+
+    The attack: ``a/b`` is a real folder (``c.txt`` = ``inside``), ``a/l`` a symlink to
+    a host folder holding ``c.txt`` = HOST-SECRET and ``host-only.txt``; the attacker
+    exchanges ``a/b`` and ``a/l`` continuously. A server that checks only the first
+    component, or the whole path once and then opens it by name, ends up in the host.
+
+    Required (bounded): downloads of ``a/b/c.txt`` never return HOST-SECRET, listings
+    of ``a/b`` never show ``host-only.txt``, uploads to ``a/b/new-N.txt`` never create
+    anything in the host folder; no 5xx.
+    """
+    host = make_host_folder(tmp_path / "host-folder-2", first="c.txt")
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    sandbox_run(sandbox["engine_id"], _MAKE_MID_PATH, host=str(host))
+    problems: list[str] = []
+    codes: dict[int, int] = {}
+    attacker = start_attack(sandbox["engine_id"], _EXCHANGE, a="a/b", b="a/l")
+    saw_both(ws / "a" / "b")
+    deadline = time.monotonic() + PHASE_SECONDS
+    for i in range(300):
+        if time.monotonic() > deadline:
+            break
+        kind = ("download", "listing", "upload")[i % 3]
+        if kind == "download":
+            reply = await call(jp_fetch, *files(sid, "a/b/c.txt"))
+            if reply.code == 200 and SECRET in reply.body:
+                problems.append("a download of a/b/c.txt returned the host file (HOST-SECRET)")
+        elif kind == "listing":
+            reply = await call(jp_fetch, *files(sid), params={"path": "a/b"})
+            if reply.code == 200 and "host-only.txt" in {e["name"] for e in json.loads(reply.body)["entries"]}:
+                problems.append("a listing of a/b showed the host folder")
+        else:
+            reply = await call(jp_fetch, *files(sid, f"a/b/new-{i}.txt"), method="PUT", body=b"new")
+        codes[reply.code] = codes.get(reply.code, 0) + 1
+        if reply.code >= 500 or (reply.code >= 400 and not reply.is_json_4xx(reply.code)):
+            problems.append(f"{kind}: answer {reply.code} {reply!r}")
+        names = set(os.listdir(host))
+        if names != {"c.txt", "host-only.txt"} or (host / "c.txt").read_bytes() != SECRET:
+            problems.append(f"{kind}: the host folder changed: {sorted(names)}")
+            for name in names - {"c.txt", "host-only.txt"}:
+                (host / name).unlink()
+            (host / "c.txt").write_bytes(SECRET)
+    stats = finish_attack(attacker, swaps=1000)
+    print(f"answers {codes}; attacker {stats}")
+    assert not problems, f"{summary(problems)}\nanswers {codes}; attacker {stats}"
+    assert sum(codes.values()) >= 60, f"too few tries in {PHASE_SECONDS} s: {codes}"
+
+
+# -- 3. static links ----------------------------------------------------------------------
+
+_PLANT_LINKS = r"""
+import json, os, sys
+args = json.loads(sys.argv[1])
+os.symlink(args["secret"], "out")
+os.symlink(args["folder"], "dirlink")
+"""
+
+
+async def test_static_links_out_of_the_workspace(jp_fetch: Any, sandbox: dict[str, str], secrets: HostSecrets) -> None:
+    """Links planted once: ``out`` -> the host secret file, ``dirlink`` -> the host folder.
+
+    Required: reading through either is 400, listing ``dirlink`` is 400, uploading to
+    ``dirlink/new`` is 400 and creates nothing on the host, and deleting ``out`` removes
+    the link itself (204) while the secret stays.
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    sandbox_run(sandbox["engine_id"], _PLANT_LINKS, secret=str(secrets.file), folder=str(secrets.folder))
+    problems: list[str] = []
+    checks = [
+        ("GET out", await call(jp_fetch, *files(sid, "out")), 400),
+        ("GET dirlink/f", await call(jp_fetch, *files(sid, "dirlink/f")), 400),
+        ("list dirlink", await call(jp_fetch, *files(sid), params={"path": "dirlink"}), 400),
+        ("PUT dirlink/new", await call(jp_fetch, *files(sid, "dirlink/new"), method="PUT", body=b"x"), 400),
+    ]
+    for what, reply, expected in checks:
+        if SECRET in reply.body or b"host-only" in reply.body:
+            problems.append(f"{what} revealed the host: {reply!r}")
+        if not reply.is_json_4xx(expected):
+            problems.append(f"{what}: {reply!r}, expected a {expected} JSON message")
+    deleted = await call(jp_fetch, *files(sid, "out"), method="DELETE")
+    if deleted.code != 204:
+        problems.append(f"DELETE out (the link itself): {deleted!r}, expected 204")
+    elif os.path.lexists(ws / "out"):
+        problems.append("DELETE out said 204 but the link is still there")
+    problems += secrets.problems()
+    assert not problems, "\n".join(problems)
+
+
+# -- 4. FIFOs and sockets -----------------------------------------------------------------
+
+_LISTEN_UNIX = r"""
+import os, socket, time
+os.mkfifo("pipe")
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind("sock")
+server.listen(16)
+server.setblocking(False)
+stats["accepted"] = 0
+ready()
+while running():
+    stats["loops"] += 1
+    try:
+        conn, _ = server.accept()
+        stats["accepted"] += 1
+        conn.close()
+    except BlockingIOError:
+        time.sleep(0.02)
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_fifo_and_socket(jp_fetch: Any, jp_serverapp: Any, sandbox: dict[str, str], fifo_rescue: FifoRescue) -> None:
+    """A FIFO ``pipe`` and a listening unix socket ``sock`` left in the workspace.
+
+    The attack: opening a FIFO for reading blocks until a writer comes, and the sandbox
+    never writes; a server that opens it in a worker thread loses that thread for
+    good, and a few such requests take every worker, so every route hangs, and the
+    stuck threads keep the server process from exiting.
+
+    Required: a GET of either answers 400 within 5 s; 7 concurrent GETs of the FIFO
+    each answer 400 within 5 s and a listing answers meanwhile; a PUT onto ``pipe`` is
+    400 (the FIFO stays); the listing reports both with type "other"; and when the
+    test ends no server thread is left blocked on the FIFO (the ``fifo_rescue``
+    fixture checks that after the server's shutdown).
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    attacker = start_attack(sandbox["engine_id"], _LISTEN_UNIX)
+    fifo_rescue.watch(ws / "pipe")
+    assert stat.S_ISFIFO(os.lstat(ws / "pipe").st_mode) and stat.S_ISSOCK(os.lstat(ws / "sock").st_mode)
+    base = f"http://127.0.0.1:{jp_serverapp.port}{jp_serverapp.base_url}api/sandboxes/{sid}/files"
+    auth = {"Authorization": f"token {jp_serverapp.identity_provider.token}"}
+    client = SimpleAsyncHTTPClient(force_instance=True, max_clients=32)  # room for the concurrent GETs
+
+    async def get(url: str) -> Reply:
+        return await answer(client.fetch(HTTPRequest(url, headers=auth, request_timeout=30)), timeout=5)
+
+    problems: list[str] = []
+    try:
+        for name in ("pipe", "sock"):
+            reply = await get(f"{base}/{name}")
+            if not reply.is_json_4xx(400):
+                problems.append(f"GET {name}: {reply!r}, expected 400 within 5 s")
+            stuck = fifo_rescue.release()
+            if stuck:
+                problems.append(f"GET {name} left a server thread blocked opening the FIFO (released by the test)")
+
+        fifo_gets = [asyncio.ensure_future(get(f"{base}/pipe")) for _ in range(7)]
+        await asyncio.sleep(0.5)  # let them reach the server
+        listing = await get(f"{base}?path=")
+        if listing.code != 200:
+            problems.append(f"a listing while 7 GETs of the FIFO were open: {listing!r}, expected 200 within 5 s")
+        for i, reply in enumerate(await asyncio.gather(*fifo_gets)):
+            if not reply.is_json_4xx(400):
+                problems.append(f"concurrent GET pipe #{i}: {reply!r}, expected 400 within 5 s")
+        if fifo_rescue.release():
+            problems.append("the concurrent GETs left server threads blocked opening the FIFO (released by the test)")
+
+        listing = await get(f"{base}?path=")
+        if listing.code == 200:
+            kinds = {e["name"]: e["type"] for e in json.loads(listing.body)["entries"]}
+            if (kinds.get("pipe"), kinds.get("sock")) != ("other", "other"):
+                problems.append(f"the listing says {kinds}, expected pipe and sock of type 'other'")
+        else:
+            problems.append(f"listing: {listing!r}")
+
+        put = await call(jp_fetch, *files(sid, "pipe"), method="PUT", body=b"data", timeout=5)
+        if not put.is_json_4xx(400):
+            problems.append(f"PUT onto the FIFO: {put!r}, expected 400")
+        if not stat.S_ISFIFO(os.lstat(ws / "pipe").st_mode):
+            problems.append("PUT onto the FIFO replaced it")
+            os.unlink(ws / "pipe")
+            sandbox_run(sandbox["engine_id"], "import os; os.mkfifo('pipe')")
+            fifo_rescue.watch(ws / "pipe")
+
+        # Leave three GETs of the FIFO behind: the server must not be stuck on them
+        # when it shuts down (checked by fifo_rescue after the server's teardown).
+        left = [asyncio.ensure_future(get(f"{base}/pipe")) for _ in range(3)]
+        await asyncio.wait(left, timeout=5)
+        finish_attack(attacker, loops=1)
+    finally:
+        client.close()
+    assert not problems, "\n".join(problems)
+
+
+# -- 5. a growing download ----------------------------------------------------------------
+
+_APPEND = r"""
+import time
+stats["appended"] = 0
+block = b"A" * 65536
+with open("big.bin", "ab", buffering=0) as fh:
+    ready()
+    while running():
+        stats["loops"] += 1
+        if stats["appended"] < ARGS["cap"]:
+            fh.write(block)
+            stats["appended"] += len(block)
+        time.sleep(0.001)
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_download_sends_what_it_announced(jp_serverapp: Any, jp_fetch: Any, sandbox: dict[str, str]) -> None:
+    """A download of a 30 MB file that the sandbox keeps appending to.
+
+    The attack: the server announces the size it saw when it opened the file
+    (Content-Length) and then reads to end of file; the file has grown meanwhile, so
+    it has more to send than it announced (the response breaks, or a client that
+    trusts the header is fed bytes that belong to the next response).
+
+    Required: the body has exactly Content-Length bytes, and they are the file's
+    first Content-Length bytes.
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    sandbox_run(sandbox["engine_id"], "import os; open('big.bin', 'wb').write(os.urandom(1 << 20) * 30)")
+    big = ws / "big.bin"
+    original = big.read_bytes()
+    problems: list[str] = []
+    try:
+        attacker = start_attack(sandbox["engine_id"], _APPEND, cap=120 << 20)
+        request = request_head(jp_serverapp, "GET", f"api/sandboxes/{sid}/files/big.bin")
+        for i in range(3):
+            reply = await asyncio.to_thread(raw_http, jp_serverapp, request, timeout=20)
+            announced = reply.headers.get("content-length")
+            if reply.code != 200 or announced is None:
+                problems.append(f"download #{i}: {reply!r}")
+                continue
+            if len(reply.body) != int(announced):
+                problems.append(f"download #{i}: Content-Length {announced} but {len(reply.body)} body bytes")
+            elif reply.body[: len(original)] != original or reply.body[len(original):].strip(b"A"):
+                problems.append(f"download #{i}: the body is not the file's first {announced} bytes")
+        stats = finish_attack(attacker, appended=1 << 20)
+    finally:
+        big.unlink(missing_ok=True)
+    assert not problems, "\n".join(problems) + f"\nattacker {stats}"
+
+
+# -- 6. bad input ---------------------------------------------------------------------------
+
+
+async def test_content_length_not_a_number(jp_serverapp: Any, jp_fetch: Any, sandbox: dict[str, str]) -> None:
+    """``Content-Length: abc`` on an upload (sent raw: tornado's client would fix it).
+
+    Required: 400 with a JSON message, no traceback, nothing written.
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    request = request_head(jp_serverapp, "PUT", f"api/sandboxes/{sid}/files/cl.txt", "Content-Length: abc")
+    reply = await asyncio.to_thread(raw_http, jp_serverapp, request, (b"hello",))
+    assert reply.is_json_4xx(400), f"Content-Length: abc -> {reply!r}, expected a 400 JSON message"
+    assert workspace_leftovers(ws) == []
+
+
+async def test_chunked_upload_over_the_limit(jp_fetch: Any, sandbox: dict[str, str]) -> None:
+    """A chunked upload (no Content-Length) that passes ``max_upload_size`` (1 MiB here).
+
+    The attack: without a Content-Length the size is only known while the body comes;
+    the server must still stop at the limit and say so.
+
+    Required: 413 with a JSON message (not a reset connection), nothing left behind.
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+
+    async def producer(write: Callable[[bytes], Any]) -> None:
+        for _ in range(40):  # 2.5 MiB in 64 KiB chunks
+            await write(b"x" * 65536)
+
+    reply = await call(jp_fetch, *files(sid, "chunked.bin"), method="PUT", body_producer=producer)
+    await asyncio.sleep(0.5)
+    assert reply.is_json_4xx(413), f"chunked 2.5 MiB upload, limit 1 MiB -> {reply!r}, expected a 413 JSON message"
+    assert workspace_leftovers(ws) == []
+
+
+async def test_long_names_and_paths(jp_fetch: Any, sandbox: dict[str, str]) -> None:
+    """A file name of 300 characters (NAME_MAX is 255) and a path of 5000 (PATH_MAX 4096).
+
+    Required: 400 JSON messages; a message is shorter than 400 characters (long names
+    are cut in messages); nothing created in the workspace (no folders made on the way
+    to a path that cannot exist).
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    long_name = "n" * 300
+    long_path = "/".join(["abcdefghi"] * 500)  # 4999 characters
+    problems: list[str] = []
+    for what, path in (("300-character name", long_name), ("5000-character path", long_path)):
+        for method in ("PUT", "GET"):
+            kw: dict[str, Any] = {"method": method}
+            if method == "PUT":
+                kw["body"] = b"data"
+            reply = await call(jp_fetch, *files(sid, path), **kw)
+            if not reply.is_json_4xx(400):
+                problems.append(f"{method} {what}: {reply!r}, expected a 400 JSON message")
+            elif len(reply.message()) >= 400:
+                problems.append(f"{method} {what}: the message is {len(reply.message())} characters long")
+    leftovers = workspace_leftovers(ws)
+    if leftovers:
+        problems.append(f"left in the workspace: {len(leftovers)} entries, e.g. {leftovers[0][:80]!r}")
+    assert not problems, "\n".join(problems)
+
+
+async def test_deeply_nested_json(jp_fetch: Any, sandbox: dict[str, str]) -> None:
+    """A snapshot request whose body is ``[`` 100,000 times (JSON nested 100k deep).
+
+    Required: 400 with a JSON message (a parser's recursion limit is a bad body, not
+    a server error); nothing in the workspace.
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    reply = await call(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body="[" * 100_000)
+    assert reply.is_json_4xx(400), f"{reply!r}, expected a 400 JSON message"
+    assert workspace_leftovers(ws) == []
+
+
+async def test_aborted_upload_leaves_nothing(jp_serverapp: Any, jp_fetch: Any, sandbox: dict[str, str]) -> None:
+    """An upload the client abandons half-way (800 KB announced, 300 KB sent, closed).
+
+    Required: no partial target and no temporary file in the workspace afterwards.
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    request = request_head(jp_serverapp, "PUT", f"api/sandboxes/{sid}/files/way.bin", "Content-Length: 800000")
+    await asyncio.to_thread(raw_http, jp_serverapp, request, (b"y" * 150_000, b"y" * 150_000), True)
+    deadline = time.monotonic() + 5
+    while workspace_leftovers(ws) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert workspace_leftovers(ws) == []
