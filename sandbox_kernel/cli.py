@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .backends import Backend, SandboxError, make_backend
-from .backends.base import SandboxInfo
 from .config import ConfigError, SandboxConfig, load_config
+from .errors import SandboxError, SandboxNotFound
 from .identity import scope_key
+from .service import SandboxService
 
 KERNEL_NAME = "sandbox"
 DISPLAY_NAME = "Python 3 (sandbox)"
@@ -35,9 +35,14 @@ def _config(args: argparse.Namespace) -> SandboxConfig:
     )
 
 
-def _backend(args: argparse.Namespace) -> tuple[SandboxConfig, Backend]:
+def _service(args: argparse.Namespace) -> tuple[SandboxConfig, SandboxService]:
     cfg = _config(args)
-    return cfg, make_backend(cfg)
+    return cfg, SandboxService(cfg)
+
+
+def _user(cfg: SandboxConfig, args: argparse.Namespace) -> str | None:
+    """Whose sandboxes a command acts on: yours, or everyone's with --all (administrators)."""
+    return None if getattr(args, "all", False) else scope_key(cfg).user
 
 
 def _age(seconds: float) -> str:
@@ -48,30 +53,35 @@ def _age(seconds: float) -> str:
     return f"{seconds}s"
 
 
-def _print_table(infos: list[SandboxInfo]) -> None:
-    rows = [("ID", "STATE", "BACKEND", "SCOPE", "USER", "FLAVOR", "IMAGE", "AGE")]
+def _print_table(items: list[dict[str, Any]]) -> None:
+    rows = [("ID", "STATE", "BACKEND", "SCOPE", "USER", "FLAVOR", "IMAGE", "AGE", "KERNELS")]
     now = time.time()
-    for i in infos:
+    for i in items:
+        kernels = f"{i['kernels']}" + (f" ({len(i['busy_kernel_ids'])} busy)" if i["busy_kernel_ids"] else "")
         rows.append(
-            (i.id, i.state, i.backend, i.scope, i.user, i.flavor, i.image, _age(now - i.created))
+            (i["id"], i["state"], i["backend"], i["scope"], i["user"], i["flavor"], i["image"], _age(now - i["created"]), kernels)
         )
     widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
     for row in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-    isolations = {i.isolation for i in infos if i.isolation}
-    for isolation in sorted(isolations):
+    for i in items:
+        if i.get("outdated"):
+            print(f"{i['id']}: outdated ({i['outdated']}); `sandbox-kernel destroy {i['id']}` to remake it")
+        nxt = i.get("next") or {}
+        if nxt.get("action"):
+            print(f"{i['id']}: will {nxt['action']} in {_age(nxt['at'] - now)} ({nxt['reason']})")
+    for isolation in sorted({i["isolation"] for i in items if i["isolation"]}):
         print(f"isolation: {isolation}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     """List this user's sandboxes (or everyone's with --all)."""
-    cfg, backend = _backend(args)
-    user = None if args.all else scope_key(cfg).user
-    infos = backend.list(user)
+    cfg, service = _service(args)
+    items = service.list(_user(cfg, args))
     if args.json:
-        print(json.dumps([i.to_dict() for i in infos], indent=2))
-    elif infos:
-        _print_table(infos)
+        print(json.dumps(items, indent=2))
+    elif items:
+        _print_table(items)
     else:
         print("no sandboxes yet; `sandbox-kernel exec -- python3 -V` creates yours")
     return 0
@@ -81,15 +91,16 @@ def cmd_exec(args: argparse.Namespace) -> int:
     """Run a command in a sandbox; without an id, in the current user's (created if needed)."""
     if not args.cmd:
         raise _UsageError("nothing to run: give a command after --, e.g. `sandbox-kernel exec -- ls`")
-    cfg, backend = _backend(args)
+    cfg, service = _service(args)
     if args.id:
-        sandbox_id = args.id
+        sandbox_id = service.owned(_user(cfg, args), args.id).id
     else:
-        ensured = backend.ensure(scope_key(cfg), progress=lambda m: print(m, file=sys.stderr))
+        ensured = service.ensure(scope_key(cfg), progress=lambda m: print(m, file=sys.stderr))
         if ensured.notice:
             print(ensured.notice, file=sys.stderr)
         sandbox_id = ensured.info.id
-    result = backend.exec(sandbox_id, list(args.cmd), timeout=args.timeout)
+    service.store.touch(service.backend.name, sandbox_id)
+    result = service.backend.exec(sandbox_id, list(args.cmd), timeout=args.timeout)
     sys.stdout.buffer.write(result.output)
     sys.stdout.flush()
     return result.exit_code
@@ -97,13 +108,17 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 def _one(action: str):
     def run(args: argparse.Namespace) -> int:
-        _, backend = _backend(args)
+        cfg, service = _service(args)
+        user = _user(cfg, args)
         if action == "destroy":
-            gone = backend.destroy(args.id)
+            try:
+                gone = service.destroy(user, args.id)
+            except SandboxNotFound:
+                gone = False  # destroying what is gone is done: scripts may repeat it
             print(f"destroyed {args.id} (workspace kept)" if gone else f"{args.id} was already gone")
             return 0
-        info = getattr(backend, action)(args.id)
-        print(json.dumps(info.to_dict(), indent=2) if args.json else f"{info.id}: {info.state}")
+        item = getattr(service, action)(user, args.id)
+        print(json.dumps(item, indent=2) if args.json else f"{item['id']}: {item['state']}")
         return 0
 
     run.__doc__ = {
@@ -118,29 +133,36 @@ def cmd_gc(args: argparse.Namespace) -> int:
     """Stop idle sandboxes, remove long-stopped ones and orphans (workspaces kept)."""
     from .lifecycle import gc
 
-    cfg, backend = _backend(args)
-    actions = gc(backend, cfg, dry_run=args.dry_run)
+    cfg, service = _service(args)
+    actions = gc(service.backend, cfg, dry_run=args.dry_run)
     if args.json:
         print(json.dumps([a.to_dict() for a in actions], indent=2))
-    elif not actions:
-        print("nothing to do")
-    for a in actions if not args.json else []:
+        return 1 if any(a.error for a in actions) else 0
+    if not actions:
+        print("nothing to do now")
+    for a in actions:
         state = "would " + a.action if args.dry_run else (a.action if a.done else f"failed to {a.action}")
         print(f"{a.sandbox_id}: {state} ({a.reason}){': ' + a.error if a.error else ''}")
+    if args.dry_run:  # what is coming, and what is kept although it differs
+        now = time.time()
+        for item in service.list(None):
+            nxt = item.get("next") or {}
+            if nxt.get("action") and nxt["at"] > now:
+                print(f"{item['id']}: will {nxt['action']} in {_age(nxt['at'] - now)} ({nxt['reason']})")
+            if item.get("outdated"):
+                print(f"{item['id']}: kept, although {item['outdated']}")
     return 1 if any(a.error for a in actions) else 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """Sandboxes by state and flavor, memory and CPU reserved and used, quota headroom."""
-    from .lifecycle import stats
-
-    cfg, backend = _backend(args)
-    totals = stats(backend, cfg)
+    """Sandboxes of this installation by state and flavor, memory and CPU reserved and used, quota headroom."""
+    cfg, service = _service(args)
+    totals = service.stats(scope_key(cfg).user)
     if args.json:
         print(json.dumps(totals, indent=2))
         return 0
     gib = 2**30
-    print(f"backend: {totals['backend']}   sandboxes: {totals['sandboxes']}")
+    print(f"backend: {totals['backend']}   sandboxes: {totals['sandboxes']} (yours: {totals['yours']})")
     print("by state: " + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_state"].items())) or "-"))
     print("by flavor: " + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_flavor"].items())) or "-"))
     mem = totals["memory"]
@@ -149,30 +171,33 @@ def cmd_stats(args: argparse.Namespace) -> int:
     quota = totals["quota"]
     left = quota["sandboxes_left"]
     print(f"quota: {quota['max_sandboxes'] or 'no'} sandboxes max ({'unlimited' if left is None else left} left)")
+    print(f"counted: {quota['counts']}")
     return 0
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    """Snapshots of a sandbox's filesystem (create ID NAME | list | delete NAME)."""
-    cfg, backend = _backend(args)
+    """Snapshots of a sandbox's filesystem (create ID NAME | list | delete NAME); names are per user."""
+    cfg, service = _service(args)
+    user = scope_key(cfg).user
     if args.action == "create":
         if not args.id or not args.name:
             raise _UsageError("usage: sandbox-kernel snapshot create ID NAME")
-        snap = backend.create_snapshot(args.id, args.name)
-        print(json.dumps(snap.to_dict(), indent=2) if args.json else f"snapshot {snap.name} of {snap.source} ({snap.size / 2**20:.0f} MiB)")
+        snap = service.create_snapshot(_user(cfg, args), args.id, args.name)
+        print(json.dumps(snap, indent=2) if args.json else f"snapshot {snap['name']} of {snap['source']} ({snap['size'] / 2**20:.0f} MiB)")
     elif args.action == "list":
-        snaps = backend.list_snapshots(None if args.all else scope_key(cfg).user)
+        snaps = service.snapshots(_user(cfg, args))
         if args.json:
-            print(json.dumps([s.to_dict() for s in snaps], indent=2))
+            print(json.dumps(snaps, indent=2))
         for s in snaps if not args.json else []:
-            print(f"{s.name}  from {s.source}  {s.size / 2**20:.0f} MiB  {_age(time.time() - s.created)} ago")
+            owner = f"  ({s['user']})" if args.all else ""
+            print(f"{s['name']}  from {s['source']}  {s['size'] / 2**20:.0f} MiB  {_age(time.time() - s['created'])} ago{owner}")
         if not snaps and not args.json:
             print("no snapshots")
     else:
         name = args.id
         if not name:
             raise _UsageError("usage: sandbox-kernel snapshot delete NAME")
-        gone = backend.delete_snapshot(name)
+        gone = service.delete_snapshot(user, name)
         print(f"deleted snapshot {name}" if gone else f"no snapshot named {name}")
     return 0
 
@@ -187,10 +212,15 @@ def cmd_install(args: argparse.Namespace) -> int:
             ("scope", args.scope),
             ("backend", args.backend),
             ("image", args.image),
+            ("snapshot", args.snapshot),
             ("flavor", args.flavor),
         )
         if value
     }
+    if args.image or args.snapshot:
+        # Another image or snapshot: the variant's sandboxes are apart from your plain one
+        # (a flavor alone resizes your sandbox instead).
+        env["SANDBOX_KERNEL_VARIANT"] = args.name
     load_config(environ=env)  # refuse a variant that could never start
     spec: dict[str, Any] = {
         "argv": [sys.executable, "-m", "sandbox_kernel", "-f", "{connection_file}"],
@@ -241,12 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="override SANDBOX_KERNEL_IMAGE for a new sandbox")
     p.add_argument("--snapshot", help="start a new sandbox from this snapshot")
     p.add_argument("--flavor", choices=["small", "medium", "large"], help="flavor of a new sandbox")
+    p.add_argument("--all", action="store_true", help="any user's sandbox by id (administrators)")
     p.set_defaults(cmd=[])
 
     for action in ("stop", "start", "destroy"):
         p = add(action, _one(action))
         p.add_argument("id", help="sandbox id, as `sandbox-kernel list` shows it")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--all", action="store_true", help="any user's sandbox (administrators)")
 
     p = add("gc", cmd_gc)
     p.add_argument("--dry-run", action="store_true", help="say what would be done, do nothing")
@@ -260,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", nargs="?", help="sandbox id (create) or snapshot name (delete)")
     p.add_argument("name", nargs="?", help="snapshot name (create)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--all", action="store_true", help="every user's snapshots")
+    p.add_argument("--all", action="store_true", help="every user's snapshots (list), any user's sandbox (create)")
 
     p = add("install", cmd_install)
     where = p.add_mutually_exclusive_group()
@@ -270,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=KERNEL_NAME, help="kernelspec name (default: sandbox)")
     p.add_argument("--display-name", help="name shown in the launcher")
     p.add_argument("--scope", choices=["user", "thread"], help="scope baked into the variant")
-    p.add_argument("--image", help="image baked into the variant")
+    p.add_argument("--image", help="image baked into the variant (its sandboxes are its own)")
+    p.add_argument("--snapshot", help="snapshot of yours baked into the variant (its sandboxes are its own)")
     p.add_argument("--flavor", choices=["small", "medium", "large"], help="flavor baked into the variant")
     return parser
 

@@ -18,17 +18,24 @@ both ways (environment variable and config key) and says what is accepted.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_config_path, jupyter_data_dir
-from traitlets import Bool, Enum, Float, Int, TraitError, Unicode, default, validate
+from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Config, Configurable
 from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
 
+log = logging.getLogger("sandbox_kernel")
+
 ENV_PREFIX = "SANDBOX_KERNEL_"
+# Settings the person at the keyboard decides (environment, kernelspec, notebook
+# metadata win); every other setting is policy, which the administrator's
+# configuration files fix when they set it (see DESIGN.md, "Who decides").
+PERSONAL = frozenset({"scope", "thread", "flavor", "image", "snapshot", "user", "variant"})
 # An interpreter with IPython needs a few dozen threads and processes; fewer and the
 # sandbox cannot run a cell (and says only "can't start new thread").
 MIN_PIDS = 64
@@ -143,6 +150,22 @@ class SandboxConfig(Configurable):
         10.0, help="Minutes before a sandbox of ours with no owner record or an outdated spec is reaped."
     ).tag(config=True)
     snapshot = Unicode("", help="Snapshot that new sandboxes start from instead of the image.").tag(config=True)
+    variant = Unicode(
+        "",
+        help=(
+            "A name for a kernelspec variant with its own image or snapshot: its sandboxes "
+            "are apart from the user's plain ones (sandbox-kernel install sets it)."
+        ),
+    ).tag(config=True)
+    allowed_flavors = List(
+        Unicode(), default_value=[], help="Flavors users may choose (empty: all of them)."
+    ).tag(config=True)
+    allowed_images = List(
+        Unicode(), default_value=[], help="Images users may choose (empty: any image)."
+    ).tag(config=True)
+
+    # Values of the configuration files, filled by load_config (not a setting).
+    file_values: dict[str, Any] = {}
 
     @default("workspace_root")
     def _default_workspace_root(self) -> str:
@@ -280,10 +303,30 @@ def load_config(
             f"unknown setting c.SandboxConfig.{unknown[0]}; known settings: {', '.join(sorted(trait_names))}"
         )
     cfg = SandboxConfig()
-    values: list[tuple[str, Any, str]] = [(k, v, f"c.SandboxConfig.{k}") for k, v in section.items()]
+    _apply(cfg, [(k, v, f"c.SandboxConfig.{k}") for k, v in section.items()])
+    # What the configuration files say: the administrator's policy, and the baseline
+    # that personal choices (variants) are told apart from.
+    cfg.file_values = {name: getattr(cfg, name) for name in section}
+    later: list[tuple[str, Any, str]] = []
     for name, raw in _env_overrides(trait_names, environ).items():
-        values.append((name, raw, ENV_PREFIX + name.upper()))
-    values.extend((k, v, k) for k, v in overrides.items() if v is not None)
+        later.append((name, raw, ENV_PREFIX + name.upper()))
+    later.extend((k, v, k) for k, v in overrides.items() if v is not None)
+    for name, value, source in later:
+        if name in section and name not in PERSONAL and value != section[name]:
+            # The environment (a kernelspec, a user's shell) never loosens policy the
+            # administrator wrote down; it says so in the log instead of failing.
+            log.warning(
+                "ignoring %s=%r: c.SandboxConfig.%s is set by the administrator's configuration",
+                source, value, name,
+            )
+            continue
+        _apply(cfg, [(name, value, source)])
+    _check_allowed(cfg)
+    return cfg
+
+
+def _apply(cfg: SandboxConfig, values: list[tuple[str, Any, str]]) -> None:
+    trait_names = SandboxConfig.class_trait_names(config=True)
     for name, value, source in values:
         if name not in trait_names:
             raise ConfigError(f"unknown setting {name!r}")
@@ -300,7 +343,20 @@ def load_config(
             raise ConfigError(
                 f"bad value {value!r} for {where}: {_short_trait_error(exc, trait)}{accepted}"
             ) from None
-    return cfg
+
+
+def _check_allowed(cfg: SandboxConfig) -> None:
+    """Personal choices stay among what the administrator allows."""
+    if cfg.allowed_flavors and cfg.flavor not in cfg.allowed_flavors:
+        raise ConfigError(
+            f"flavor {cfg.flavor!r} is not allowed here ({setting_names('flavor')}); "
+            f"allowed: {', '.join(cfg.allowed_flavors)}"
+        )
+    if cfg.allowed_images and cfg.image not in cfg.allowed_images:
+        raise ConfigError(
+            f"image {cfg.image!r} is not allowed here ({setting_names('image')}); "
+            f"allowed: {', '.join(cfg.allowed_images)}"
+        )
 
 
 def _short_trait_error(exc: Exception, trait: Any) -> str:

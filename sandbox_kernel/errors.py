@@ -57,3 +57,7 @@ def shorten(text: str, limit: int = 80) -> str:
     """``text`` cut to ``limit`` characters for a message or a log line (names can be huge)."""
     text = str(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class AlreadyExists(SandboxError):
+    """Another process made the sandbox first (a lost create race); take theirs."""

@@ -33,12 +33,13 @@ from ipykernel.kernelbase import Kernel
 
 from . import __version__
 from .agent import SPARE_SOCKET, agent_source, bootstrap_command
-from .backends import Backend, SandboxError, SandboxNotFound, make_backend
-from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo, workspace_dir
+from .backends import Backend, SandboxError, SandboxNotFound
+from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
 from .config import MIN_PIDS, ConfigError, SandboxConfig, load_config
 from .connection import OVERFLOW, AgentConnection, AgentGone
 from .identity import ScopeKey, notebook_metadata, scope_key
 from .lifecycle import gc
+from .service import SandboxService, workspace_dir
 from .store import HEARTBEAT, Store
 
 GC_DELAY = 2.0  # seconds after the start before the kernel applies the lifecycle policies
@@ -70,7 +71,7 @@ class SandboxKernel(Kernel):
         self._busy = False
         self._heart: threading.Thread | None = None
         self._wake = threading.Event()
-        self._store_instance: Store | None = None
+        self._service: SandboxService | None = None
         self._early: concurrent.futures.Future[AgentConnection] | None = None
         try:
             self.cfg: SandboxConfig | None = load_config(**notebook_choices())
@@ -154,8 +155,8 @@ class SandboxKernel(Kernel):
         if self.cfg is None or self.key is None:
             raise SandboxError(self._setup_error)
         if self.backend is None:
-            self.backend = make_backend(self.cfg)
-        ensured = self.backend.ensure(self.key, progress=self._progress.append)
+            self.backend = self.service.backend
+        ensured = self.service.ensure(self.key, progress=self._progress.append)
         info = ensured.info
         if ensured.notice:
             self._notices.append(ensured.notice)
@@ -230,12 +231,16 @@ class SandboxKernel(Kernel):
             self.log.debug("heartbeat failed: %s", exc)
 
     @property
-    def _store(self) -> Store:
-        """One store per kernel: SQLite is set up once, not at every heartbeat."""
-        if self._store_instance is None:
+    def service(self) -> SandboxService:
+        """The orchestrator, one per kernel (its store sets SQLite up once, not every beat)."""
+        if self._service is None:
             assert self.cfg is not None
-            self._store_instance = Store(self.cfg)
-        return self._store_instance
+            self._service = SandboxService(self.cfg)
+        return self._service
+
+    @property
+    def _store(self) -> Store:
+        return self.service.store
 
     @property
     def _heartbeat_id(self) -> str:

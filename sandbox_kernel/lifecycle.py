@@ -4,7 +4,12 @@ Nothing here keeps state in memory: sandboxes come from the engine (one list cal
 activity and live kernels from the SQLite store, so the reaper can run from the
 server extension, from ``sandbox-kernel gc`` in cron or CI, and at kernel start, even
 several at once: every action is idempotent (stopping a stopped sandbox, destroying
-a gone one) and a sandbox that vanished mid-run is skipped.
+a gone one), acts only on the incarnation that was judged, and a sandbox that
+vanished mid-run is skipped.
+
+One function, :func:`decide`, says what will happen to a sandbox and when; the reaper
+does what is due, and listings show what is coming ("stops in 12 min"), so nothing is
+removed without having been announced.
 
 Activity is a running cell (kernels beat while busy), a cell's start, and any file or
 REST use; a long silent cell is activity even with no browser attached.
@@ -13,18 +18,14 @@ REST use; a long silent cell is activity even with no browser attached.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .backends.base import (
-    Backend,
-    QuotaExceeded,
-    SandboxInfo,
-    SandboxNotFound,
-    installation_id,
-)
-from .config import SandboxConfig
-from .store import Store
+from .backends.base import Backend, SandboxInfo
+from .config import SandboxConfig, setting_names
+from .errors import QuotaExceeded, SandboxNotFound
+from .store import Record, Reservation, Store
 
 MINUTE = 60.0
 
@@ -44,8 +45,51 @@ class Action:
         return asdict(self)
 
 
+@dataclass
+class Decision:
+    """What the lifecycle policies will do to one sandbox, and when (epoch seconds)."""
+
+    action: str = ""  # "" (nothing planned) | "stop" | "destroy"
+    at: float = 0.0
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def _minutes(value: float) -> float:
     return value * MINUTE
+
+
+def decide(
+    info: SandboxInfo, record: Record | None, live: list[tuple[str, bool]], config: SandboxConfig
+) -> Decision:
+    """The next lifecycle action for ``info`` and when it falls due (pure)."""
+    busy = any(b for _, b in live)
+    grace = _minutes(config.orphan_grace)
+    if info.state == "creating":
+        return Decision("destroy", info.created + grace, "left half-created")
+    if record is None:
+        # No owner record: an orphan, or one being made right now (between the engine's
+        # create and the record, or a slow remote create): the grace period decides.
+        return Decision() if live else Decision("destroy", info.created + grace, "orphan: no owner record")
+    if record.engine_id and info.engine_id and record.engine_id != info.engine_id and not live:
+        return Decision("destroy", info.created + grace, "orphan: an older sandbox of the same id")
+    last = max(record.last_activity, info.created)
+    options: list[Decision] = []
+    if config.max_age and not busy:
+        options.append(Decision("destroy", info.created + _minutes(config.max_age), f"older than max_age={config.max_age:g} min"))
+    if info.state == "running":
+        if not live and config.idle_stop:
+            options.append(Decision("stop", last + _minutes(config.idle_stop), f"idle {config.idle_stop:g} min with no live kernel"))
+        elif live and not busy and config.idle_stop_with_kernel:
+            options.append(
+                Decision("stop", last + _minutes(config.idle_stop_with_kernel), f"idle {config.idle_stop_with_kernel:g} min with an idle kernel")
+            )
+    elif info.state == "stopped" and config.idle_delete:
+        stopped = max(info.finished, last)
+        options.append(Decision("destroy", stopped + _minutes(config.idle_delete), f"stopped for {config.idle_delete:g} min"))
+    return min(options, key=lambda d: d.at) if options else Decision()
 
 
 def plan(
@@ -55,52 +99,23 @@ def plan(
     backend_name: str,
     now: float | None = None,
 ) -> list[Action]:
-    """Decide what to stop or destroy; pure apart from reading the store."""
+    """What is due now; pure apart from reading the store."""
     now = time.time() if now is None else now
     records = {r.id: r for r in store.all(backend_name)}
     kernels = store.live_kernels(backend_name)
-    actions: list[Action] = []
+    actions = []
     for info in infos:
-        record = records.get(info.id)
-        live = kernels.get(info.id, [])
-        busy = any(b for _, b in live)
-        last = max(record.last_activity if record else 0.0, info.created)
-        age = now - info.created
-        grace = _minutes(config.orphan_grace)
-        if info.state == "creating" and age > grace:
-            actions.append(Action(info.id, "destroy", f"left half-created for {age / MINUTE:.0f} min", engine_id=info.engine_id))
-        elif record is None:
-            # No owner record: either an orphan, or one being made right now (between the
-            # engine's create and the record, or a slow remote create): grace decides.
-            if not live and age > grace:
-                actions.append(Action(info.id, "destroy", "orphan: no owner record", engine_id=info.engine_id))
-        elif record.engine_id and info.engine_id and record.engine_id != info.engine_id and not live and age > grace:
-            actions.append(Action(info.id, "destroy", "orphan: its record points at a newer sandbox of the same id", engine_id=info.engine_id))
-        elif record.spec and info.spec and info.spec != record.spec and not live and age > grace:
-            actions.append(Action(info.id, "destroy", "orphan: made with an older configuration (image, flavor or mounts)", engine_id=info.engine_id))
-        elif config.max_age and age > _minutes(config.max_age) and not busy:
-            actions.append(Action(info.id, "destroy", f"older than max_age={config.max_age:g} min", engine_id=info.engine_id))
-        elif info.state == "running":
-            idle = now - last
-            if not live and config.idle_stop and idle > _minutes(config.idle_stop):
-                actions.append(Action(info.id, "stop", f"idle {idle / MINUTE:.1f} min with no live kernel", engine_id=info.engine_id))
-            elif live and not busy and config.idle_stop_with_kernel and idle > _minutes(config.idle_stop_with_kernel):
-                actions.append(Action(info.id, "stop", f"idle {idle / MINUTE:.1f} min with an idle kernel", engine_id=info.engine_id))
-        elif info.state == "stopped" and config.idle_delete:
-            stopped_for = now - max(info.finished, last)
-            if stopped_for > _minutes(config.idle_delete):
-                actions.append(Action(info.id, "destroy", f"stopped for {stopped_for / MINUTE:.1f} min", engine_id=info.engine_id))
+        decision = decide(info, records.get(info.id), kernels.get(info.id, []), config)
+        if decision.action and decision.at <= now:
+            actions.append(Action(info.id, decision.action, decision.reason, engine_id=info.engine_id))
     return actions
 
 
 def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[Action]:
-    """Apply the lifecycle policies to every sandbox of ours on this backend."""
+    """Apply the lifecycle policies to every sandbox of this installation on this backend."""
     store = Store(config)
-    mine = installation_id(config)
     infos = []
     for info in backend.list():
-        if info.installation != mine:
-            continue
         if info.state == "stopped":  # listings are summaries: ask when it stopped
             try:
                 info = backend.get(info.id)
@@ -145,26 +160,41 @@ def _apply(backend: Backend, store: Store, action: Action) -> None:
         action.error = "it changed while the reaper ran; left for the next run"
 
 
-def check_quota(backend: Backend, config: SandboxConfig, new_memory: int) -> None:
-    """Refuse a new sandbox that would pass max_sandboxes or max_total_memory."""
-    limit_count = config.max_sandboxes
-    limit_memory = config.max_total_memory_bytes
-    if not limit_count and not limit_memory:
-        return
-    infos = backend.list()
-    names = ", ".join(i.id for i in infos[:5]) + (" ..." if len(infos) > 5 else "")
-    if limit_count and len(infos) >= limit_count:
-        raise QuotaExceeded(
-            f"quota max_sandboxes={limit_count} reached ({len(infos)} sandboxes: {names}); "
-            "destroy one with `sandbox-kernel destroy ID` or raise SANDBOX_KERNEL_MAX_SANDBOXES"
-        )
-    reserved = sum(int(i.limits.get("memory") or 0) for i in infos if i.state != "stopped")
-    if limit_memory and reserved + new_memory > limit_memory:
-        raise QuotaExceeded(
-            f"quota max_total_memory={config.max_total_memory} reached ({_gib(reserved)} reserved by "
-            f"running sandboxes {names}, {_gib(new_memory)} more asked); stop or destroy one "
-            "(`sandbox-kernel stop ID`) or pick a smaller flavor"
-        )
+def quota_check(
+    backend: Backend, config: SandboxConfig, sandbox_id: str, memory: int, new: bool
+) -> Callable[[list[Reservation]], None]:
+    """The check a quota reservation runs (under the state file's write lock).
+
+    It counts this installation's sandboxes as the engine lists them, plus the ones
+    other processes are making or starting right now (their reservations): a new
+    sandbox must fit ``max_sandboxes``, and a running one's memory ``max_total_memory``.
+    """
+
+    def check(others: list[Reservation]) -> None:
+        limit_count = config.max_sandboxes
+        limit_memory = config.max_total_memory_bytes
+        if not limit_count and not limit_memory:
+            return
+        infos = [i for i in backend.list() if i.id != sandbox_id]
+        listed = {i.id for i in infos}
+        names = ", ".join(i.id for i in infos[:5]) + (" ..." if len(infos) > 5 else "")
+        pending = [r for r in others if r.new and r.sandbox_id not in listed]
+        count = len(infos) + len(pending)
+        if new and limit_count and count >= limit_count:
+            raise QuotaExceeded(
+                f"quota max_sandboxes={limit_count} reached ({count} sandboxes of this installation: {names}); "
+                f"destroy one with `sandbox-kernel destroy ID` or ask for a larger {setting_names('max_sandboxes')}"
+            )
+        running = {i.id: int(i.limits.get("memory") or 0) for i in infos if i.state == "running"}
+        reserved = sum(running.values()) + sum(r.memory for r in others if r.sandbox_id not in running)
+        if limit_memory and reserved + memory > limit_memory:
+            raise QuotaExceeded(
+                f"quota max_total_memory={config.max_total_memory} reached ({_gib(reserved)} reserved by "
+                f"running sandboxes of this installation, {_gib(memory)} more asked); stop or destroy one "
+                "(`sandbox-kernel stop ID`) or pick a smaller flavor"
+            )
+
+    return check
 
 
 def _gib(n: float) -> str:
@@ -198,5 +228,13 @@ def stats(backend: Backend, config: SandboxConfig) -> dict[str, Any]:
             "sandboxes_left": max(0, config.max_sandboxes - len(infos)) if config.max_sandboxes else None,
             "max_total_memory": limit_memory,
             "memory_left": max(0, int(limit_memory - reserved_memory)) if limit_memory else None,
+            # What the quotas count, said plainly (the panel and `stats` show it).
+            "counts": (
+                f"sandboxes of this installation only (state folder {config.state_dir}), stopped ones "
+                "included; memory: the limits of the running ones"
+            ),
         },
     }
+
+
+__all__ = ["Action", "Decision", "decide", "gc", "plan", "quota_check", "stats"]

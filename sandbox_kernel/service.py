@@ -1,27 +1,68 @@
-"""What the REST API does, without Jupyter: ownership, listing, actions, files, snapshots.
+"""The orchestrator: the one place that decides about sandboxes.
 
-The server extension's handlers are thin: they parse a request, call one method here
-(off the event loop) and map the domain errors below to HTTP statuses. Keeping this
-free of Jupyter lets the same rules be tested and reused (CLI, other servers).
+Kernel, CLI, REST handlers (and MCP next) all come here, so each rule exists once:
+
+* **whose** a sandbox is, and who may see, stop, start, destroy or snapshot it;
+* **what** a sandbox is made from (a :class:`~.backends.base.Spec`), and what happens
+  when a kernel asks for something else than the sandbox it finds: a named variant
+  (a kernelspec installed with another image or snapshot) has its own sandbox, id
+  ``sk-alice--v<hash>``, sharing the workspace; a different flavor resizes the sandbox
+  in place where the engine can (never shrinking it under another live kernel); and a
+  sandbox made from other settings than the kernel's is kept, used and reported as
+  *outdated* in one line that says how to switch, never silently, never reaped for it;
+* **quotas**, checked when a sandbox is made and when one starts, atomically across
+  processes (a reservation under the state file's write lock), counting this
+  installation only;
+* **snapshots'** owners: snapshot names are per user on every backend;
+* **records** that outlive processes (owner, spec, flavor, activity) in the store.
+
+Backends are engine adapters: they receive a :class:`~.backends.base.Spec` and labels
+and carry them out; none of them imports this module, the store or the lifecycle.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from .backends import Backend, make_backend
-from .backends.base import SandboxInfo, SnapshotInfo, check_snapshot_name
-from .config import SandboxConfig
-from .errors import BadRequest, Forbidden, SandboxNotFound, shorten
+from .backends.base import (
+    LABEL_SNAPSHOT,
+    LABEL_SOURCE,
+    LABEL_USER,
+    LABEL_USER_ID,
+    LOST_NOTICE,
+    Ensured,
+    Progress,
+    SandboxInfo,
+    SnapshotInfo,
+    Spec,
+    check_snapshot_name,
+    installation_id,
+    sandbox_labels,
+    snapshot_ref,
+)
+from .config import FLAVORS, SandboxConfig
+from .errors import AlreadyExists, BadRequest, Forbidden, SandboxFailed, SandboxNotFound, shorten
 from .files import RemoteWorkspace, Workspace
 from .identity import ScopeKey
-from .lifecycle import stats
+from .lifecycle import decide, quota_check, stats
 from .store import Store
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+VARIANT = "--v"
+
+
+def workspace_dir(config: SandboxConfig, key: ScopeKey) -> Path:
+    """The host folder of ``key``'s user, mounted at /workspace (one per user, shared by threads)."""
+    return Path(config.workspace_root) / key.user_id
 
 
 def check_id(value: str, what: str = "sandbox id") -> str:
@@ -32,12 +73,13 @@ def check_id(value: str, what: str = "sandbox id") -> str:
 
 
 class SandboxService:
-    """The sandboxes of one installation, seen as one user at a time."""
+    """The sandboxes of one installation, for whoever asks (kernel, CLI, REST)."""
 
     def __init__(self, config: SandboxConfig, backend: Backend | None = None) -> None:
         self.config = config
         self._backend = backend
         self.store = Store(config)
+        self.installation = installation_id(config.state_dir)
         # CPU use is a rate: the previous sample per sandbox, kept by this (long-lived)
         # service object, turns cumulative CPU seconds into a live fraction.
         self._cpu_samples: dict[str, tuple[float, float]] = {}
@@ -48,21 +90,173 @@ class SandboxService:
             self._backend = make_backend(self.config)
         return self._backend
 
-    # -- sandboxes ----------------------------------------------------------------
-    def _describe(self, infos: list[SandboxInfo]) -> list[dict[str, Any]]:
+    # -- specs and variants ----------------------------------------------------------
+    def spec(self, user: str, config: SandboxConfig | None = None) -> Spec:
+        """What ``user``'s sandboxes are made from under ``config`` (the service's by default)."""
+        cfg = config or self.config
+        image = cfg.image
+        if self.backend.name == "daytona" and image == SandboxConfig.image.default_value:
+            image = ""  # the Docker-oriented default means "not chosen": Daytona's default snapshot
+        return Spec(
+            image=image,
+            snapshot=cfg.snapshot,
+            # A snapshot is always the user's own: its engine name carries the owner.
+            snapshot_ref=snapshot_ref(user, cfg.snapshot) if cfg.snapshot else "",
+            flavor=cfg.flavor,
+            cpus=float(FLAVORS[cfg.flavor]["cpus"]),
+            memory=int(FLAVORS[cfg.flavor]["memory"]),
+            pids=cfg.pids_limit,
+            network=cfg.network,
+            shared_folder=cfg.shared_folder,
+            runtime=cfg.runtime,
+        )
+
+    def config_with(self, **values: Any) -> SandboxConfig:
+        """A copy of the service's settings with some personal choices changed."""
+        settings = {name: getattr(self.config, name) for name in self.config.trait_names(config=True)}
+        settings.update(values)
+        cfg = SandboxConfig(**settings)
+        cfg.file_values = self.config.file_values
+        return cfg
+
+    def sandbox_id(self, key: ScopeKey, config: SandboxConfig | None = None) -> str:
+        """The id of ``key``'s sandbox: a named variant (a kernelspec made with another
+        image or snapshot) has its own, beside the user's plain one."""
+        variant = (config or self.config).variant
+        if not variant:
+            return key.name
+        return f"{key.name}{VARIANT}{hashlib.sha256(variant.encode()).hexdigest()[:8]}"
+
+    # -- finding or making a sandbox ---------------------------------------------------
+    def ensure(
+        self, key: ScopeKey, progress: Progress | None = None, config: SandboxConfig | None = None
+    ) -> Ensured:
+        """Find ``key``'s sandbox for ``config`` (the service's by default), making,
+        starting or resizing it as needed; say in one line what the user should know.
+
+        Safe to call from many processes at once: they all end up with one sandbox.
+        """
+        say = progress or (lambda _msg: None)
+        spec = self.spec(key.user, config)
+        sid = self.sandbox_id(key, config)
+        record = self.store.get(self.backend.name, sid)
+        info = self.backend.find(sid)
+        if info is not None and info.state == "error":
+            reason = info.exit_reason or "in error"
+            say(f"sandbox {sid} failed ({reason}): making a new one")
+            self.backend.destroy(sid)
+            created = self._create(sid, key, spec, say)
+            ensured = Ensured(created, "recreated", f"sandbox restarted: {LOST_NOTICE} ({sid} had failed: {reason})")
+        elif info is None:
+            ensured = self._made(sid, key, spec, say, record)
+        else:
+            ensured = self._revive(info, spec, say)
+        ensured = self._fit(ensured, spec)
+        self.store.put(self.backend.name, sid, key.user, ensured.info.engine_id, ensured.info.spec, ensured.info.flavor)
+        return ensured
+
+    def _made(self, sid: str, key: ScopeKey, spec: Spec, say: Progress, record: Any) -> Ensured:
+        """A new sandbox, or the one another process made meanwhile."""
+        try:
+            info = self._create(sid, key, spec, say)
+        except AlreadyExists:
+            return self._revive(self._wait_found(sid), spec, say)
+        if record is not None and record.engine_id and record.engine_id != info.engine_id:
+            return Ensured(info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({sid} had been removed)")
+        return Ensured(info, "created")
+
+    def _create(self, sid: str, key: ScopeKey, spec: Spec, say: Progress) -> SandboxInfo:
+        with self._reservation(sid, spec.memory, new=True):
+            say(f"creating sandbox {sid} from {spec.source} ({spec.flavor})")
+            labels = sandbox_labels(key, spec, self.installation, "")
+            return self.backend.create(sid, key, spec, labels, say)
+
+    def _wait_found(self, sid: str) -> SandboxInfo:
+        """After losing a create race, wait for the winner's sandbox to show up."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            info = self.backend.find(sid)
+            if info is not None:
+                return info
+            time.sleep(0.1)
+        raise SandboxFailed(f"{sid} was being made by another process and did not appear")
+
+    def _revive(self, info: SandboxInfo, spec: Spec, say: Progress) -> Ensured:
+        """Bring an existing sandbox to running; say what the user lost, if anything."""
+        if info.state == "running":
+            return Ensured(info, "existing")
+        previous = info.exit_reason
+        with self._reservation(info.id, spec.memory, new=False):
+            info = self.backend.start(info.id, say)
+        notice = ""
+        if previous.startswith("out of memory"):
+            notice = f"sandbox restarted: {LOST_NOTICE} ({info.id} had stopped: {previous})"
+        return Ensured(info, "started", notice)
+
+    def _fit(self, ensured: Ensured, spec: Spec) -> Ensured:
+        """Give an existing sandbox the flavor asked for, or say why it keeps its own;
+        say when it was made from settings that have since changed."""
+        info, notes = ensured.info, [ensured.notice] if ensured.notice else []
+        if info.spec and info.spec != spec.fingerprint():
+            notes.append(self._outdated_note(info, spec))
+        if info.flavor and info.flavor != spec.flavor:
+            notes.append(self._resize(info, spec))
+            info = self.backend.get(info.id)
+        return replace(ensured, info=info, notice="; ".join(n for n in notes if n))
+
+    def _resize(self, info: SandboxInfo, spec: Spec) -> str:
+        asked, had = spec.flavor, info.flavor
+        shrink = FLAVORS[asked]["memory"] < FLAVORS.get(had, FLAVORS["small"])["memory"]
+        others = self.store.live_kernels(self.backend.name).get(info.id, [])
+        if not self.backend.resizes:
+            return f"flavor {asked} asked, but {info.id} keeps flavor {had} (the {self.backend.name} backend cannot resize)"
+        if shrink and others:
+            return f"flavor {asked} asked, but {info.id} keeps flavor {had} while other kernels use it"
+        extra = max(0, spec.memory - int(info.limits.get("memory") or 0)) if info.state == "running" else 0
+        with self._reservation(info.id, int(info.limits.get("memory") or 0) + extra, new=False):
+            self.backend.resize(info.id, spec)
+        return f"sandbox {info.id} now has flavor {asked} ({spec.cpus:g} CPUs, {spec.memory / 2**30:g} GiB; it had {had})"
+
+    def _outdated_note(self, info: SandboxInfo, spec: Spec) -> str:
+        return (
+            f"sandbox {info.id} was made from {info.image or 'other settings'}; your settings now make "
+            f"{spec.source}: files and packages stay until you destroy it (`sandbox-kernel destroy {info.id}`, "
+            "the workspace is kept)"
+        )
+
+    @contextmanager
+    def _reservation(self, sid: str, memory: int, new: bool) -> Iterator[None]:
+        """Hold a quota reservation while a sandbox is made, started or resized."""
+        check = quota_check(self.backend, self.config, sid, memory, new)
+        self.store.reserve(self.backend.name, sid, memory, new, check, ttl=self.config.start_timeout + 60)
+        try:
+            yield
+        finally:
+            self.store.release(self.backend.name, sid)
+
+    # -- listings ----------------------------------------------------------------------
+    def describe(self, infos: list[SandboxInfo]) -> list[dict[str, Any]]:
+        """Listing entries: the engine's view plus ours (kernels, activity, what comes next)."""
         kernels = self.store.live_kernels(self.backend.name)
         records = {r.id: r for r in self.store.all(self.backend.name)}
         usage = self.backend.usage([i for i in infos if i.state == "running"])
         out = []
         for info in infos:
-            item = info.to_dict()
             live = kernels.get(info.id, [])
-            item["kernels"] = len(live)
-            # Which kernels use it: a front end matches its notebook's kernel against these.
-            item["kernel_ids"] = sorted(kernel_id for kernel_id, _ in live)
             record = records.get(info.id)
-            item["last_activity"] = record.last_activity if record else info.created
+            info.kernels = len(live)
+            # Which kernels use it, and which are running a cell right now: a front end
+            # matches its notebook's kernel against these; an agent sees a busy notebook.
+            info.kernel_ids = sorted(kernel_id for kernel_id, _ in live)
+            info.busy_kernel_ids = sorted(kernel_id for kernel_id, busy in live if busy)
+            info.last_activity = record.last_activity if record else info.created
+            if record is not None and record.flavor and record.flavor in FLAVORS:
+                info.flavor = record.flavor  # resized since its labels were written
+            if info.spec and info.spec != self.spec(info.user).fingerprint() and VARIANT not in info.id:
+                info.outdated = "made from other settings than the current ones (image, snapshot, network or mounts)"
+            item = info.to_dict()
             item["usage"] = self._with_cpu_rate(info.id, usage.get(info.id, {}))
+            item["next"] = decide(info, record, live, self.config).to_dict()
             out.append(item)
         return out
 
@@ -78,8 +272,39 @@ class SandboxService:
             usage["cpu"] = round((seconds - previous[1]) / (now - previous[0]), 3)
         return usage
 
-    def list(self, user: str) -> list[dict[str, Any]]:
-        return self._describe(self.backend.list(user))
+    def list(self, user: str | None) -> list[dict[str, Any]]:
+        """``user``'s sandboxes (None: everyone's, for administrators)."""
+        return self.describe(self.backend.list(user))
+
+    # -- one sandbox, for its owner ------------------------------------------------------
+    def owned(self, user: str | None, sandbox_id: str) -> SandboxInfo:
+        """The sandbox if ``user`` owns it (None: any owner): 404 unknown, 403 someone else's."""
+        info = self.backend.get(check_id(sandbox_id))
+        if user is not None and info.user != user:
+            raise Forbidden(f"sandbox {sandbox_id} belongs to another user")
+        return info
+
+    def get(self, user: str | None, sandbox_id: str) -> dict[str, Any]:
+        return self.describe([self.owned(user, sandbox_id)])[0]
+
+    def destroy(self, user: str | None, sandbox_id: str) -> bool:
+        self.owned(user, sandbox_id)
+        gone = self.backend.destroy(sandbox_id)
+        self.store.delete(self.backend.name, sandbox_id)
+        return gone
+
+    def stop(self, user: str | None, sandbox_id: str) -> dict[str, Any]:
+        self.owned(user, sandbox_id)
+        self.backend.stop(sandbox_id)
+        return self.get(user, sandbox_id)
+
+    def start(self, user: str | None, sandbox_id: str, progress: Progress | None = None) -> dict[str, Any]:
+        info = self.owned(user, sandbox_id)
+        if info.state != "running":
+            with self._reservation(sandbox_id, int(info.limits.get("memory") or 0), new=False):
+                self.backend.start(sandbox_id, progress)
+        self.store.touch(self.backend.name, sandbox_id)
+        return self.get(user, sandbox_id)
 
     def create_from_snapshot(self, user: str, snapshot: Any) -> dict[str, Any]:
         """A new thread-scoped sandbox of ``user`` started from one of their snapshots.
@@ -90,48 +315,19 @@ class SandboxService:
         """
         if not isinstance(snapshot, str):
             raise BadRequest('name the snapshot to start from: {"snapshot": "my-snapshot"}')
-        check_snapshot_name(snapshot)
-        self._owned_snapshot(user, snapshot)
-        settings = {name: getattr(self.config, name) for name in self.config.trait_names(config=True)}
-        settings["snapshot"] = snapshot
-        backend = type(self.backend)(SandboxConfig(**settings))
+        self.owned_snapshot(user, snapshot)
         key = ScopeKey(user=user, scope="thread", thread=f"snapshot:{snapshot}:{uuid.uuid4().hex[:8]}")
-        info = backend.ensure(key).info
-        return self._describe([info])[0]
+        info = self.ensure(key, config=self.config_with(snapshot=snapshot)).info
+        return self.describe([info])[0]
 
-    def owned(self, user: str, sandbox_id: str) -> SandboxInfo:
-        """The sandbox if ``user`` owns it: 404 when unknown, 403 when someone else's."""
-        info = self.backend.get(check_id(sandbox_id))
-        if info.user != user:
-            raise Forbidden(f"sandbox {sandbox_id} belongs to another user")
-        return info
-
-    def get(self, user: str, sandbox_id: str) -> dict[str, Any]:
-        return self._describe([self.owned(user, sandbox_id)])[0]
-
-    def destroy(self, user: str, sandbox_id: str) -> None:
-        self.owned(user, sandbox_id)
-        self.backend.destroy(sandbox_id)
-        self.store.delete(self.backend.name, sandbox_id)
-
-    def stop(self, user: str, sandbox_id: str) -> dict[str, Any]:
-        self.owned(user, sandbox_id)
-        self.backend.stop(sandbox_id)
-        return self.get(user, sandbox_id)
-
-    def start(self, user: str, sandbox_id: str) -> dict[str, Any]:
-        self.owned(user, sandbox_id)
-        self.backend.start(sandbox_id)
-        self.store.touch(self.backend.name, sandbox_id)
-        return self.get(user, sandbox_id)
-
-    def stats(self, user: str) -> dict[str, Any]:
+    def stats(self, user: str | None) -> dict[str, Any]:
         totals = stats(self.backend, self.config)
-        totals["yours"] = len(self.backend.list(user))
+        if user is not None:
+            totals["yours"] = len(self.backend.list(user))
         return totals
 
     # -- files ----------------------------------------------------------------------
-    def workspace(self, user: str, sandbox_id: str) -> Workspace | RemoteWorkspace:
+    def workspace(self, user: str | None, sandbox_id: str) -> Workspace | RemoteWorkspace:
         info = self.owned(user, sandbox_id)
         self.store.touch(self.backend.name, sandbox_id)  # file use is activity
         if self.backend.workspace_on_host:
@@ -141,29 +337,43 @@ class SandboxService:
                 owner = (int(uid), int(gid or uid))
             return Workspace(info.workspace, owner)
         if info.state != "running":
-            raise BadRequest(f"sandbox {sandbox_id} is {info.state}: start it to reach its files")
+            # The volume is reached through the sandbox: start it (the quota applies).
+            self.start(user, sandbox_id)
         return RemoteWorkspace(self.backend, sandbox_id)
 
     # -- snapshots ------------------------------------------------------------------
-    def snapshots(self, user: str) -> list[dict[str, Any]]:
-        return [s.to_dict() for s in self.backend.list_snapshots(user)]
+    def snapshots(self, user: str | None) -> list[dict[str, Any]]:
+        """``user``'s snapshots (None: everyone's, for administrators)."""
+        found = self.backend.list_snapshots()
+        if user is not None:
+            found = [s for s in found if s.ref.startswith(ScopeKey(user).user_id + "--")]
+        return [s.to_dict() for s in found]
 
-    def create_snapshot(self, user: str, sandbox_id: str, name: Any) -> dict[str, Any]:
+    def create_snapshot(self, user: str | None, sandbox_id: str, name: Any) -> dict[str, Any]:
         if not isinstance(name, str):
             raise BadRequest('give the snapshot a name: {"name": "my-snapshot"}')
-        self.owned(user, sandbox_id)
-        return self.backend.create_snapshot(sandbox_id, name).to_dict()
+        check_snapshot_name(name)
+        info = self.owned(user, sandbox_id)
+        owner = info.user  # an administrator's snapshot of a sandbox is its owner's
+        labels = {
+            LABEL_SNAPSHOT: name,
+            LABEL_USER: owner,
+            LABEL_USER_ID: ScopeKey(owner).user_id,
+            LABEL_SOURCE: sandbox_id,
+        }
+        return self.backend.create_snapshot(sandbox_id, snapshot_ref(owner, name), labels).to_dict()
 
-    def delete_snapshot(self, user: str, name: str) -> None:
+    def delete_snapshot(self, user: str, name: str) -> bool:
         check_id(name, "snapshot name")
-        self._owned_snapshot(user, name)
-        self.backend.delete_snapshot(name)
+        snap = self.owned_snapshot(user, name)
+        return self.backend.delete_snapshot(snap.ref)
 
-    def _owned_snapshot(self, user: str, name: str) -> SnapshotInfo:
-        """The snapshot if ``user`` owns it: 404 when unknown, 403 when someone else's."""
-        found = [s for s in self.backend.list_snapshots(None) if s.name == name]
-        if not found:
-            raise SandboxNotFound(f"no snapshot named {name!r}")
-        if found[0].user != user:
-            raise Forbidden(f"snapshot {name} belongs to another user")
-        return found[0]
+    def owned_snapshot(self, user: str, name: str) -> SnapshotInfo:
+        """``user``'s snapshot called ``name`` (another user may have one of that name)."""
+        check_snapshot_name(name)
+        ref = snapshot_ref(user, name)
+        for snap in self.backend.list_snapshots():
+            if snap.ref == ref:
+                return snap
+        raise SandboxNotFound(f"you have no snapshot named {name!r}; `sandbox-kernel snapshot list` shows yours")
+

@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+from .backends.base import Spare
 from .config import SandboxConfig, setting_names
 from .errors import SandboxError
 
@@ -37,6 +39,14 @@ CREATE TABLE IF NOT EXISTS kernels (
     last_seen REAL NOT NULL,
     busy INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS reservations (
+    backend TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    memory INTEGER NOT NULL,
+    new INTEGER NOT NULL,
+    expires REAL NOT NULL,
+    PRIMARY KEY (backend, sandbox_id)
+);
 CREATE TABLE IF NOT EXISTS spares (
     backend TEXT NOT NULL,
     sandbox_id TEXT NOT NULL,
@@ -53,15 +63,12 @@ STALE_AFTER = 3 * HEARTBEAT
 
 
 @dataclass
-class Spare:
-    """A warm interpreter the host started in a sandbox, known by what the kernel of the
-    sandbox's host says about it (its pid there and its start time), never by what any
-    process in the sandbox claims."""
+class Reservation:
+    """A sandbox another process is making or starting: it counts against the quotas."""
 
-    engine_id: str
-    pid: int  # in the sandbox's pid namespace
-    start_time: str
-    host_pid: int = 0  # the same process as the engine's host numbers it
+    sandbox_id: str
+    memory: int
+    new: bool
 
 
 @dataclass
@@ -72,7 +79,8 @@ class Record:
     engine_id: str
     created: float
     last_activity: float
-    spec: str = ""  # spec_hash of the settings its owner last used it with
+    spec: str = ""  # fingerprint of what it was made from
+    flavor: str = ""  # its flavor now (a resize changes it; engine labels cannot follow)
 
 
 class Store:
@@ -93,6 +101,8 @@ class Store:
                 columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
                 if "spec" not in columns:  # a state file from before owner specs were kept
                     conn.execute("ALTER TABLE sandboxes ADD COLUMN spec TEXT NOT NULL DEFAULT ''")
+                if "flavor" not in columns:  # ... and before flavors could change in place
+                    conn.execute("ALTER TABLE sandboxes ADD COLUMN flavor TEXT NOT NULL DEFAULT ''")
                 self._checked = True
         except sqlite3.Error as exc:
             raise SandboxError(
@@ -123,7 +133,7 @@ class Store:
     def get(self, backend: str, sandbox_id: str) -> Record | None:
         with closing(self._connect()) as conn:
             row = conn.execute(
-                "SELECT id, backend, user, engine_id, created, last_activity, spec"
+                "SELECT id, backend, user, engine_id, created, last_activity, spec, flavor"
                 " FROM sandboxes WHERE backend = ? AND id = ?",
                 (backend, sandbox_id),
             ).fetchone()
@@ -132,22 +142,23 @@ class Store:
     def all(self, backend: str) -> list[Record]:
         with closing(self._connect()) as conn:
             rows = conn.execute(
-                "SELECT id, backend, user, engine_id, created, last_activity, spec"
+                "SELECT id, backend, user, engine_id, created, last_activity, spec, flavor"
                 " FROM sandboxes WHERE backend = ?",
                 (backend,),
             ).fetchall()
         return [Record(*row) for row in rows]
 
-    def put(self, backend: str, sandbox_id: str, user: str, engine_id: str, spec: str = "") -> None:
+    def put(self, backend: str, sandbox_id: str, user: str, engine_id: str, spec: str = "", flavor: str = "") -> None:
         """Record (or re-point) a sandbox; keeps its activity time when it already exists."""
         now = time.time()
         with closing(self._connect()) as conn:
             conn.execute(
-                "INSERT INTO sandboxes (id, backend, user, engine_id, created, last_activity, spec)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)"
+                "INSERT INTO sandboxes (id, backend, user, engine_id, created, last_activity, spec, flavor)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (backend, id) DO UPDATE SET engine_id = excluded.engine_id,"
-                " user = excluded.user, spec = excluded.spec",
-                (sandbox_id, backend, user, engine_id, now, now, spec),
+                " user = excluded.user, spec = excluded.spec, flavor = excluded.flavor,"
+                " last_activity = MAX(last_activity, excluded.last_activity)",
+                (sandbox_id, backend, user, engine_id, now, now, spec, flavor),
             )
 
     def touch(self, backend: str, sandbox_id: str, when: float | None = None) -> None:
@@ -194,6 +205,46 @@ class Store:
         for sandbox_id, kernel_id, busy in rows:
             live.setdefault(sandbox_id, []).append((kernel_id, bool(busy)))
         return live
+
+    # -- quota reservations --------------------------------------------------------------
+    def reserve(
+        self,
+        backend: str,
+        sandbox_id: str,
+        memory: int,
+        new: bool,
+        check: Callable[[list[Reservation]], None],
+        ttl: float = 600.0,
+    ) -> None:
+        """Hold a place for a sandbox being made or started, if ``check`` allows it.
+
+        ``check`` sees the other live reservations and raises to refuse; it runs while
+        this process holds the state file's write lock, so of many processes at a
+        quota's edge exactly the allowed number get through. A reservation ends with
+        :meth:`release`, or by itself after ``ttl`` seconds (a crashed process).
+        """
+        with closing(self._connect()) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("DELETE FROM reservations WHERE expires < ?", (time.time(),))
+                rows = conn.execute(
+                    "SELECT sandbox_id, memory, new FROM reservations WHERE backend = ? AND sandbox_id != ?",
+                    (backend, sandbox_id),
+                ).fetchall()
+                check([Reservation(r[0], r[1], bool(r[2])) for r in rows])
+                conn.execute(
+                    "INSERT OR REPLACE INTO reservations (backend, sandbox_id, memory, new, expires)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (backend, sandbox_id, memory, int(new), time.time() + ttl),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def release(self, backend: str, sandbox_id: str) -> None:
+        with closing(self._connect()) as conn:
+            conn.execute("DELETE FROM reservations WHERE backend = ? AND sandbox_id = ?", (backend, sandbox_id))
 
     # -- warm spares ------------------------------------------------------------------
     def put_spare(self, backend: str, sandbox_id: str, spare: Spare) -> None:

@@ -156,9 +156,9 @@ def rest_env(tmp_path: Path, test_user: str, monkeypatch: pytest.MonkeyPatch) ->
 def sandbox(rest_env: dict[str, str], make_config: Callable[..., SandboxConfig], test_user: str) -> dict[str, str]:
     """A sandbox of the server's user, made the way a kernel makes it (``engine_id`` is
     its container, for tests that reach into it with the docker SDK)."""
-    from sandbox_kernel.backends.docker import DockerBackend
     from sandbox_kernel.identity import ScopeKey
+    from sandbox_kernel.service import SandboxService
 
     cfg = make_config(workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"], state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"])
-    info = DockerBackend(cfg).ensure(ScopeKey(test_user)).info
+    info = SandboxService(cfg).ensure(ScopeKey(test_user)).info
     return {"id": info.id, "workspace": info.workspace, "engine_id": info.engine_id}

@@ -572,8 +572,14 @@ class FakeDaytona:
         return snap
 
     async def list_snapshots(self, request: web.Request) -> web.Response:
+        # Pages of two by default (as the real service pages, with a larger size), so a
+        # caller that reads only the first page misses snapshots.
         items = [self._snapshot_dto(s) for s in self.snapshots.values()]
-        return web.json_response({"items": items, "total": len(items), "page": 1, "totalPages": 1})
+        limit = max(1, int(request.query.get("limit") or 2))
+        page = max(1, int(request.query.get("page") or 1))
+        pages = max(1, -(-len(items) // limit))
+        chunk = items[(page - 1) * limit : page * limit]
+        return web.json_response({"items": chunk, "total": len(items), "page": page, "totalPages": pages})
 
     async def get_snapshot(self, request: web.Request) -> web.Response:
         return web.json_response(self._snapshot_dto(self._find_snapshot(request.match_info["id"])))

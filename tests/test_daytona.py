@@ -20,14 +20,15 @@ from typing import Any
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from sandbox_kernel.backends import make_backend
 from sandbox_kernel.backends.base import (
     EngineUnavailable,
     SandboxError,
     SandboxNotFound,
+    engine_name,
 )
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.service import SandboxService
 
 from .conftest import TEST_IMAGE
 from .fake_daytona import API_KEY, FakeDaytona
@@ -76,12 +77,18 @@ def _daytona_env(fake: FakeDaytona, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def backend_for(make_config: Callable[..., SandboxConfig]) -> Callable[..., Any]:
-    def make(**overrides: Any) -> Any:
-        cfg = make_config(backend="daytona", image=SNAPSHOT, **overrides)
-        return make_backend(cfg)
+def service_for(make_config: Callable[..., SandboxConfig]) -> Callable[..., SandboxService]:
+    """The orchestrator over the Daytona backend (the real SDK, the fake server)."""
+
+    def make(**overrides: Any) -> SandboxService:
+        return SandboxService(make_config(backend="daytona", image=SNAPSHOT, **overrides))
 
     return make
+
+
+def box_named(fake: FakeDaytona, sandbox_id: str) -> Any:
+    """The fake's sandbox for one of our ids (Daytona's name adds the installation's tag)."""
+    return next(b for b in fake.sandboxes.values() if b.name.split("--i")[0] == sandbox_id and b.state != "destroyed")
 
 
 def user_key(user: str, thread: str = "") -> ScopeKey:
@@ -115,7 +122,7 @@ class TestDaytonaConformance(ConformanceSuite):
         assert reply["status"] == "ok"
         assert text_of(outputs).split() == ["daytona", "1000", "/workspace"]
         (box,) = self.fake.sandboxes.values()
-        assert box.name == f"sk-{self.kenv.user}"
+        assert box.name.split("--i")[0] == f"sk-{self.kenv.user}"
 
 
 @pytest.fixture
@@ -136,7 +143,7 @@ def test_kernel_restart_keeps_files_and_packages_not_variables(fake: FakeDaytona
             "open(os.path.expanduser('~/.local/lib/pkg.txt'), 'w').write('installed')",
         )
         assert reply["status"] == "ok", reply
-        engine_id = next(b.id for b in fake.sandboxes.values() if b.name == f"sk-{dkenv.user}")
+        engine_id = box_named(fake, f"sk-{dkenv.user}").id
         km.restart_kernel(now=True)
         kc.wait_for_ready(timeout=120)
         reply, outputs = run(
@@ -147,7 +154,7 @@ def test_kernel_restart_keeps_files_and_packages_not_variables(fake: FakeDaytona
         )
         assert reply["status"] == "ok", reply
         assert text_of(outputs).split() == ["workspace", "installed", "False"]
-        assert next(b.id for b in fake.sandboxes.values() if b.name == f"sk-{dkenv.user}") == engine_id
+        assert box_named(fake, f"sk-{dkenv.user}").id == engine_id
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -178,7 +185,7 @@ def test_sandbox_stopped_mid_cell_gives_one_line_and_next_cell_runs(fake: FakeDa
     km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
     try:
         assert run(kc, "z = 1")[0]["status"] == "ok"
-        box = next(b for b in fake.sandboxes.values() if b.name == f"sk-{dkenv.user}")
+        box = box_named(fake, f"sk-{dkenv.user}")
         threading.Timer(2.0, fake.auto_stop, args=(box.id,)).start()
         reply, outputs = run(kc, "import time; time.sleep(30)")
         assert reply["status"] == "error"
@@ -199,7 +206,7 @@ def test_bad_gateway_mid_session_is_retried_by_the_next_cell(fake: FakeDaytona, 
     km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
     try:
         assert run(kc, "1")[0]["status"] == "ok"
-        box = next(b for b in fake.sandboxes.values() if b.name == f"sk-{dkenv.user}")
+        box = box_named(fake, f"sk-{dkenv.user}")
         fake.fail(r"GET /api/sandbox/", 502, times=20)
         fake.auto_stop(box.id)
         reply, outputs = run(kc, "print('after')")
@@ -224,7 +231,7 @@ def test_long_silent_cell_is_not_auto_stopped(fake: FakeDaytona, fake_minute: No
         reply, outputs = run(kc, "import time; time.sleep(10); print('survived')", timeout=60)
         assert reply["status"] == "ok", (reply, text_of(outputs, "stderr"))
         assert text_of(outputs) == "survived\n"
-        box = next(b for b in fake.sandboxes.values() if b.name == f"sk-{env.user}")
+        box = box_named(fake, f"sk-{env.user}")
         assert box.auto_stop == 1  # 0.05 min rounds up to Daytona's smallest interval
         deadline = time.monotonic() + 20
         while box.state != "stopped" and time.monotonic() < deadline:
@@ -243,54 +250,58 @@ def fake_minute(fake: FakeDaytona) -> Iterator[None]:
 
 
 # -- the backend through the SDK -------------------------------------------------------------------
-def test_sandbox_made_with_volume_labels_and_lifecycle(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+def test_sandbox_made_with_volume_labels_and_lifecycle(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
-    backend = backend_for(idle_stop=20, idle_delete=90, network=False)
-    ensured = backend.ensure(user_key(user))
+    service = service_for(idle_stop=20, idle_delete=90, network=False)
+    backend = service.backend
+    ensured = service.ensure(user_key(user))
     assert ensured.event == "created" and ensured.info.state == "running"
-    box = next(b for b in fake.sandboxes.values() if b.name == f"sk-{user}")
+    box = box_named(fake, f"sk-{user}")
     assert (box.auto_stop, box.auto_delete, box.network_block_all) == (20, 90, True)
     assert box.labels["sandbox-kernel.user"] == user and box.labels["sandbox-kernel.managed"] == "1"
     (mount,) = box.volumes
     assert mount["mountPath"] == "/workspace"
     assert fake.volumes[mount["volumeId"]]["name"] == f"sk-ws-{user}"
-    assert backend.ensure(user_key(user)).event == "existing"
+    assert service.ensure(user_key(user)).event == "existing"
     assert [i.id for i in backend.list(user)] == [f"sk-{user}"]
     backend.stop(f"sk-{user}")
     assert backend.get(f"sk-{user}").state == "stopped"
-    assert backend.ensure(user_key(user)).event == "started"
+    assert service.ensure(user_key(user)).event == "started"
 
 
-def test_thread_sandboxes_share_the_users_volume(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+def test_thread_sandboxes_share_the_users_volume(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
-    backend = backend_for(scope="thread")
-    one = backend.ensure(user_key(user, "nb-one.ipynb")).info
-    two = backend.ensure(user_key(user, "nb-two.ipynb")).info
+    service = service_for(scope="thread")
+    backend = service.backend
+    one = service.ensure(user_key(user, "nb-one.ipynb")).info
+    two = service.ensure(user_key(user, "nb-two.ipynb")).info
     assert one.id != two.id and one.engine_id != two.engine_id
     sh(backend, one.id, "echo from-one > /workspace/shared.txt")
     assert sh(backend, two.id, "cat /workspace/shared.txt") == "from-one\n"
-    assert len({m["volumeId"] for b in fake.sandboxes.values() if b.name in (one.id, two.id) for m in b.volumes}) == 1
+    assert len({m["volumeId"] for b in fake.sandboxes.values() if b.name.split("--i")[0] in (one.id, two.id) for m in b.volumes}) == 1
     assert sorted(i.id for i in backend.list(user)) == sorted([one.id, two.id])  # two pages in the fake
 
 
-def test_destroy_keeps_the_workspace_and_the_next_start_says_so(backend_for: Callable[..., Any]) -> None:
+def test_destroy_keeps_the_workspace_and_the_next_start_says_so(service_for: Callable[..., SandboxService]) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
-    backend = backend_for()
-    info = backend.ensure(user_key(user)).info
+    service = service_for()
+    backend = service.backend
+    info = service.ensure(user_key(user)).info
     sh(backend, info.id, "echo precious > /workspace/data.txt; echo gone > ~/outside.txt")
     assert backend.destroy(info.id) is True
     assert backend.destroy(info.id) is False
     with pytest.raises(SandboxNotFound):
         backend.get(info.id)
-    again = backend.ensure(user_key(user))
+    again = service.ensure(user_key(user))
     assert again.event == "recreated" and "variables were lost" in again.notice
     assert sh(backend, again.info.id, "cat /workspace/data.txt; ls ~/outside.txt 2>/dev/null || echo none") == "precious\nnone\n"
 
 
-def test_files_through_the_sdk(backend_for: Callable[..., Any]) -> None:
+def test_files_through_the_sdk(service_for: Callable[..., SandboxService]) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
-    backend = backend_for()
-    info = backend.ensure(user_key(user)).info
+    service = service_for()
+    backend = service.backend
+    info = service.ensure(user_key(user)).info
     blob = os.urandom(3 << 20)
     backend.put_file(info.id, "deep/folder/blob.bin", blob)
     assert b"".join(backend.get_file(info.id, "deep/folder/blob.bin")) == blob
@@ -299,53 +310,57 @@ def test_files_through_the_sdk(backend_for: Callable[..., Any]) -> None:
         b"".join(backend.get_file(info.id, "missing.bin"))
 
 
-def test_snapshots_create_list_start_from_delete(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+def test_snapshots_create_list_start_from_delete(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
-    backend = backend_for()
-    info = backend.ensure(user_key(user)).info
+    service = service_for()
+    backend = service.backend
+    info = service.ensure(user_key(user)).info
     sh(backend, info.id, "echo baked > ~/baked.txt")
-    snap = backend.create_snapshot(info.id, "baked")
-    assert (snap.name, snap.user, snap.source) == ("baked", user, info.id)
-    assert [s.name for s in backend.list_snapshots(user)] == ["baked"]
-    assert backend.list_snapshots("someone-else") == []
+    snap = service.create_snapshot(user, info.id, "baked")
+    assert (snap["name"], snap["user"], snap["source"]) == ("baked", user, info.id)
+    assert [s["name"] for s in service.snapshots(user)] == ["baked"]
+    assert service.snapshots("someone-else") == []
     assert f"sk-{user}--baked" in fake.snapshots  # organization-wide name carries the owner
-    with pytest.raises(SandboxError, match="exists already"):
-        backend.create_snapshot(info.id, "baked")
-    thread_backend = backend_for(scope="thread", snapshot="baked", user=user)
-    other = thread_backend.ensure(user_key(user, "from-snapshot.ipynb")).info
+    with pytest.raises(SandboxError, match="you have a snapshot named 'baked'"):
+        service.create_snapshot(user, info.id, "baked")
+    thread_service = service_for(scope="thread", snapshot="baked", user=user)
+    thread_backend = thread_service.backend
+    other = thread_service.ensure(user_key(user, "from-snapshot.ipynb")).info
     assert sh(thread_backend, other.id, "cat ~/baked.txt") == "baked\n"
-    assert backend.delete_snapshot("baked") is True
-    assert backend.list_snapshots(user) == []
+    assert service.delete_snapshot(user, "baked") is True
+    assert service.snapshots(user) == []
 
 
-def test_archived_sandbox_is_restored_on_attach_with_progress(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+def test_archived_sandbox_is_restored_on_attach_with_progress(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
-    backend = backend_for()
-    info = backend.ensure(user_key(user)).info
+    service = service_for()
+    backend = service.backend
+    info = service.ensure(user_key(user)).info
     sh(backend, info.id, "echo kept > ~/fs.txt")
     fake.archive(info.engine_id)
     assert backend.get(info.id).state == "stopped"
     said: list[str] = []
-    ensured = backend.ensure(user_key(user), progress=said.append)
+    ensured = service.ensure(user_key(user), progress=said.append)
     assert ensured.event == "started" and ensured.info.engine_id == info.engine_id
     assert any("archived" in line and "can take a minute" in line for line in said)
     assert sh(backend, info.id, "cat ~/fs.txt") == "kept\n"
 
 
-def test_slow_creation_shows_progress_and_waits(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+def test_slow_creation_shows_progress_and_waits(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
     fake.creating_delay = 2.0
     said: list[str] = []
-    ensured = backend_for().ensure(user_key(f"u{uuid.uuid4().hex[:6]}"), progress=said.append)
+    ensured = service_for().ensure(user_key(f"u{uuid.uuid4().hex[:6]}"), progress=said.append)
     assert ensured.info.state == "running"
     assert any("creating Daytona sandbox" in line for line in said)
 
 
-def test_rate_limit_is_retried_then_reported(fake: FakeDaytona, backend_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rate_limit_is_retried_then_reported(fake: FakeDaytona, service_for: Callable[..., SandboxService], monkeypatch: pytest.MonkeyPatch) -> None:
     from sandbox_kernel.backends import daytona as daytona_backend
 
     monkeypatch.setattr(daytona_backend, "RETRY_DELAYS", (0.05, 0.1, 0.2))
-    backend = backend_for()
-    info = backend.ensure(user_key(f"u{uuid.uuid4().hex[:6]}")).info
+    service = service_for()
+    backend = service.backend
+    info = service.ensure(user_key(f"u{uuid.uuid4().hex[:6]}")).info
     fake.fail(r"GET /api/sandbox/", 429, times=2)
     assert backend.get(info.id).state == "running"
     fake.fail(r"GET /api/sandbox/", 429, times=10)
@@ -354,31 +369,34 @@ def test_rate_limit_is_retried_then_reported(fake: FakeDaytona, backend_for: Cal
     fake.clear_faults()
 
 
-def test_bad_key_forbidden_and_unknown_ids(fake: FakeDaytona, backend_for: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    backend = backend_for()
+def test_bad_key_forbidden_and_unknown_ids(fake: FakeDaytona, service_for: Callable[..., SandboxService], monkeypatch: pytest.MonkeyPatch) -> None:
+    service = service_for()
+    backend = service.backend
     with pytest.raises(SandboxNotFound, match="sandbox-kernel list"):
         backend.get("sk-nobody-here")
     fake.fail(r"GET /api/sandbox", 403, times=1, message="API key lacks the read:sandboxes scope")
     with pytest.raises(SandboxError, match="403.*read:sandboxes"):
         backend.list()
     monkeypatch.setenv("DAYTONA_API_KEY", "wrong")
-    bad = backend_for()
-    health = bad.health()
+    bad = service_for()
+    health = bad.backend.health()
     assert not health.ok and "401" in health.message and "DAYTONA_API_KEY" in health.message
     with pytest.raises(EngineUnavailable, match="DAYTONA_API_KEY"):
         bad.ensure(user_key("mallory"))
     monkeypatch.delenv("DAYTONA_API_KEY")
-    assert "DAYTONA_API_KEY" in backend_for().health().message
+    assert "DAYTONA_API_KEY" in service_for().backend.health().message
 
 
-def test_not_ours_is_never_touched(fake: FakeDaytona, backend_for: Callable[..., Any]) -> None:
+def test_not_ours_is_never_touched(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
     from daytona import CreateSandboxFromSnapshotParams, Daytona
 
     user = f"u{uuid.uuid4().hex[:6]}"
-    Daytona().create(CreateSandboxFromSnapshotParams(name=f"sk-{user}", snapshot=SNAPSHOT))
-    backend = backend_for()
-    with pytest.raises(SandboxError, match="not made by sandbox-kernel"):
-        backend.ensure(user_key(user))
+    service = service_for()
+    backend = service.backend
+    name = engine_name(service.installation, f"sk-{user}")
+    Daytona().create(CreateSandboxFromSnapshotParams(name=name, snapshot=SNAPSHOT))
+    with pytest.raises(SandboxError, match="not made by this sandbox-kernel installation"):
+        service.ensure(user_key(user))
     assert all(i.id != f"sk-{user}" for i in backend.list())
 
 
@@ -392,9 +410,10 @@ def test_real_daytona(make_config: Callable[..., SandboxConfig], monkeypatch: py
         else:
             monkeypatch.delenv(name, raising=False)
     snapshot = os.environ.get("SANDBOX_KERNEL_TEST_DAYTONA_SNAPSHOT", "")
-    backend = make_backend(make_config(backend="daytona", image=snapshot))
+    service = SandboxService(make_config(backend="daytona", image=snapshot))
+    backend = service.backend
     assert backend.health().ok
-    info = backend.ensure(user_key(f"sk-test-{uuid.uuid4().hex[:6]}")).info
+    info = service.ensure(user_key(f"sk-test-{uuid.uuid4().hex[:6]}")).info
     try:
         from sandbox_kernel.agent import agent_source, bootstrap_command
 
@@ -431,8 +450,9 @@ def jp_server_config(daytona_rest: dict[str, str]) -> dict[str, Any]:
 async def test_rest_over_daytona(jp_fetch: Any, fake: FakeDaytona, daytona_rest: dict[str, str], make_config: Callable[..., SandboxConfig], test_user: str) -> None:
     from .test_rest_api import fetch
 
-    backend = make_backend(make_config(backend="daytona", image=SNAPSHOT, state_dir=daytona_rest["SANDBOX_KERNEL_STATE_DIR"]))
-    sid = backend.ensure(user_key(test_user)).info.id
+    service = SandboxService(make_config(backend="daytona", image=SNAPSHOT, state_dir=daytona_rest["SANDBOX_KERNEL_STATE_DIR"]))
+    backend = service.backend
+    sid = service.ensure(user_key(test_user)).info.id
     (item,) = await fetch(jp_fetch, "api", "sandboxes")
     assert (item["id"], item["backend"], item["state"], item["user"]) == (sid, "daytona", "running", test_user)
     assert item["limits"]["memory"] == 1 << 30
@@ -454,20 +474,22 @@ async def test_rest_over_daytona(jp_fetch: Any, fake: FakeDaytona, daytona_rest:
     await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", method="DELETE", expect=204)
     await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", expect=404)
 
-    # Snapshots, then stop (files need a running sandbox: a clear 400), start, destroy.
+    # Snapshots, then stop (files start it again), start, destroy.
     snap = await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=201)
     assert (snap["name"], snap["source"], snap["backend"]) == ("rest-snap", sid, "daytona")
     await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=400)
     assert [s["name"] for s in await fetch(jp_fetch, "api", "snapshots")] == ["rest-snap"]
     started = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": "rest-snap"}), expect=201)
     assert (started["scope"], started["state"], started["backend"]) == ("thread", "running", "daytona")
-    assert next(b for b in fake.sandboxes.values() if b.name == started["id"]).snapshot == f"sk-{test_user}--rest-snap"
+    assert box_named(fake, started["id"]).snapshot == f"sk-{test_user}--rest-snap"
     await fetch(jp_fetch, "api", "sandboxes", started["id"], method="DELETE", expect=204)
     await fetch(jp_fetch, "api", "snapshots", "rest-snap", method="DELETE", expect=204)
     stopped = await fetch(jp_fetch, "api", "sandboxes", sid, "stop", method="POST", body="")
     assert stopped["state"] == "stopped"
-    body = await fetch(jp_fetch, "api", "sandboxes", sid, "files", expect=400)
-    assert "start it" in body["message"]
+    # The files of a stopped sandbox: the volume is reached through it, so it is started.
+    listing = await fetch(jp_fetch, "api", "sandboxes", sid, "files")
+    assert "deep" in [e["name"] for e in listing["entries"]]
+    assert (await fetch(jp_fetch, "api", "sandboxes", sid))["state"] == "running"
     assert (await fetch(jp_fetch, "api", "sandboxes", sid, "start", method="POST", body=""))["state"] == "running"
     await fetch(jp_fetch, "api", "sandboxes", sid, method="DELETE", expect=204)
     await fetch(jp_fetch, "api", "sandboxes", sid, expect=404)

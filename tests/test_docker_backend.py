@@ -14,10 +14,11 @@ import docker
 import pytest
 
 from sandbox_kernel.backends import EngineUnavailable, SandboxNotFound
-from sandbox_kernel.backends.base import LABEL_MANAGED, engine_name, workspace_dir
+from sandbox_kernel.backends.base import LABEL_MANAGED, engine_name
 from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.service import SandboxService, workspace_dir
 
 from .helpers import make_wheel
 
@@ -25,8 +26,14 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_cleanup")]
 
 
 @pytest.fixture
-def backend(make_config: Callable[..., SandboxConfig]) -> DockerBackend:
-    return DockerBackend(make_config())
+def service(make_config: Callable[..., SandboxConfig]) -> SandboxService:
+    """The orchestrator, as kernel, CLI and server use it, over the Docker backend."""
+    return SandboxService(make_config())
+
+
+@pytest.fixture
+def backend(service: SandboxService) -> DockerBackend:
+    return service.backend  # type: ignore[return-value]
 
 
 def engine() -> docker.DockerClient:
@@ -39,11 +46,11 @@ def run(backend: DockerBackend, sandbox_id: str, code: str) -> str:
     return result.output.decode().strip()
 
 
-def test_reuse_and_state_across_calls(backend: DockerBackend, test_user: str) -> None:
+def test_reuse_and_state_across_calls(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
     key = ScopeKey(test_user)
-    first = backend.ensure(key)
+    first = service.ensure(key)
     assert first.event == "created"
-    second = backend.ensure(key)
+    second = service.ensure(key)
     assert second.event == "existing"
     assert second.info.engine_id == first.info.engine_id
     run(backend, first.info.id, "open('/workspace/note.txt', 'w').write('kept')")
@@ -53,10 +60,10 @@ def test_reuse_and_state_across_calls(backend: DockerBackend, test_user: str) ->
 
 
 def test_installed_package_persists_until_destroy(
-    backend: DockerBackend, test_user: str, tmp_path: Path
+    backend: DockerBackend, service: SandboxService, test_user: str, tmp_path: Path
 ) -> None:
     key = ScopeKey(test_user)
-    info = backend.ensure(key).info
+    info = service.ensure(key).info
     wheel = make_wheel(tmp_path / "wheels")
     backend.put_file(info.id, f"wheels/{wheel.name}", wheel.read_bytes())
     result = backend.exec(
@@ -69,7 +76,7 @@ def test_installed_package_persists_until_destroy(
     assert run(backend, info.id, "import sk_demo_pkg; print(sk_demo_pkg.VALUE)") == "1.0"
     # Destroy drops the sandbox filesystem (tier 2) but never the workspace (tier 3).
     backend.destroy(info.id)
-    fresh = backend.ensure(key).info
+    fresh = service.ensure(key).info
     assert backend.exec(fresh.id, ["python3", "-c", "import sk_demo_pkg"]).exit_code != 0
     assert run(backend, fresh.id, "import os; print(os.path.exists('/workspace/wheels'))") == "True"
 
@@ -77,10 +84,11 @@ def test_installed_package_persists_until_destroy(
 def test_user_scope_shares_one_container_and_users_are_separate(
     make_config: Callable[..., SandboxConfig], test_user: str
 ) -> None:
-    backend = DockerBackend(make_config())
-    a = backend.ensure(ScopeKey(test_user)).info
-    again = DockerBackend(make_config()).ensure(ScopeKey(test_user)).info  # another notebook
-    other = backend.ensure(ScopeKey(test_user + "-b")).info
+    service = SandboxService(make_config())
+    backend = service.backend
+    a = service.ensure(ScopeKey(test_user)).info
+    again = SandboxService(make_config()).ensure(ScopeKey(test_user)).info  # another notebook
+    other = service.ensure(ScopeKey(test_user + "-b")).info
     assert a.engine_id == again.engine_id
     assert other.engine_id != a.engine_id
     assert other.workspace != a.workspace
@@ -89,9 +97,9 @@ def test_user_scope_shares_one_container_and_users_are_separate(
     assert run(backend, other.id, "import os; print(os.listdir('/workspace'))") == "[]"
 
 
-def test_thread_scope_separate_containers_shared_workspace(backend: DockerBackend, test_user: str) -> None:
-    one = backend.ensure(ScopeKey(test_user, "thread", "/nb/one.ipynb")).info
-    two = backend.ensure(ScopeKey(test_user, "thread", "/nb/two.ipynb")).info
+def test_thread_scope_separate_containers_shared_workspace(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+    one = service.ensure(ScopeKey(test_user, "thread", "/nb/one.ipynb")).info
+    two = service.ensure(ScopeKey(test_user, "thread", "/nb/two.ipynb")).info
     assert one.engine_id != two.engine_id
     assert (one.scope, one.thread) == ("thread", "/nb/one.ipynb")
     run(backend, one.id, "open('/workspace/shared.txt', 'w').write('from one')")
@@ -99,36 +107,36 @@ def test_thread_scope_separate_containers_shared_workspace(backend: DockerBacken
     assert sorted(i.id for i in backend.list(test_user)) == sorted([one.id, two.id])
 
 
-def test_destroy_keeps_workspace_and_is_idempotent(backend: DockerBackend, test_user: str) -> None:
+def test_destroy_keeps_workspace_and_is_idempotent(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
     key = ScopeKey(test_user)
-    info = backend.ensure(key).info
+    info = service.ensure(key).info
     run(backend, info.id, "open('/workspace/data.csv', 'w').write('a,b\\n')")
     assert backend.destroy(info.id) is True
     assert backend.destroy(info.id) is False
     with pytest.raises(SandboxNotFound):
         backend.get(info.id)
     assert not engine().containers.list(all=True, filters={"name": f"^{info.id}$"})
-    assert (workspace_dir(backend.config, key) / "data.csv").read_text() == "a,b\n"
+    assert (workspace_dir(service.config, key) / "data.csv").read_text() == "a,b\n"
 
 
-def test_recreated_after_removal_behind_our_back(backend: DockerBackend, test_user: str) -> None:
+def test_recreated_after_removal_behind_our_back(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
     key = ScopeKey(test_user)
-    info = backend.ensure(key).info
+    info = service.ensure(key).info
     engine().containers.get(info.engine_id).remove(force=True)
-    ensured = backend.ensure(key)
+    ensured = service.ensure(key)
     assert ensured.event == "recreated"
     assert ensured.info.engine_id != info.engine_id
     assert "variables were lost, files in /workspace were kept" in ensured.notice
 
 
-def test_stopped_container_is_started_again(backend: DockerBackend, test_user: str) -> None:
+def test_stopped_container_is_started_again(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
     key = ScopeKey(test_user)
-    info = backend.ensure(key).info
+    info = service.ensure(key).info
     engine().containers.get(info.engine_id).stop(timeout=1)
     assert backend.get(info.id).state == "stopped"
     assert backend.get(info.id).started == 0.0  # no uptime while stopped
     time.sleep(1.1)
-    ensured = backend.ensure(key)
+    ensured = service.ensure(key)
     assert (ensured.event, ensured.info.state, ensured.info.engine_id) == ("started", "running", info.engine_id)
     # Uptime counts from this start, not from the creation: exact from an inspect,
     # within the engine's rounding (a second here) from the one-call listing.
@@ -142,7 +150,7 @@ def _ensure_in_process(args: tuple[dict, str]) -> str:
     values, user = args
     from sandbox_kernel.config import load_config
 
-    return DockerBackend(load_config(environ={}, **values)).ensure(ScopeKey(user)).info.engine_id
+    return SandboxService(load_config(environ={}, **values)).ensure(ScopeKey(user)).info.engine_id
 
 
 def test_ten_processes_get_one_container(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
@@ -157,8 +165,9 @@ def test_ten_processes_get_one_container(make_config: Callable[..., SandboxConfi
 
 
 def test_hardening_is_applied(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
-    backend = DockerBackend(make_config(flavor="medium", pids_limit=100, network=False))
-    info = backend.ensure(ScopeKey(test_user)).info
+    service = SandboxService(make_config(flavor="medium", pids_limit=100, network=False))
+    backend = service.backend
+    info = service.ensure(ScopeKey(test_user)).info
     attrs = engine().containers.get(info.engine_id).attrs
     host = attrs["HostConfig"]
     assert attrs["Config"]["User"] == "1000:1000"
@@ -182,8 +191,9 @@ def test_hardening_is_applied(make_config: Callable[..., SandboxConfig], test_us
 
 
 def test_fork_bomb_is_stopped_by_pids_limit(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
-    backend = DockerBackend(make_config(pids_limit=64))
-    info = backend.ensure(ScopeKey(test_user)).info
+    service = SandboxService(make_config(pids_limit=64))
+    backend = service.backend
+    info = service.ensure(ScopeKey(test_user)).info
     code = (
         "import subprocess\nprocs=[]\n"
         "try:\n    for _ in range(300): procs.append(subprocess.Popen(['sleep','30']))\n"
@@ -197,27 +207,28 @@ def test_shared_folder_is_read_only(make_config: Callable[..., SandboxConfig], t
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "ref.txt").write_text("reference")
-    backend = DockerBackend(make_config(shared_folder=str(shared)))
-    info = backend.ensure(ScopeKey(test_user)).info
+    service = SandboxService(make_config(shared_folder=str(shared)))
+    backend = service.backend
+    info = service.ensure(ScopeKey(test_user)).info
     assert run(backend, info.id, "print(open('/shared/ref.txt').read())") == "reference"
     result = backend.exec(info.id, ["python3", "-c", "open('/shared/x', 'w')"])
     assert result.exit_code != 0 and b"Read-only file system" in result.output
 
 
-def test_unsafe_names(backend: DockerBackend) -> None:
+def test_unsafe_names(backend: DockerBackend, service: SandboxService) -> None:
     user = "test-Ünsafe user/../" + "x" * 80
     try:
-        info = backend.ensure(ScopeKey(user, "thread", "/very/" + "long/" * 100 + "nb.ipynb")).info
+        info = service.ensure(ScopeKey(user, "thread", "/very/" + "long/" * 100 + "nb.ipynb")).info
         assert info.user == user
         assert [i.id for i in backend.list(user)] == [info.id]
-        assert Path(info.workspace).parent == Path(backend.config.workspace_root)
+        assert Path(info.workspace).parent == Path(service.config.workspace_root)
     finally:
         for i in backend.list(user):
             backend.destroy(i.id)
 
 
-def test_files_round_trip_streamed(backend: DockerBackend, test_user: str, tmp_path: Path) -> None:
-    info = backend.ensure(ScopeKey(test_user)).info
+def test_files_round_trip_streamed(backend: DockerBackend, service: SandboxService, test_user: str, tmp_path: Path) -> None:
+    info = service.ensure(ScopeKey(test_user)).info
     payload = bytes(range(256)) * 40000 + b"tail"  # ~10 MB, not a multiple of 512
     src = tmp_path / "blob.bin"
     src.write_bytes(payload)
@@ -227,8 +238,8 @@ def test_files_round_trip_streamed(backend: DockerBackend, test_user: str, tmp_p
     assert (Path(info.workspace) / "deep/er/blob.bin").stat().st_size == len(payload)
 
 
-def test_exec_exit_code_output_and_timeout(backend: DockerBackend, test_user: str) -> None:
-    info = backend.ensure(ScopeKey(test_user)).info
+def test_exec_exit_code_output_and_timeout(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+    info = service.ensure(ScopeKey(test_user)).info
     result = backend.exec(info.id, ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(7)"])
     assert result.exit_code == 7
     assert b"out" in result.output and b"err" in result.output
@@ -236,8 +247,8 @@ def test_exec_exit_code_output_and_timeout(backend: DockerBackend, test_user: st
     assert result.exit_code == 124
 
 
-def test_channel_round_trip_and_process_ends_on_close(backend: DockerBackend, test_user: str) -> None:
-    info = backend.ensure(ScopeKey(test_user)).info
+def test_channel_round_trip_and_process_ends_on_close(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+    info = service.ensure(ScopeKey(test_user)).info
     channel = backend.open_channel(
         info.id, ["python3", "-u", "-c", "import sys\nfor line in sys.stdin: print(line.strip()[::-1], flush=True)"]
     )
@@ -254,13 +265,13 @@ def test_channel_round_trip_and_process_ends_on_close(backend: DockerBackend, te
     assert run(backend, info.id, probe) == "0"
 
 
-def test_foreign_container_with_our_name_is_refused(backend: DockerBackend, test_user: str) -> None:
+def test_foreign_container_with_our_name_is_refused(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
     key = ScopeKey(test_user)
-    name = engine_name(backend.config, key.name)
-    foreign = engine().containers.create(backend.config.image, ["python3", "-c", "pass"], name=name)
+    name = engine_name(service.installation, key.name)
+    foreign = engine().containers.create(service.config.image, ["python3", "-c", "pass"], name=name)
     try:
         with pytest.raises(Exception, match="not made by this sandbox-kernel installation"):
-            backend.ensure(key)
+            service.ensure(key)
         assert backend.destroy(key.name) is False  # never ours to remove
         engine().containers.get(foreign.id)
     finally:
@@ -269,15 +280,16 @@ def test_foreign_container_with_our_name_is_refused(backend: DockerBackend, test
 
 def test_unreachable_engine_says_what_to_do(make_config: Callable[..., SandboxConfig], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    backend = DockerBackend(make_config())
+    service = SandboxService(make_config())
+    backend = service.backend
     health = backend.health()
     assert not health.ok and "cannot reach the Docker engine" in health.message
     with pytest.raises(EngineUnavailable, match="SANDBOX_KERNEL_BACKEND=local"):
         backend.list()
 
 
-def test_list_only_shows_ours(backend: DockerBackend, test_user: str) -> None:
-    backend.ensure(ScopeKey(test_user))
+def test_list_only_shows_ours(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+    service.ensure(ScopeKey(test_user))
     everything = backend.list()
     assert all(engine().containers.get(i.engine_id).labels.get(LABEL_MANAGED) == "1" for i in everything)
 
@@ -325,10 +337,11 @@ def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str,
 
 def test_missing_image_that_cannot_be_pulled(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
     """No registry answers here, so a pull fails fast: the message says what to do."""
-    backend = DockerBackend(make_config(image="127.0.0.1:9/sandbox-kernel/absent:1"))
+    service = SandboxService(make_config(image="127.0.0.1:9/sandbox-kernel/absent:1"))
+    backend = service.backend
     seen: list[str] = []
     with pytest.raises(Exception, match="is not present and could not be pulled") as err:
-        backend.ensure(ScopeKey(test_user), progress=seen.append)
+        service.ensure(ScopeKey(test_user), progress=seen.append)
     assert "SANDBOX_KERNEL_IMAGE" in str(err.value)
     assert any("pulling" in line for line in seen)
     assert backend.list(test_user) == []

@@ -18,6 +18,8 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 from nbclient import NotebookClient
 
+from sandbox_kernel.service import SandboxService
+
 from .conftest import TEST_IMAGE, remove_user_containers, sandbox_container
 from .helpers import make_wheel
 from .kernel_env import ConformanceSuite, KernelEnv, make_kernel_env
@@ -397,7 +399,11 @@ def test_install_kernelspec_variant(tmp_path: Path) -> None:
     assert spec["display_name"] == "Python 3 (sandbox, large)"
     assert spec["interrupt_mode"] == "message"
     assert spec["argv"][1:3] == ["-m", "sandbox_kernel"]
-    assert spec["env"] == {"SANDBOX_KERNEL_FLAVOR": "large", "SANDBOX_KERNEL_SCOPE": "thread", "SANDBOX_KERNEL_IMAGE": TEST_IMAGE}
+    # Another image: the variant's sandboxes are its own (a flavor alone would resize).
+    assert spec["env"] == {
+        "SANDBOX_KERNEL_FLAVOR": "large", "SANDBOX_KERNEL_SCOPE": "thread", "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,
+        "SANDBOX_KERNEL_VARIANT": "sandbox-big",
+    }
     bad = subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", "install", "--prefix", str(tmp_path), "--scope", "team"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
@@ -405,7 +411,6 @@ def test_install_kernelspec_variant(tmp_path: Path) -> None:
 def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path) -> None:
     """A silent cell is activity; once idle past idle_stop_with_kernel the sandbox is
     stopped, and the next cell says what happened."""
-    from sandbox_kernel.backends.docker import DockerBackend
     from sandbox_kernel.config import load_config
     from sandbox_kernel.lifecycle import gc
 
@@ -413,7 +418,7 @@ def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path) -> None:
     os.environ["JUPYTER_PATH"] = env.jupyter_path
     cfg = load_config(environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
                       state_dir=str(tmp_path / "state"), idle_stop_with_kernel=0.05)
-    backend = DockerBackend(cfg)
+    backend = SandboxService(cfg).backend
     km, kc = start_new_kernel(kernel_name="sandbox")
     try:
         run(kc, "x = 1")
@@ -438,7 +443,6 @@ def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path) -> None:
 def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path) -> None:
     """Hosts without a server still get idle stops: every kernel start runs the reaper
     (a moment after starting, off the first cell's path)."""
-    from sandbox_kernel.backends.docker import DockerBackend
     from sandbox_kernel.config import load_config
     from sandbox_kernel.identity import ScopeKey
 
@@ -449,7 +453,7 @@ def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path) -> None:
         environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
         state_dir=str(tmp_path / "state"), idle_stop=1 / 60,
     )
-    idle = DockerBackend(cfg).ensure(ScopeKey(idle_user)).info
+    idle = SandboxService(cfg).ensure(ScopeKey(idle_user)).info
     time.sleep(1.5)  # idle for longer than idle_stop, and no kernel attached
     km, kc = start_new_kernel(kernel_name="sandbox")
     try:
@@ -468,7 +472,6 @@ def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path) -> None:
 def test_sandbox_with_too_few_processes_says_how_to_recover(tmp_path: Path) -> None:
     """A sandbox made with a process limit too low for an interpreter (before the setting
     was checked, or by hand) is not a dead end: the cell says how to get out."""
-    from sandbox_kernel.backends.docker import DockerBackend
     from sandbox_kernel.config import load_config
     from sandbox_kernel.identity import ScopeKey
 
@@ -478,7 +481,7 @@ def test_sandbox_with_too_few_processes_says_how_to_recover(tmp_path: Path) -> N
         state_dir=str(tmp_path / "state"),
     )
     cfg._trait_values["pids_limit"] = 5  # what validation now refuses
-    DockerBackend(cfg).ensure(ScopeKey(env.user))
+    SandboxService(cfg).ensure(ScopeKey(env.user))
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("JUPYTER_PATH", env.jupyter_path)

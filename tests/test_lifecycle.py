@@ -27,10 +27,10 @@ from sandbox_kernel.backends.base import (
     installation_id,
     sandbox_labels,
 )
-from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.lifecycle import gc, stats
+from sandbox_kernel.service import SandboxService
 from sandbox_kernel.store import Store
 
 from .helpers import make_wheel
@@ -45,9 +45,10 @@ def engine() -> docker.DockerClient:
 
 def test_idle_stop_then_delete_keeps_workspace(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
     cfg = make_config(idle_stop=1 * SECONDS, idle_delete=1 * SECONDS)
-    backend = DockerBackend(cfg)
+    service = SandboxService(cfg)
+    backend = service.backend
     key = ScopeKey(test_user)
-    info = backend.ensure(key).info
+    info = service.ensure(key).info
     backend.exec(info.id, ["python3", "-c", "open('/workspace/keep.txt', 'w').write('k')"])
     assert [a for a in gc(backend, cfg) if a.sandbox_id == info.id] == []  # fresh: not idle yet
     time.sleep(1.5)
@@ -68,8 +69,9 @@ def test_idle_stop_then_delete_keeps_workspace(make_config: Callable[..., Sandbo
 def test_busy_kernel_is_not_idle(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
     """A long silent cell: its kernel beats busy, so a 3 s idle policy leaves it alone."""
     cfg = make_config(idle_stop=3 * SECONDS, idle_stop_with_kernel=3 * SECONDS)
-    backend = DockerBackend(cfg)
-    info = backend.ensure(ScopeKey(test_user)).info
+    service = SandboxService(cfg)
+    backend = service.backend
+    info = service.ensure(ScopeKey(test_user)).info
     store = Store(cfg)
     stop = threading.Event()
 
@@ -98,7 +100,8 @@ def test_busy_kernel_is_not_idle(make_config: Callable[..., SandboxConfig], test
 
 def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
     cfg = make_config(orphan_grace=1 * SECONDS)
-    backend = DockerBackend(cfg)
+    service = SandboxService(cfg)
+    backend = service.backend
     client = engine()
     image = cfg.image
     foreign = client.containers.create(image, ["python3", "-c", "import time; time.sleep(600)"], name=f"{test_user}-foreign")
@@ -107,26 +110,28 @@ def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConf
         image, ["python3", "-c", "pass"], name=f"{test_user}-other-tool", labels={"sandbox-kernel.user-id": test_user}
     )
     try:
-        no_record = backend.ensure(ScopeKey(test_user + "-a")).info
+        no_record = service.ensure(ScopeKey(test_user + "-a")).info
         Store(cfg).delete("docker", no_record.id)  # its owner record is gone
         key = ScopeKey(test_user + "-b")
         half = client.containers.create(  # a create that crashed before start
-            image, ["python3", "-c", "pass"], name=engine_name(cfg, key.name),
-            labels=sandbox_labels(key, cfg, str(Path(cfg.workspace_root) / key.user_id)),
+            image, ["python3", "-c", "pass"], name=engine_name(service.installation, key.name),
+            labels=sandbox_labels(key, service.spec(key.user), service.installation, str(Path(cfg.workspace_root) / key.user_id)),
         )
-        # Made with flavor medium; its owner's configuration has since become small.
-        outdated = DockerBackend(make_config(flavor="medium")).ensure(ScopeKey(test_user + "-c")).info
-        backend.ensure(ScopeKey(test_user + "-c"))
-        healthy = backend.ensure(ScopeKey(test_user + "-d")).info
+        # Made with flavor medium; its owner's configuration has since become small: it is
+        # resized, never reaped for it (its installed packages are the user's).
+        resized = SandboxService(make_config(flavor="medium")).ensure(ScopeKey(test_user + "-c")).info
+        notice = service.ensure(ScopeKey(test_user + "-c")).notice
+        assert "now has flavor small" in notice and "it had medium" in notice
+        healthy = service.ensure(ScopeKey(test_user + "-d")).info
         time.sleep(1.5)
         done = {a.sandbox_id: a for a in gc(backend, cfg)}
         assert "no owner record" in done[no_record.id].reason
         assert "half-created" in done[key.name].reason
-        assert "older configuration" in done[outdated.id].reason
-        assert healthy.id not in done
-        for gone in (no_record.id, key.name, outdated.id):
+        assert healthy.id not in done and resized.id not in done
+        for gone in (no_record.id, key.name):
             with pytest.raises(docker.errors.NotFound):
-                client.containers.get(engine_name(cfg, gone))
+                client.containers.get(engine_name(service.installation, gone))
+        assert backend.get(resized.id).limits["memory"] == 1 << 30
         assert half.id  # created above
         assert client.containers.get(foreign.id).status == "running"
         assert client.containers.get(labelled_foreign.id).status == "created"
@@ -138,19 +143,20 @@ def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConf
 def test_other_installations_are_left_alone(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
     mine = make_config(orphan_grace=0, idle_stop=0)
     theirs = make_config(state_dir=str(tmp_path / "elsewhere"))
-    other = DockerBackend(theirs).ensure(ScopeKey(test_user)).info
+    other = SandboxService(theirs).ensure(ScopeKey(test_user)).info
     assert installation_id(mine) != installation_id(theirs)
-    assert all(a.sandbox_id != other.id for a in gc(DockerBackend(mine), mine))
+    assert all(a.sandbox_id != other.id for a in gc(SandboxService(mine).backend, mine))
     assert engine().containers.get(other.engine_id).status == "running"
 
 
 def test_concurrent_reapers(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
     cfg = make_config(idle_stop=1 * SECONDS, idle_delete=0)
-    backend = DockerBackend(cfg)
-    ids = [backend.ensure(ScopeKey(f"{test_user}-{i}")).info.id for i in range(3)]
+    service = SandboxService(cfg)
+    backend = service.backend
+    ids = [service.ensure(ScopeKey(f"{test_user}-{i}")).info.id for i in range(3)]
     time.sleep(1.5)
     with ThreadPoolExecutor(2) as pool:
-        runs = list(pool.map(lambda _: gc(DockerBackend(cfg), cfg), range(2)))
+        runs = list(pool.map(lambda _: gc(SandboxService(cfg).backend, cfg), range(2)))
     for run in runs:
         assert all(not a.error for a in run)
     assert all(backend.get(i).state == "stopped" for i in ids)
@@ -158,26 +164,27 @@ def test_concurrent_reapers(make_config: Callable[..., SandboxConfig], test_user
 
 def test_quotas(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
     cfg = make_config(max_sandboxes=2)
-    backend = DockerBackend(cfg)
+    service = SandboxService(cfg)
+    backend = service.backend
     mine = [i.id for i in backend.list()]
     if len(mine) >= 2:
         pytest.skip("other sandboxes on this engine exceed the test quota")
-    created = [backend.ensure(ScopeKey(f"{test_user}-{i}")).info.id for i in range(2 - len(mine))]
+    created = [service.ensure(ScopeKey(f"{test_user}-{i}")).info.id for i in range(2 - len(mine))]
     started = time.monotonic()
     with pytest.raises(QuotaExceeded) as err:
-        backend.ensure(ScopeKey(f"{test_user}-over"))
+        service.ensure(ScopeKey(f"{test_user}-over"))
     assert time.monotonic() - started < 10
     assert "max_sandboxes=2" in str(err.value) and "sandbox-kernel destroy" in str(err.value)
     assert created
-    backend.ensure(ScopeKey(f"{test_user}-0"))  # an existing one is still reachable
+    service.ensure(ScopeKey(f"{test_user}-0"))  # an existing one is still reachable
     mem_cfg = make_config(max_sandboxes=0, max_total_memory="1m")
     with pytest.raises(QuotaExceeded, match="max_total_memory=1m"):
-        DockerBackend(mem_cfg).ensure(ScopeKey(f"{test_user}-mem"))
+        SandboxService(mem_cfg).ensure(ScopeKey(f"{test_user}-mem"))
 
 
 @pytest.mark.parametrize(("flavor", "cpus", "memory"), [("small", 1, 1 << 30), ("large", 4, 4 << 30)])
 def test_flavor_limits(make_config: Callable[..., SandboxConfig], test_user: str, flavor: str, cpus: int, memory: int) -> None:
-    info = DockerBackend(make_config(flavor=flavor)).ensure(ScopeKey(test_user)).info
+    info = SandboxService(make_config(flavor=flavor)).ensure(ScopeKey(test_user)).info
     host = engine().containers.get(info.engine_id).attrs["HostConfig"]
     cpus = min(cpus, engine().info()["NCPU"])  # clamped to what the machine has
     assert (host["NanoCpus"], host["Memory"], info.flavor) == (cpus * 10**9, memory, flavor)
@@ -185,9 +192,10 @@ def test_flavor_limits(make_config: Callable[..., SandboxConfig], test_user: str
 
 def test_stats_add_up(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
     cfg = make_config(max_sandboxes=1000)
-    backend = DockerBackend(cfg)
-    backend.ensure(ScopeKey(f"{test_user}-run"))
-    stopped = backend.ensure(ScopeKey(f"{test_user}-stop")).info
+    service = SandboxService(cfg)
+    backend = service.backend
+    service.ensure(ScopeKey(f"{test_user}-run"))
+    stopped = service.ensure(ScopeKey(f"{test_user}-stop")).info
     backend.stop(stopped.id)
     totals = stats(backend, cfg)
     everything = backend.list()
@@ -201,35 +209,36 @@ def test_stats_add_up(make_config: Callable[..., SandboxConfig], test_user: str)
 
 def test_snapshot_round_trip(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
     cfg = make_config()
-    backend = DockerBackend(cfg)
-    info = backend.ensure(ScopeKey(test_user)).info
+    service = SandboxService(cfg)
+    backend = service.backend
+    info = service.ensure(ScopeKey(test_user)).info
     wheel = make_wheel(tmp_path / "w")
     backend.put_file(info.id, f"w/{wheel.name}", wheel.read_bytes())
     assert backend.exec(info.id, ["python3", "-m", "pip", "install", "--no-index", "-q", f"/workspace/w/{wheel.name}"]).exit_code == 0
     name = f"{test_user}-snap"
     with pytest.raises(BadRequest, match="bad snapshot name"):
-        backend.create_snapshot(info.id, "Bad Name!")
-    snap = backend.create_snapshot(info.id, name)
+        service.create_snapshot(test_user, info.id, "Bad Name!")
+    snap = service.create_snapshot(test_user, info.id, name)
     try:
-        assert (snap.name, snap.source, snap.user) == (name, info.id, test_user)
-        assert snap.size > 0
-        assert name in [s.name for s in backend.list_snapshots(test_user)]
-        assert name not in [s.name for s in backend.list_snapshots(test_user + "-other")]
-        from_snap = DockerBackend(make_config(snapshot=name))
-        clone = from_snap.ensure(ScopeKey(test_user + "-clone")).info
+        assert (snap["name"], snap["source"], snap["user"]) == (name, info.id, test_user)
+        assert snap["size"] > 0
+        assert name in [s["name"] for s in service.snapshots(test_user)]
+        assert name not in [s["name"] for s in service.snapshots(test_user + "-other")]
+        # A sandbox of the same user started from it (a thread sandbox: the user's own exists).
+        from_snap = SandboxService(make_config(snapshot=name, scope="thread"))
+        clone = from_snap.ensure(ScopeKey(test_user, "thread", "clone.ipynb")).info
         assert clone.snapshot == name
-        out = from_snap.exec(clone.id, ["python3", "-c", "import sk_demo_pkg, os; print(sk_demo_pkg.VALUE, os.listdir('/workspace'))"])
-        assert out.output.decode().strip() == "1.0 []"  # package kept, the workspace never in it
+        out = from_snap.backend.exec(clone.id, ["python3", "-c", "import sk_demo_pkg, os; print(sk_demo_pkg.VALUE, os.listdir('/workspace'))"])
+        assert out.output.decode().strip().startswith("1.0 [")  # package kept: the workspace is the user's own
         with pytest.raises(BadRequest, match="used by"):
-            backend.delete_snapshot(name)
-        from_snap.destroy(clone.id)
-        assert backend.delete_snapshot(name) is True
-        assert backend.delete_snapshot(name) is False
+            service.delete_snapshot(test_user, name)
+        from_snap.destroy(test_user, clone.id)
+        assert service.delete_snapshot(test_user, name) is True
+        with pytest.raises(SandboxNotFound):
+            service.delete_snapshot(test_user, name)
     finally:
-        try:
-            engine().images.remove(f"sandbox-kernel-snapshot:{name}", force=True)
-        except docker.errors.ImageNotFound:
-            pass
+        for image in engine().images.list(filters={"label": f"sandbox-kernel.snapshot={name}"}):
+            engine().images.remove(image.id, force=True)
 
 
 def test_cli_gc_stats_snapshot(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -22,6 +23,7 @@ from sandbox_kernel.backends.local import (
 )
 from sandbox_kernel.config import SandboxConfig, load_config
 from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.service import SandboxService
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces here")
 
@@ -33,14 +35,20 @@ def config(tmp_path: Path, **extra: object) -> SandboxConfig:
 
 
 @pytest.fixture(params=["bwrap", "plain"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalBackend:
+def service(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxService]:
+    """The orchestrator over the local backend, with and without bubblewrap."""
     if request.param == "bwrap" and not bwrap_works():
         pytest.skip("bubblewrap cannot create namespaces here")
     if request.param == "plain":
         monkeypatch.setenv("SANDBOX_KERNEL_LOCAL_NO_BWRAP", "1")
     bwrap_works.cache_clear()
-    yield LocalBackend(config(tmp_path))
+    yield SandboxService(config(tmp_path))
     bwrap_works.cache_clear()
+
+
+@pytest.fixture
+def backend(service: SandboxService) -> LocalBackend:
+    return service.backend  # type: ignore[return-value]
 
 
 def py(backend: LocalBackend, sandbox_id: str, code: str) -> str:
@@ -49,10 +57,10 @@ def py(backend: LocalBackend, sandbox_id: str, code: str) -> str:
     return result.output.decode().strip()
 
 
-def test_reuse_state_and_tiers(backend: LocalBackend) -> None:
+def test_reuse_state_and_tiers(backend: LocalBackend, service: SandboxService) -> None:
     key = ScopeKey("ann")
-    first = backend.ensure(key)
-    again = backend.ensure(key)
+    first = service.ensure(key)
+    again = service.ensure(key)
     assert (first.event, again.event) == ("created", "existing")
     assert first.info.engine_id == again.info.engine_id
     sid = first.info.id
@@ -68,15 +76,15 @@ def test_reuse_state_and_tiers(backend: LocalBackend) -> None:
     assert backend.destroy(sid) is False
     with pytest.raises(SandboxNotFound):
         backend.get(sid)
-    fresh = backend.ensure(key).info
+    fresh = service.ensure(key).info
     assert fresh.engine_id != first.info.engine_id
     assert py(backend, fresh.id, "import os; print(os.path.exists(os.path.expanduser('~/t2.txt')), open('note.txt').read())") == "False w"
 
 
-def test_sharing_and_separation(backend: LocalBackend) -> None:
-    one = backend.ensure(ScopeKey("ann", "thread", "/a.ipynb")).info
-    two = backend.ensure(ScopeKey("ann", "thread", "/b.ipynb")).info
-    bob = backend.ensure(ScopeKey("bob")).info
+def test_sharing_and_separation(backend: LocalBackend, service: SandboxService) -> None:
+    one = service.ensure(ScopeKey("ann", "thread", "/a.ipynb")).info
+    two = service.ensure(ScopeKey("ann", "thread", "/b.ipynb")).info
+    bob = service.ensure(ScopeKey("bob")).info
     assert one.id != two.id and one.workspace == two.workspace != bob.workspace
     py(backend, one.id, "open('/workspace/s.txt' if __import__('os').path.isdir('/workspace') else 's.txt', 'w').write('1')")
     assert py(backend, two.id, "import os; print(os.path.exists('s.txt'))") == "True"
@@ -84,8 +92,8 @@ def test_sharing_and_separation(backend: LocalBackend) -> None:
     assert [i.id for i in backend.list("bob")] == [bob.id]
 
 
-def test_channel_ends_with_close(backend: LocalBackend) -> None:
-    info = backend.ensure(ScopeKey("ann")).info
+def test_channel_ends_with_close(backend: LocalBackend, service: SandboxService) -> None:
+    info = service.ensure(ScopeKey("ann")).info
     channel = backend.open_channel(info.id, ["python3", "-u", "-c", "import sys\nfor l in sys.stdin: print(l.strip()[::-1], flush=True)"])
     channel.write(b"abc\n")
     got = b""
@@ -101,8 +109,8 @@ def test_channel_ends_with_close(backend: LocalBackend) -> None:
         os.kill(pid, 0)
 
 
-def test_stop_ends_live_processes(backend: LocalBackend) -> None:
-    info = backend.ensure(ScopeKey("ann")).info
+def test_stop_ends_live_processes(backend: LocalBackend, service: SandboxService) -> None:
+    info = service.ensure(ScopeKey("ann")).info
     channel = backend.open_channel(info.id, ["python3", "-c", "import time; time.sleep(60)"])
     backend.stop(info.id)
     assert channel.read() == b""
@@ -112,7 +120,7 @@ def test_stop_ends_live_processes(backend: LocalBackend) -> None:
 def _ensure(args: tuple[str, str]) -> str:
     ws, st = args
     cfg = load_config(environ={}, backend="local", workspace_root=ws, state_dir=st)
-    return LocalBackend(cfg).ensure(ScopeKey("racer")).info.engine_id
+    return SandboxService(cfg).ensure(ScopeKey("racer")).info.engine_id
 
 
 def test_ten_processes_one_sandbox(tmp_path: Path) -> None:
@@ -123,8 +131,8 @@ def test_ten_processes_one_sandbox(tmp_path: Path) -> None:
     assert len(list((tmp_path / "st" / "local").glob("*.json"))) == 1
 
 
-def test_files_confined(backend: LocalBackend, tmp_path: Path) -> None:
-    info = backend.ensure(ScopeKey("ann")).info
+def test_files_confined(backend: LocalBackend, service: SandboxService, tmp_path: Path) -> None:
+    info = service.ensure(ScopeKey("ann")).info
     backend.put_file(info.id, "a/b/c.txt", b"data")
     assert b"".join(backend.get_file(info.id, "/workspace/a/b/c.txt")) == b"data"
     secret = tmp_path / "secret.txt"
@@ -141,10 +149,11 @@ def test_files_confined(backend: LocalBackend, tmp_path: Path) -> None:
 @needs_bwrap
 def test_bubblewrap_hides_the_host(tmp_path: Path) -> None:
     bwrap_works.cache_clear()
-    backend = LocalBackend(config(tmp_path))
+    service = SandboxService(config(tmp_path))
+    backend = service.backend
     secret = tmp_path / "outside.txt"
     secret.write_text("host only")
-    info = backend.ensure(ScopeKey("ann")).info
+    info = service.ensure(ScopeKey("ann")).info
     assert info.isolation == BWRAP_ISOLATION
     assert py(backend, info.id, f"import os; print(os.path.exists({str(secret)!r}), os.getcwd())") == "False /workspace"
     py(backend, info.id, "open('/workspace/w.txt', 'w').write('ok')")
@@ -155,7 +164,7 @@ def test_bubblewrap_hides_the_host(tmp_path: Path) -> None:
 def test_plain_mode_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SANDBOX_KERNEL_LOCAL_NO_BWRAP", "1")
     bwrap_works.cache_clear()
-    info = LocalBackend(config(tmp_path)).ensure(ScopeKey("ann")).info
+    info = SandboxService(config(tmp_path)).ensure(ScopeKey("ann")).info
     assert info.isolation == PLAIN_ISOLATION and info.isolation.startswith("none")
     bwrap_works.cache_clear()
 

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from tornado.httpclient import HTTPClientError
 
-from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.service import SandboxService
 
 from .conftest import remove_user_containers, sandbox_container
 
@@ -102,7 +102,7 @@ async def test_bad_ids(jp_fetch: Any, sandbox: dict[str, str]) -> None:
 
 async def test_other_users_sandbox_is_forbidden(jp_fetch: Any, sandbox: dict[str, str], make_config: Callable[..., SandboxConfig], rest_env: dict[str, str], test_user: str) -> None:
     cfg = make_config(workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"], state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"])
-    other = DockerBackend(cfg).ensure(ScopeKey(test_user + "-other")).info
+    other = SandboxService(cfg).ensure(ScopeKey(test_user + "-other")).info
     try:
         for method, parts in (
             ("GET", ("api", "sandboxes", other.id)),
@@ -256,22 +256,22 @@ async def test_start_sandbox_from_snapshot(jp_fetch: Any, sandbox: dict[str, str
         installation = docker.from_env().containers.get(sandbox["engine_id"]).labels["sandbox-kernel.installation"]
         subprocess.run(["docker", "commit", "-c", f"LABEL sandbox-kernel.snapshot={name}-x sandbox-kernel.user=someone-else sandbox-kernel.installation={installation}",
                         sandbox["engine_id"], f"sandbox-kernel-snapshot:{name}-x"], check=True, capture_output=True)
-        body = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": f"{name}-x"}), expect=403)
-        assert "another user" in body["message"]
+        # Another user's snapshot of the same name is not this user's: not found, not theirs to use.
+        body = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": f"{name}-x"}), expect=404)
+        assert "no snapshot named" in body["message"]
     finally:
         remove_user_containers(test_user)
         subprocess.run(["docker", "rmi", "-f", f"sandbox-kernel-snapshot:{name}", f"sandbox-kernel-snapshot:{name}-x"], capture_output=True)
 
 
 async def test_not_supported_is_501(jp_fetch: Any, jp_serverapp: Any, rest_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from sandbox_kernel.backends.local import LocalBackend
     from sandbox_kernel.config import load_config
     from sandbox_kernel.service import SandboxService
 
     cfg = load_config(environ={}, backend="local", workspace_root=str(tmp_path / "lw"), state_dir=str(tmp_path / "ls"), user=rest_env["SANDBOX_KERNEL_USER"])
-    local = LocalBackend(cfg)
+    local = SandboxService(cfg)
     info = local.ensure(ScopeKey(rest_env["SANDBOX_KERNEL_USER"])).info
-    jp_serverapp.web_app.settings["sandbox_service"] = SandboxService(cfg, local)
+    jp_serverapp.web_app.settings["sandbox_service"] = local
     body = await fetch(jp_fetch, "api", "snapshots", expect=501)
     assert "cannot" in body["message"] or "no snapshots" in body["message"]
     await fetch(jp_fetch, "api", "sandboxes", info.id, "snapshots", method="POST", body=json.dumps({"name": "s1"}), expect=501)

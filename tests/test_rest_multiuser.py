@@ -11,9 +11,9 @@ import pytest
 from jupyter_server.auth.identity import IdentityProvider, User
 from tornado.httpclient import HTTPClientError
 
-from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.service import SandboxService
 
 from .conftest import TEST_IMAGE, remove_user_containers
 
@@ -62,9 +62,10 @@ async def call(jp_fetch: Any, user: str, *parts: str, **kw: Any) -> tuple[int, A
 async def test_users_are_separate(jp_fetch: Any, users: tuple[str, str], make_config: Callable[..., SandboxConfig], tmp_path: Path) -> None:
     alice, bob = users
     cfg = make_config(workspace_root=str(tmp_path / "ws"), state_dir=str(tmp_path / "st"))
-    backend = DockerBackend(cfg)
-    a = backend.ensure(ScopeKey(alice)).info
-    b = backend.ensure(ScopeKey(bob)).info
+    service = SandboxService(cfg)
+    backend = service.backend
+    a = service.ensure(ScopeKey(alice)).info
+    b = service.ensure(ScopeKey(bob)).info
     code, listed = await call(jp_fetch, alice, "api", "sandboxes")
     assert code == 200 and [s["id"] for s in listed] == [a.id]
     code, listed = await call(jp_fetch, bob, "api", "sandboxes")

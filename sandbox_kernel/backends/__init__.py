@@ -10,6 +10,7 @@ from ..config import SandboxConfig
 from .base import (
     Backend,
     Channel,
+    EngineSettings,
     EngineUnavailable,
     Ensured,
     ExecResult,
@@ -19,6 +20,7 @@ from .base import (
     SandboxFailed,
     SandboxInfo,
     SandboxNotFound,
+    installation_id,
 )
 
 __all__ = [
@@ -33,28 +35,42 @@ __all__ = [
     "SandboxFailed",
     "SandboxInfo",
     "SandboxNotFound",
+    "engine_settings",
     "make_backend",
 ]
+
+
+def engine_settings(config: SandboxConfig) -> EngineSettings:
+    """The part of the installation's settings an engine adapter is given."""
+    return EngineSettings(
+        installation=installation_id(config.state_dir),
+        workspace_root=config.workspace_root,
+        state_dir=config.state_dir,
+        start_timeout=config.start_timeout,
+        idle_stop=config.idle_stop,
+        idle_delete=config.idle_delete,
+    )
 
 
 def make_backend(config: SandboxConfig) -> Backend:
     """The backend ``config.backend`` names; ``auto`` is docker when an engine answers, else local."""
     choice = config.backend
+    settings = engine_settings(config)
     if choice == "auto":
         from .docker import DockerBackend
 
-        docker_backend = DockerBackend(config)
+        docker_backend = DockerBackend(settings)
         if docker_backend.health().ok:
             return docker_backend
         choice = "local"
     if choice == "docker":
         from .docker import DockerBackend
 
-        return DockerBackend(config)
+        return DockerBackend(settings)
     if choice == "local":
         from .local import LocalBackend
 
-        return LocalBackend(config)
+        return LocalBackend(settings)
     if choice == "daytona":
         try:
             from .daytona import DaytonaBackend
@@ -63,5 +79,5 @@ def make_backend(config: SandboxConfig) -> Backend:
                 "the daytona backend needs the daytona SDK: pip install 'sandbox-kernel[daytona]'"
                 f" ({exc})"
             ) from exc
-        return DaytonaBackend(config)
+        return DaytonaBackend(settings)
     raise SandboxError(f"unknown backend {choice!r}")

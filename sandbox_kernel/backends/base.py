@@ -1,8 +1,11 @@
-"""The one interface every sandbox engine implements.
+"""The one interface every sandbox engine implements: a pure engine adapter.
 
-Callers (kernel, CLI, server extension, lifecycle) speak only to :class:`Backend`;
-engine specifics (containers, Daytona sandboxes, local processes) stay in the
-subclasses. Nothing here imports Jupyter.
+A backend makes, finds, starts, stops and removes sandboxes, runs processes in them
+and moves bytes; it decides nothing. Who owns what, which spec a sandbox gets, quotas,
+variants, snapshot owners and the records that outlive processes belong to the
+orchestrator (:mod:`sandbox_kernel.service`), which hands a backend a small
+:class:`EngineSettings` at construction and a :class:`Spec` and labels per sandbox.
+Nothing here imports Jupyter, the store or the lifecycle policies.
 
 Sandbox ids are the deterministic names from :class:`~sandbox_kernel.identity.ScopeKey`
 (``sk-alice``), so an id stays the same when a sandbox is recreated; ``engine_id``
@@ -18,11 +21,10 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
-from ..config import SandboxConfig
 from ..errors import (  # noqa: F401  (re-exported: backends raise them)
+    AlreadyExists,
     BadRequest,
     Conflict,
     EngineUnavailable,
@@ -34,7 +36,6 @@ from ..errors import (  # noqa: F401  (re-exported: backends raise them)
     SandboxNotFound,
 )
 from ..identity import ScopeKey
-from ..store import Spare
 
 Progress = Callable[[str], None]
 
@@ -49,6 +50,8 @@ LABEL_FLAVOR = LABEL_PREFIX + "flavor"
 LABEL_SPEC = LABEL_PREFIX + "spec"
 LABEL_WORKSPACE = LABEL_PREFIX + "workspace"
 LABEL_INSTALLATION = LABEL_PREFIX + "installation"
+LABEL_IMAGE = LABEL_PREFIX + "image"  # what it was made from, as shown to users
+LABEL_SNAPSHOT_OF = LABEL_PREFIX + "from-snapshot"  # the user's snapshot it started from
 
 WORKSPACE = "/workspace"
 # What every "sandbox restarted" notice says the user lost and kept (kernel and engines).
@@ -56,31 +59,75 @@ LOST_NOTICE = "variables were lost, files in /workspace were kept"
 SHARED = "/shared"
 
 
-def spec_hash(config: SandboxConfig) -> str:
-    """A short hash of what a sandbox is made from; a mismatch marks it as outdated."""
-    spec = json.dumps(
-        {
-            "image": config.image,
-            "flavor": config.flavor,
-            "network": config.network,
-            "pids": config.pids_limit,
-            "shared": config.shared_folder,
-            "snapshot": config.snapshot,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+@dataclass(frozen=True)
+class Spec:
+    """What one sandbox is made from: decided by the orchestrator, made by a backend.
+
+    The resources (flavor, CPUs, memory, processes) can change in place where the
+    engine allows it; everything in :meth:`fingerprint` needs a new sandbox.
+    """
+
+    image: str = ""  # Docker image, or Daytona snapshot name ("" there: Daytona's default)
+    snapshot: str = ""  # the user's snapshot (short name), "" for none
+    snapshot_ref: str = ""  # the engine's reference to it (owner-qualified)
+    flavor: str = "small"
+    cpus: float = 1.0
+    memory: int = 1 << 30
+    pids: int = 512
+    network: bool = True
+    shared_folder: str = ""
+    runtime: str = ""
+
+    def fingerprint(self) -> str:
+        """A short hash of what cannot change without making the sandbox anew."""
+        fixed = {
+            "image": "" if self.snapshot_ref else self.image,
+            "snapshot": self.snapshot_ref,
+            "network": self.network,
+            "shared": self.shared_folder,
+            "runtime": self.runtime,
+        }
+        return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def source(self) -> str:
+        """What it is made from, as a user would say it."""
+        return f"snapshot {self.snapshot}" if self.snapshot else (self.image or "the default image")
 
 
-def installation_id(config: SandboxConfig) -> str:
-    """Which installation (state file) owns a sandbox: the reaper only touches its own."""
-    return hashlib.sha256(str(config.state_dir).encode()).hexdigest()[:12]
+@dataclass(frozen=True)
+class Spare:
+    """A warm interpreter the host started in a sandbox, known by what the engine's host
+    says about it (its pid there and its start time), never by what a process in the
+    sandbox claims."""
+
+    engine_id: str
+    pid: int  # in the sandbox's pid namespace
+    start_time: str
+    host_pid: int = 0  # the same process as the engine's host numbers it
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The little of an installation's settings an engine adapter needs."""
+
+    installation: str  # this installation's id: engine names and labels carry it
+    workspace_root: str  # host folder of the users' workspaces (Docker, local)
+    state_dir: str  # for engine leftovers the host must keep (local records)
+    start_timeout: float = 300.0
+    idle_stop: float = 15.0  # minutes: Daytona applies them natively
+    idle_delete: float = 120.0
+
+
+def installation_id(state_dir: str) -> str:
+    """Which installation (state folder) owns a sandbox: the reaper only touches its own."""
+    return hashlib.sha256(str(state_dir).encode()).hexdigest()[:12]
 
 
 ENGINE_SUFFIX = "--i"
 
 
-def engine_name(config: SandboxConfig, sandbox_id: str) -> str:
+def engine_name(installation: str, sandbox_id: str) -> str:
     """The engine's name for a sandbox: its id plus this installation's tag.
 
     Ids (``sk-alice``) are what users see and type; two installations on one engine
@@ -88,21 +135,16 @@ def engine_name(config: SandboxConfig, sandbox_id: str) -> str:
     the engine's names carry the installation and never collide: neither can find,
     stop or reap the other's sandboxes by name.
     """
-    return f"{sandbox_id}{ENGINE_SUFFIX}{installation_id(config)[:8]}"
+    return f"{sandbox_id}{ENGINE_SUFFIX}{installation[:8]}"
 
 
-def sandbox_id_of(config: SandboxConfig, name: str) -> str:
+def sandbox_id_of(installation: str, name: str) -> str:
     """The sandbox id of an engine name made by :func:`engine_name` (else the name)."""
-    suffix = f"{ENGINE_SUFFIX}{installation_id(config)[:8]}"
+    suffix = f"{ENGINE_SUFFIX}{installation[:8]}"
     return name[: -len(suffix)] if name.endswith(suffix) else name
 
 
-def workspace_dir(config: SandboxConfig, key: ScopeKey) -> Path:
-    """The host folder of ``key``'s user, mounted at /workspace (one per user, shared by threads)."""
-    return Path(config.workspace_root) / key.user_id
-
-
-def sandbox_labels(key: ScopeKey, config: SandboxConfig, workspace: str) -> dict[str, str]:
+def sandbox_labels(key: ScopeKey, spec: Spec, installation: str, workspace: str) -> dict[str, str]:
     """The labels that make a sandbox ours and let any process find it by its key."""
     return {
         LABEL_MANAGED: "1",
@@ -110,10 +152,12 @@ def sandbox_labels(key: ScopeKey, config: SandboxConfig, workspace: str) -> dict
         LABEL_USER_ID: key.user_id,
         LABEL_SCOPE: key.scope,
         LABEL_THREAD: key.thread,
-        LABEL_FLAVOR: config.flavor,
-        LABEL_SPEC: spec_hash(config),
+        LABEL_FLAVOR: spec.flavor,
+        LABEL_SPEC: spec.fingerprint(),
         LABEL_WORKSPACE: workspace,
-        LABEL_INSTALLATION: installation_id(config),
+        LABEL_INSTALLATION: installation,
+        LABEL_IMAGE: spec.source,
+        LABEL_SNAPSHOT_OF: spec.snapshot,
     }
 
 
@@ -146,9 +190,15 @@ class SandboxInfo:
     finished: float = 0.0  # when it last stopped (epoch seconds; 0 if never)
     started: float = 0.0  # while running: when it last started (epoch seconds; 0 if unknown)
     snapshot: str = ""  # the snapshot it was created from, if any
-    spec: str = ""  # spec_hash of the settings it was made with
+    spec: str = ""  # Spec.fingerprint() of what it was made from
     installation: str = ""  # installation_id of the state file that owns it
     file_owner: str = ""  # "uid:gid" the server gives new workspace files, when not its own
+    # Filled in by the orchestrator for listings:
+    outdated: str = ""  # why it differs from what its owner's settings make now, if it does
+    kernels: int = 0
+    kernel_ids: list[str] = field(default_factory=list)
+    busy_kernel_ids: list[str] = field(default_factory=list)
+    last_activity: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,12 +215,20 @@ class SnapshotInfo:
     size: int
     created: float
     id: str = ""
+    ref: str = ""  # the engine's name for it (owner-qualified)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 SNAPSHOT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
+LABEL_SNAPSHOT = LABEL_PREFIX + "snapshot"  # on a snapshot: its short name
+LABEL_SOURCE = LABEL_PREFIX + "source"  # on a snapshot: the sandbox it was taken from
+
+
+def snapshot_ref(user: str, name: str) -> str:
+    """The engine's name of ``user``'s snapshot ``name``: owner first, so names are per user."""
+    return f"{ScopeKey(user).user_id}--{check_snapshot_name(name)}"
 
 
 def check_snapshot_name(name: str) -> str:
@@ -185,11 +243,11 @@ def check_snapshot_name(name: str) -> str:
 
 @dataclass
 class Ensured:
-    """The answer of :meth:`Backend.ensure`: the sandbox and what had to happen to it."""
+    """The answer of the orchestrator's ``ensure``: the sandbox and what had to happen to it."""
 
     info: SandboxInfo
     event: str  # "existing" | "created" | "started" | "recreated"
-    notice: str = ""  # one line for the user when something was lost
+    notice: str = ""  # one line for the user when something was lost or changed
 
 
 @dataclass
@@ -242,14 +300,15 @@ class Backend(abc.ABC):
     # Whether SandboxInfo.workspace is a folder on this host (Docker, local); when not
     # (Daytona's volumes), file routes go through the sandbox itself.
     workspace_on_host: bool = True
-    # Whether an agent may leave a warm spare interpreter for the next kernel: true where
-    # every channel of a sandbox sees the same /tmp (containers, Daytona sandboxes).
-    keeps_spares: bool = True
+    # Whether a kernel may hand its channel to a warm spare the host started.
+    keeps_spares: bool = False
     # Whether get/destroy also accept an engine id (to reach an older incarnation of an id).
     finds_engine_ids: bool = False
+    # Whether resize() changes a sandbox's CPUs, memory and processes in place.
+    resizes: bool = False
 
-    def __init__(self, config: SandboxConfig) -> None:
-        self.config = config
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
 
     # -- engine --------------------------------------------------------------
     @abc.abstractmethod
@@ -258,31 +317,43 @@ class Backend(abc.ABC):
 
     # -- sandboxes -----------------------------------------------------------
     @abc.abstractmethod
-    def ensure(self, key: ScopeKey, progress: Progress | None = None) -> Ensured:
-        """Find the sandbox of ``key``, creating or starting it if needed.
+    def find(self, sandbox_id: str) -> SandboxInfo | None:
+        """One sandbox of this installation, or None."""
 
-        Safe to call from many processes at once: they all end up with one sandbox.
-        """
-
-    @abc.abstractmethod
     def get(self, sandbox_id: str) -> SandboxInfo:
         """One sandbox of ours, or :class:`SandboxNotFound`."""
+        info = self.find(sandbox_id)
+        if info is None:
+            raise not_found(sandbox_id)
+        return info
 
     @abc.abstractmethod
     def list(self, user: str | None = None) -> list[SandboxInfo]:
-        """Our sandboxes, all or those of one user (the name, not the id)."""
+        """This installation's sandboxes, all or those of one user (the name, not the id)."""
+
+    @abc.abstractmethod
+    def create(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress) -> SandboxInfo:
+        """Make and start sandbox ``sandbox_id`` of ``key`` from ``spec``, carrying ``labels``.
+
+        Raises :class:`AlreadyExists` when another process made it first (the caller
+        then takes that one), :class:`SandboxFailed` when the engine refuses.
+        """
+
+    @abc.abstractmethod
+    def start(self, sandbox_id: str, progress: Progress | None = None) -> SandboxInfo:
+        """Bring a stopped (or half-made) sandbox to running; returns when it runs."""
 
     @abc.abstractmethod
     def stop(self, sandbox_id: str) -> SandboxInfo:
         """Stop processes; the sandbox filesystem is kept."""
 
     @abc.abstractmethod
-    def start(self, sandbox_id: str) -> SandboxInfo:
-        """Start a stopped sandbox again."""
-
-    @abc.abstractmethod
     def destroy(self, sandbox_id: str) -> bool:
         """Remove the sandbox (the workspace is kept). False if it was already gone."""
+
+    def resize(self, sandbox_id: str, spec: Spec) -> bool:
+        """Give a sandbox the resources of ``spec`` in place; False when the engine cannot."""
+        return False
 
     # -- processes -----------------------------------------------------------
     @abc.abstractmethod
@@ -326,7 +397,7 @@ class Backend(abc.ABC):
         reaper calls it); engines with nothing on the host need nothing."""
         return None
 
-    # -- warm spares: optional ----------------------------------------------------------
+    # -- warm spares: optional ------------------------------------------------------------
     def start_spare(self, sandbox_id: str) -> Spare | None:
         """Start a warm interpreter in the sandbox for its next kernel, and say how to know
         it (pid and start time as the engine's host sees them); None when the engine
@@ -349,13 +420,18 @@ class Backend(abc.ABC):
         """Live use per sandbox id ({"memory": bytes, ...}); empty when the engine can't tell."""
         return {}
 
-    def create_snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+    # Snapshots are named by the orchestrator: ``ref`` is owner-qualified (see
+    # :func:`snapshot_ref`), so two users can each have a snapshot called "base".
+    def create_snapshot(self, sandbox_id: str, ref: str, labels: dict[str, str]) -> SnapshotInfo:
+        """Save the sandbox's filesystem (never the workspace) as snapshot ``ref``."""
         raise NotSupported(f"the {self.name} backend cannot take snapshots")
 
-    def list_snapshots(self, user: str | None = None) -> list[SnapshotInfo]:
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        """Every snapshot of this installation, each with its owner and ref."""
         raise NotSupported(f"the {self.name} backend has no snapshots")
 
-    def delete_snapshot(self, name: str) -> bool:
+    def delete_snapshot(self, ref: str) -> bool:
+        """Remove snapshot ``ref``; False when it was not there. Refuses while in use."""
         raise NotSupported(f"the {self.name} backend has no snapshots")
 
     # -- helpers shared by all engines ------------------------------------------

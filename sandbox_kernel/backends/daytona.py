@@ -47,26 +47,27 @@ from daytona.common.errors import (
     DaytonaRateLimitError,
 )
 
-from ..config import SandboxConfig
-from ..files import FileMissing
+from ..errors import FileMissing
 from ..identity import ScopeKey, safe_id
-from ..lifecycle import check_quota
-from ..store import Store
 from .base import (
     LABEL_FLAVOR,
+    LABEL_IMAGE,
     LABEL_INSTALLATION,
     LABEL_MANAGED,
     LABEL_SCOPE,
+    LABEL_SNAPSHOT,
+    LABEL_SNAPSHOT_OF,
     LABEL_SPEC,
     LABEL_THREAD,
     LABEL_USER,
-    LOST_NOTICE,
+    LABEL_WORKSPACE,
     WORKSPACE,
+    AlreadyExists,
     Backend,
     BadRequest,
     Channel,
+    EngineSettings,
     EngineUnavailable,
-    Ensured,
     ExecResult,
     Health,
     Progress,
@@ -74,15 +75,14 @@ from .base import (
     SandboxFailed,
     SandboxInfo,
     SnapshotInfo,
-    check_snapshot_name,
+    Spec,
+    engine_name,
     not_found,
-    sandbox_labels,
-    spec_hash,
+    sandbox_id_of,
 )
 
 T = TypeVar("T")
 
-LABEL_IMAGE = "sandbox-kernel.image"
 AGENT_LOG = "/tmp/.sandbox-agent.log"
 READY = b"\x01SKREADY\n"
 # Rate-limit retries: 0.5 s doubling to 8 s, about 30 s in all before giving up.
@@ -206,13 +206,12 @@ class PtyChannel(Channel):
 class DaytonaBackend(Backend):
     name = "daytona"
     workspace_on_host = False
-    keeps_spares = False  # no view of the runner's processes to vouch for a spare
 
-    def __init__(self, config: SandboxConfig) -> None:
-        super().__init__(config)
-        self.store = Store(config)
+    def __init__(self, settings: EngineSettings) -> None:
+        super().__init__(settings)
+        self._installation = settings.installation
         self._client: Daytona | None = None
-        self._sandboxes: dict[str, Any] = {}  # per-process cache of SDK handles, by name
+        self._sandboxes: dict[str, Any] = {}  # per-process cache of SDK handles, by sandbox id
 
     # -- client and errors ---------------------------------------------------------------
     @property
@@ -268,21 +267,23 @@ class DaytonaBackend(Backend):
         return Health(True, self.name, "Daytona answers")
 
     # -- lookups -------------------------------------------------------------------------
-    def _lookup(self, name: str) -> Any | None:
-        """The SDK handle of sandbox ``name`` (fresh state), or None when there is none."""
+    def _lookup(self, sandbox_id: str) -> Any | None:
+        """The SDK handle of sandbox ``sandbox_id`` (fresh state), or None when there is none."""
+        name = engine_name(self._installation, sandbox_id)
         try:
-            sandbox = self._call(self.client.get, name, what=f"look up {name}")
+            sandbox = self._call(self.client.get, name, what=f"look up {sandbox_id}")
         except DaytonaNotFoundError:
-            self._sandboxes.pop(name, None)
+            self._sandboxes.pop(sandbox_id, None)
             return None
-        if sandbox.labels.get(LABEL_MANAGED) != "1":
+        labels = sandbox.labels or {}
+        if labels.get(LABEL_MANAGED) != "1" or labels.get(LABEL_INSTALLATION) != self._installation:
             raise SandboxFailed(
-                f"a Daytona sandbox named {name} exists but was not made by sandbox-kernel; "
-                "rename or delete it (we never touch sandboxes that are not ours)"
+                f"a Daytona sandbox named {name} exists but was not made by this sandbox-kernel "
+                "installation; rename or delete it (we never touch sandboxes that are not ours)"
             )
         if _state(sandbox) in _GONE:
             return None
-        self._sandboxes[name] = sandbox
+        self._sandboxes[sandbox_id] = sandbox
         return sandbox
 
     def _sandbox(self, sandbox_id: str) -> Any:
@@ -303,7 +304,7 @@ class DaytonaBackend(Backend):
     def _info(self, sandbox: Any) -> SandboxInfo:
         labels = sandbox.labels or {}
         return SandboxInfo(
-            id=sandbox.name,
+            id=sandbox_id_of(self._installation, sandbox.name),
             backend=self.name,
             scope=labels.get(LABEL_SCOPE, "user"),
             user=labels.get(LABEL_USER, ""),
@@ -320,129 +321,78 @@ class DaytonaBackend(Backend):
             finished=_epoch(sandbox.updated_at) if _state(sandbox) == "stopped" else 0.0,
             # Daytona stamps updatedAt at each state change: for a running one, its start.
             started=_epoch(sandbox.updated_at) if _state(sandbox) == "running" else 0.0,
-            snapshot=labels.get("sandbox-kernel.snapshot", ""),
+            snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
             spec=labels.get(LABEL_SPEC, ""),
             installation=labels.get(LABEL_INSTALLATION, ""),
         )
 
+    def find(self, sandbox_id: str) -> SandboxInfo | None:
+        sandbox = self._lookup(sandbox_id)
+        return None if sandbox is None else self._info(sandbox)
+
     # -- sandboxes -----------------------------------------------------------------------
-    def ensure(self, key: ScopeKey, progress: Progress | None = None) -> Ensured:
-        say = progress or (lambda _msg: None)
-        sandbox = self._lookup(key.name)
-        if sandbox is not None:
-            return self._revive(sandbox, key, say)
-        record = self.store.get(self.name, key.name)
-        check_quota(self, self.config, self.config.memory)
-        volume = self._ensure_volume(key.user, say)
-        snapshot = self._snapshot_for_new(key)
-        say(f"creating Daytona sandbox {key.name} from {snapshot or 'the default snapshot'}")
-        labels = sandbox_labels(key, self.config, f"daytona volume {volume.name}")
-        labels[LABEL_IMAGE] = f"snapshot {self.config.snapshot}" if self.config.snapshot else self.config.image
-        labels["sandbox-kernel.snapshot"] = self.config.snapshot
+    def create(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress) -> SandboxInfo:
+        volume = self._ensure_volume(key.user, progress)
+        snapshot = f"sk-{spec.snapshot_ref}" if spec.snapshot_ref else spec.image
+        progress(f"creating Daytona sandbox {sandbox_id} from {snapshot or 'the default snapshot'}")
         params = CreateSandboxFromSnapshotParams(
-            name=key.name,
+            name=engine_name(self._installation, sandbox_id),
             snapshot=snapshot or None,
-            labels=labels,
+            labels={**labels, LABEL_WORKSPACE: f"daytona volume {volume.name}"},
             env_vars={"PIP_BREAK_SYSTEM_PACKAGES": "1", "PYTHONUNBUFFERED": "1"},
             volumes=[VolumeMount(volume_id=volume.id, mount_path=WORKSPACE)],
-            auto_stop_interval=math.ceil(self.config.idle_stop) if self.config.idle_stop else 0,
-            auto_delete_interval=math.ceil(self.config.idle_delete) if self.config.idle_delete else -1,
-            network_block_all=not self.config.network,
+            auto_stop_interval=math.ceil(self.settings.idle_stop) if self.settings.idle_stop else 0,
+            auto_delete_interval=math.ceil(self.settings.idle_delete) if self.settings.idle_delete else -1,
+            network_block_all=not spec.network,
         )
         try:
             sandbox = self._call(
-                self.client.create, params, timeout=self.config.start_timeout, what=f"create {key.name}"
+                self.client.create, params, timeout=self.settings.start_timeout, what=f"create {sandbox_id}"
             )
-        except DaytonaConflictError:  # another process created it first
-            return self._revive(self._wait_created(key.name), key, say)
+        except DaytonaConflictError:
+            raise AlreadyExists(f"{sandbox_id} was made by another process") from None
         except EngineUnavailable as exc:
             raise SandboxFailed(str(exc).replace("failed to", "could not")) from None
-        self._sandboxes[key.name] = sandbox
-        self.store.put(self.name, key.name, key.user, sandbox.id, spec_hash(self.config))
-        info = self._info(sandbox)
-        if record is not None and record.engine_id and record.engine_id != sandbox.id:
-            return Ensured(info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had been removed)")
-        return Ensured(info, "created")
+        self._sandboxes[sandbox_id] = sandbox
+        return self._info(sandbox)
 
-    def _snapshot_for_new(self, key: ScopeKey) -> str:
-        """The Daytona snapshot a new sandbox starts from ("" for Daytona's default).
-
-        The image setting names a Daytona snapshot here; its Docker-oriented default
-        means "not chosen", which on Daytona is the organization's default snapshot.
-        """
-        if self.config.snapshot:  # the owner's snapshot: names carry their user
-            return _snapshot_name(key.user, self.config.snapshot)
-        if self.config.image == SandboxConfig.image.default_value:
-            return ""
-        return self.config.image
-
-    def _wait_created(self, name: str) -> Any:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            sandbox = self._lookup(name)
-            if sandbox is not None:
-                return sandbox
-            time.sleep(0.5)
-        raise SandboxFailed(f"{name} was being created by another process and did not appear")
-
-    def _revive(self, sandbox: Any, key: ScopeKey, say: Progress) -> Ensured:
+    def start(self, sandbox_id: str, progress: Progress | None = None) -> SandboxInfo:
+        say = progress or (lambda _msg: None)
+        sandbox = self._sandbox(sandbox_id)
         state = _state(sandbox)
-        if state == "running":
-            self._remember(key, sandbox)
-            return Ensured(self._info(sandbox), "existing")
         if state == "creating":
-            say(f"waiting for Daytona sandbox {key.name} ({_raw_state(sandbox)})")
-            self._call(sandbox.wait_for_sandbox_start, timeout=self.config.start_timeout, what=f"start {key.name}")
-            self._remember(key, sandbox)
-            return Ensured(self._info(sandbox), "existing")
-        if state == "error":
+            say(f"waiting for Daytona sandbox {sandbox_id} ({_raw_state(sandbox)})")
+            self._call(sandbox.wait_for_sandbox_start, timeout=self.settings.start_timeout, what=f"start {sandbox_id}")
+        elif state == "error":
             reason = getattr(sandbox, "error_reason", None) or "in error"
-            say(f"Daytona sandbox {key.name} failed ({reason}): creating a new one")
-            self._call(sandbox.delete, what=f"delete {key.name}")
-            self._wait_gone(key.name)
-            self.store.delete(self.name, key.name)
-            ensured = self.ensure(key, say)
-            return Ensured(ensured.info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had failed: {reason})")
-        raw = _raw_state(sandbox)
-        say(
-            f"starting Daytona sandbox {key.name} ({raw}"
-            + ("; restoring an archived sandbox can take a minute" if raw in ("archived", "archiving") else "")
-            + ")"
-        )
-        self._call(sandbox.start, timeout=self.config.start_timeout, what=f"start {key.name}")
-        self._remember(key, sandbox)
-        return Ensured(self._info(sandbox), "started")
-
-    def _remember(self, key: ScopeKey, sandbox: Any) -> None:
-        record = self.store.get(self.name, key.name)
-        if record is None or record.engine_id != sandbox.id:
-            self.store.put(self.name, key.name, key.user, sandbox.id, sandbox.labels.get(LABEL_SPEC, ""))
-        else:
-            self.store.touch(self.name, key.name)
-
-    def _wait_gone(self, name: str) -> None:
-        self.wait_until(lambda: self._lookup(name) is None, 60, f"{name} to be deleted")
+            raise SandboxFailed(f"Daytona sandbox {sandbox_id} failed ({reason})")
+        elif state != "running":
+            raw = _raw_state(sandbox)
+            say(
+                f"starting Daytona sandbox {sandbox_id} ({raw}"
+                + ("; restoring an archived sandbox can take a minute" if raw in ("archived", "archiving") else "")
+                + ")"
+            )
+            self._call(sandbox.start, timeout=self.settings.start_timeout, what=f"start {sandbox_id}")
+        return self._info(sandbox)
 
     def _ensure_volume(self, user: str, say: Progress) -> Any:
         """The user's workspace volume, created on first use and ready to mount."""
         name = _volume_name(user)
         volume = self._call(self.client.volume.get, name, create=True, what=f"get volume {name}")
-        deadline = time.monotonic() + self.config.start_timeout
+        deadline = time.monotonic() + self.settings.start_timeout
         while _raw_state(volume) != "ready":
             if _raw_state(volume) == "error":
                 raise SandboxFailed(f"Daytona volume {name} is in error: {volume.error_reason or 'no reason given'}")
             if time.monotonic() > deadline:
-                raise SandboxFailed(f"Daytona volume {name} was not ready after {self.config.start_timeout:.0f} s")
+                raise SandboxFailed(f"Daytona volume {name} was not ready after {self.settings.start_timeout:.0f} s")
             say(f"waiting for workspace volume {name}")
             time.sleep(0.5)
             volume = self._call(self.client.volume.get, name, what=f"get volume {name}")
         return volume
 
-    def get(self, sandbox_id: str) -> SandboxInfo:
-        return self._info(self._sandbox(sandbox_id))
-
     def list(self, user: str | None = None) -> list[SandboxInfo]:
-        labels = {LABEL_MANAGED: "1"}
+        labels = {LABEL_MANAGED: "1", LABEL_INSTALLATION: self._installation}
         if user is not None:
             labels[LABEL_USER] = user
         found = self._call(
@@ -453,13 +403,7 @@ class DaytonaBackend(Backend):
     def stop(self, sandbox_id: str) -> SandboxInfo:
         sandbox = self._sandbox(sandbox_id)
         if _state(sandbox) == "running":
-            self._call(sandbox.stop, timeout=self.config.start_timeout, what=f"stop {sandbox_id}")
-        return self._info(sandbox)
-
-    def start(self, sandbox_id: str) -> SandboxInfo:
-        sandbox = self._sandbox(sandbox_id)
-        if _state(sandbox) != "running":
-            self._call(sandbox.start, timeout=self.config.start_timeout, what=f"start {sandbox_id}")
+            self._call(sandbox.stop, timeout=self.settings.start_timeout, what=f"stop {sandbox_id}")
         return self._info(sandbox)
 
     def destroy(self, sandbox_id: str) -> bool:
@@ -471,6 +415,7 @@ class DaytonaBackend(Backend):
         except DaytonaNotFoundError:
             return False
         self._sandboxes.pop(sandbox_id, None)
+        self.wait_until(lambda: self._lookup(sandbox_id) is None, 60, f"{sandbox_id} to be deleted")
         return True
 
     def keep_alive(self, sandbox_id: str) -> None:
@@ -482,7 +427,7 @@ class DaytonaBackend(Backend):
     @property
     def keep_alive_interval(self) -> float:
         # Three refreshes per auto-stop interval, so one lost request never stops a cell.
-        return max(1.0, self.config.idle_stop * 60 / 3) if self.config.idle_stop else 0.0
+        return max(1.0, self.settings.idle_stop * 60 / 3) if self.settings.idle_stop else 0.0
 
     def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, float]]:
         """Live use per running sandbox, as its daemon reports it (one toolbox call each).
@@ -562,7 +507,7 @@ class DaytonaBackend(Backend):
         )
         try:
             handle.send_input(line)
-            channel.read_until(READY, timeout=min(60.0, self.config.start_timeout))
+            channel.read_until(READY, timeout=min(60.0, self.settings.start_timeout))
         except BaseException:
             channel.close()
             raise
@@ -588,52 +533,62 @@ class DaytonaBackend(Backend):
             raise SandboxError(f"download of {path!r} failed: {_message(exc)}") from None
 
     # -- snapshots -----------------------------------------------------------------------
-    def create_snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
-        check_snapshot_name(name)
+    # Daytona snapshot names are organization-wide: ours are "sk-" + the owner-qualified ref.
+    def create_snapshot(self, sandbox_id: str, ref: str, labels: dict[str, str]) -> SnapshotInfo:
         sandbox = self._sandbox(sandbox_id)
-        user = sandbox.labels.get(LABEL_USER, "")
-        full = _snapshot_name(user, name)
         try:
-            self._call(sandbox.create_snapshot, full, timeout=self.config.start_timeout, what=f"snapshot {sandbox_id}")
+            self._call(
+                sandbox.create_snapshot, f"sk-{ref}", timeout=self.settings.start_timeout, what=f"snapshot {sandbox_id}"
+            )
         except DaytonaConflictError:
-            raise BadRequest(f"a snapshot named {name!r} exists already; delete it or pick another name") from None
-        for snap in self.list_snapshots(user):
-            if snap.name == name:
+            raise BadRequest(
+                f"you have a snapshot named {labels.get(LABEL_SNAPSHOT, ref)!r}; delete it or pick another name"
+            ) from None
+        for snap in self.list_snapshots():
+            if snap.ref == ref:
                 return snap
-        raise SandboxFailed(f"Daytona accepted snapshot {name!r} but does not list it")
+        raise SandboxFailed(f"Daytona accepted snapshot {ref!r} but does not list it")
 
-    def list_snapshots(self, user: str | None = None) -> list[SnapshotInfo]:
-        page = self._call(self.client.snapshot.list, what="list snapshots")
+    def _all_snapshots(self) -> list[Any]:
+        """Every snapshot of the organization, page after page."""
+        found: list[Any] = []
+        page = 1
+        while True:
+            batch = self._call(self.client.snapshot.list, page=page, limit=100, what="list snapshots")
+            found.extend(batch.items)
+            if page >= (batch.total_pages or 1) or not batch.items:
+                return found
+            page += 1
+
+    def list_snapshots(self) -> list[SnapshotInfo]:
         ours = self.list()
-        names = {s.engine_id: s.id for s in ours}
+        sources = {s.engine_id: s.id for s in ours}
         users = {safe_id(s.user): s.user for s in ours}
-        if user is not None:
-            users[safe_id(user)] = user
         out = []
-        for snap in page.items:
+        for snap in self._all_snapshots():
             owner, short = _split_snapshot_name(snap.name)
-            if not short or (user is not None and owner != safe_id(user)):
+            if not short:
                 continue
             out.append(
                 SnapshotInfo(
                     name=short,
                     backend=self.name,
                     user=users.get(owner, owner),
-                    source=names.get(snap.source_sandbox_id or "", snap.source_sandbox_id or ""),
+                    source=sources.get(snap.source_sandbox_id or "", snap.source_sandbox_id or ""),
                     size=int((snap.size or 0) * 2**30),
                     created=_epoch(str(snap.created_at) if snap.created_at else None),
                     id=snap.id,
+                    ref=snap.name[3:],
                 )
             )
         return out
 
-    def delete_snapshot(self, name: str) -> bool:
-        for snap in self._call(self.client.snapshot.list, what="list snapshots").items:
-            if _split_snapshot_name(snap.name)[1] == name:
-                self._call(self.client.snapshot.delete, snap, what=f"delete snapshot {name}")
+    def delete_snapshot(self, ref: str) -> bool:
+        for snap in self._all_snapshots():
+            if snap.name == f"sk-{ref}":
+                self._call(self.client.snapshot.delete, snap, what=f"delete snapshot {ref}")
                 return True
         return False
-
 
 
 def _message(exc: DaytonaError) -> str:

@@ -34,45 +34,44 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from ..agent import SPARE_SOCKET, agent_source, bootstrap_command, fs_helper_source
-from ..config import SandboxConfig, setting_names
+from ..config import FLAVORS
 from ..identity import ScopeKey
-from ..lifecycle import check_quota
 from ..safefs import make_folder
-from ..store import Spare, Store
 from . import idmap
 from .base import (
     LABEL_FLAVOR,
+    LABEL_IMAGE,
     LABEL_INSTALLATION,
     LABEL_MANAGED,
     LABEL_PREFIX,
     LABEL_SCOPE,
+    LABEL_SNAPSHOT,
+    LABEL_SNAPSHOT_OF,
+    LABEL_SOURCE,
     LABEL_SPEC,
     LABEL_THREAD,
     LABEL_USER,
     LABEL_USER_ID,
     LABEL_WORKSPACE,
-    LOST_NOTICE,
     SHARED,
     WORKSPACE,
+    AlreadyExists,
     Backend,
     BadRequest,
+    EngineSettings,
     EngineUnavailable,
-    Ensured,
     ExecResult,
     Health,
     Progress,
     SandboxError,
     SandboxFailed,
     SandboxInfo,
-    SandboxNotFound,
     SnapshotInfo,
-    check_snapshot_name,
+    Spare,
+    Spec,
     engine_name,
-    installation_id,
     not_found,
     sandbox_id_of,
-    sandbox_labels,
-    spec_hash,
 )
 from .cgroups import cgroup_usage
 from .docker_channel import DockerChannel
@@ -82,8 +81,8 @@ log = logging.getLogger("sandbox_kernel")
 
 HOME = "/home/sandbox"
 SNAPSHOT_REPO = "sandbox-kernel-snapshot"
-LABEL_SNAPSHOT = LABEL_PREFIX + "snapshot"
-LABEL_SNAPSHOT_OF = LABEL_PREFIX + "from-snapshot"
+LABEL_SNAPSHOT_REF = LABEL_PREFIX + "snapshot-ref"  # on snapshots and the sandboxes made from them
+LABEL_RUNTIME = LABEL_PREFIX + "runtime"
 LABEL_CPUS = LABEL_PREFIX + "cpus"
 LABEL_MEMORY = LABEL_PREFIX + "memory"
 LABEL_PIDS = LABEL_PREFIX + "pids"
@@ -124,6 +123,11 @@ def _process_identity(host_pid: int) -> tuple[int, str] | None:
     return int(nspid[-1]), start
 
 
+def _flavor_of(limits: dict[str, Any]) -> str:
+    """The flavor whose memory a container has now (a resize changes it; labels cannot)."""
+    return next((name for name, size in FLAVORS.items() if size["memory"] == limits.get("memory")), "")
+
+
 def _unused_host_uid() -> int:
     """1000 when no host account has it, else the first uid from 100000 that none has:
     what a sandbox writes must never belong to a real host user."""
@@ -148,12 +152,13 @@ class DockerBackend(Backend):
 
     name = "docker"
     finds_engine_ids = True
+    keeps_spares = True
+    resizes = True
 
-    def __init__(self, config: SandboxConfig) -> None:
-        super().__init__(config)
+    def __init__(self, settings: EngineSettings) -> None:
+        super().__init__(settings)
         self._client: Any = None
-        self.store = Store(config)
-        self._installation = installation_id(config)
+        self._installation = settings.installation
         self._network_checked = False
         self._proc_visible: bool | None = None
 
@@ -210,7 +215,7 @@ class DockerBackend(Backend):
     # -- lookups -------------------------------------------------------------
     def _id(self, container: Any) -> str:
         """The sandbox id of one of our containers (its name without our installation tag)."""
-        return sandbox_id_of(self.config, container.name)
+        return sandbox_id_of(self._installation, container.name)
 
     def _ours(self, labels: dict[str, str] | None) -> bool:
         """Made by sandbox-kernel, and by this installation (this state folder)."""
@@ -221,7 +226,7 @@ class DockerBackend(Backend):
         """Our container by sandbox id (or engine id), or None; others' are never ours."""
         import docker.errors
 
-        for candidate in (engine_name(self.config, sandbox_id), sandbox_id):
+        for candidate in (engine_name(self._installation, sandbox_id), sandbox_id):
             try:
                 container = self._call(self.client.containers.get, candidate)
             except docker.errors.NotFound:
@@ -265,6 +270,7 @@ class DockerBackend(Backend):
             "pids": host.get("PidsLimit") or 0,
             "network": host.get("NetworkMode") != "none",
         }
+        info.flavor = _flavor_of(info.limits) or info.flavor
         info.exit_reason = exit_reason
         if state.get("Status") != "running":
             info.finished = _parse_time(state.get("FinishedAt", ""))
@@ -275,15 +281,15 @@ class DockerBackend(Backend):
     def _summary_info(self, summary: dict[str, Any]) -> SandboxInfo:
         """A listing entry: built from one list call, with limits read from our labels."""
         labels = summary.get("Labels") or {}
-        runtime = labels.get(LABEL_PREFIX + "runtime", "")
+        runtime = labels.get(LABEL_RUNTIME, "")
         return SandboxInfo(
-            id=sandbox_id_of(self.config, (summary.get("Names") or ["/?"])[0].lstrip("/")),
+            id=sandbox_id_of(self._installation, (summary.get("Names") or ["/?"])[0].lstrip("/")),
             backend=self.name,
             scope=labels.get(LABEL_SCOPE, "user"),
             user=labels.get(LABEL_USER, ""),
             thread=labels.get(LABEL_THREAD, ""),
             state=_STATES.get(summary.get("State", ""), "error"),
-            image=labels.get("sandbox-kernel.image") or summary.get("Image", ""),
+            image=labels.get(LABEL_IMAGE) or summary.get("Image", ""),
             created=float(summary.get("Created") or 0),
             engine_id=summary.get("Id", ""),
             flavor=labels.get(LABEL_FLAVOR, ""),
@@ -305,8 +311,9 @@ class DockerBackend(Backend):
             file_owner=labels.get(LABEL_UID, "") if labels.get(LABEL_OWNERSHIP) == "chown" else "",
         )
 
-    def get(self, sandbox_id: str) -> SandboxInfo:
-        return self._info(self._require(sandbox_id))
+    def find(self, sandbox_id: str) -> SandboxInfo | None:
+        container = self._container(sandbox_id)
+        return None if container is None else self._info(container)
 
     def list(self, user: str | None = None) -> list[SandboxInfo]:
         filters = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALLATION}={self._installation}"]
@@ -316,118 +323,59 @@ class DockerBackend(Backend):
         summaries = self._call(self.client.api.containers, all=True, filters={"label": filters})
         return sorted((self._summary_info(s) for s in summaries), key=lambda i: i.id)
 
-    # -- create / find -------------------------------------------------------
-    def ensure(self, key: ScopeKey, progress: Progress | None = None) -> Ensured:
+    # -- create ----------------------------------------------------------------
+    def create(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress) -> SandboxInfo:
         import docker.errors
 
-        say = progress or (lambda _msg: None)
-        name = engine_name(self.config, key.name)
-        container = self._call_lookup(name)
-        if container is not None:
-            return self._revive(container, key, say)
-        record = self.store.get(self.name, key.name)
-        check_quota(self, self.config, self.config.memory)
-        image = self._snapshot_image() if self.config.snapshot else self._ensure_image(say)
-        source = f"snapshot {self.config.snapshot}" if self.config.snapshot else self.config.image
-        say(f"creating sandbox {key.name} from {source} ({self.config.flavor})")
+        name = engine_name(self._installation, sandbox_id)
+        image = self._snapshot_image(spec) if spec.snapshot_ref else self._ensure_image(spec.image, progress)
         try:
-            container = self._call(self.client.containers.create, **self._create_args(key, image))
+            container = self._call(self.client.containers.create, **self._create_args(sandbox_id, key, spec, labels, image))
         except docker.errors.APIError as exc:
-            if exc.status_code == 409:  # another process created it first
-                return self._revive(self._wait_created(name), key, say)
+            if exc.status_code == 409:  # the name is taken: another process of ours won the race?
+                if self._foreign(name):
+                    raise SandboxFailed(
+                        f"a container named {name} exists but was not made by this sandbox-kernel "
+                        "installation; rename or remove it (we never touch containers that are not ours)"
+                    ) from None
+                raise AlreadyExists(f"{sandbox_id} was made by another process") from None
             self._release_mount(name)
-            raise self._create_failed(key.name, exc) from None
-        self._prepare(container, image)
+            raise self._create_failed(sandbox_id, spec, exc) from None
+        self._prepare(container)
         self._start(container)
-        self.store.put(self.name, key.name, key.user, container.id, spec_hash(self.config))
-        info = self._info(self._reload(container))
-        if record is not None and record.engine_id and record.engine_id != container.id:
-            return Ensured(info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({key.name} had been removed)")
-        return Ensured(info, "created")
+        return self._info(self._reload(container))
 
-    def _create_failed(self, sandbox_id: str, exc: Any) -> SandboxFailed:
+    def _foreign(self, name: str) -> bool:
+        """Whether the container holding ``name`` is not ours (a winner of a create race
+        may not be visible yet: its name is taken before it can be looked up)."""
+        import docker.errors
+
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                return not self._ours(self._call(self.client.containers.get, name).labels)
+            except docker.errors.NotFound:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.05)
+
+    def _create_failed(self, sandbox_id: str, spec: Spec, exc: Any) -> SandboxFailed:
         """The one-line error for a refused create, naming the setting to change when known."""
         explanation = str(getattr(exc, "explanation", "") or exc)
-        if self.config.runtime and "runtime" in explanation.lower():
+        if spec.runtime and "runtime" in explanation.lower():
             return SandboxFailed(
-                f"Docker has no runtime {self.config.runtime!r} ({explanation}); install it and register it "
-                f"with dockerd (gVisor: runsc), or unset {setting_names('runtime')}"
+                f"Docker has no runtime {spec.runtime!r} ({explanation}); install it and register it "
+                "with dockerd (gVisor: runsc), or unset SANDBOX_KERNEL_RUNTIME / c.SandboxConfig.runtime"
             )
         return SandboxFailed(f"Docker could not create {sandbox_id}: {explanation}")
-
-    def _call_lookup(self, name: str) -> Any:
-        import docker.errors
-
-        try:
-            container = self._call(self.client.containers.get, name)
-        except docker.errors.NotFound:
-            return None
-        if not self._ours(container.labels):
-            raise SandboxFailed(
-                f"a container named {name} exists but was not made by this sandbox-kernel installation; "
-                "rename or remove it (we never touch containers that are not ours)"
-            )
-        return container
-
-    def _wait_created(self, name: str) -> Any:
-        """After losing a create race, wait for the winner's container to show up."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            container = self._call_lookup(name)
-            if container is not None:
-                return container
-            time.sleep(0.1)
-        raise SandboxFailed(f"{name} was being created by another process and did not appear")
-
-    def _revive(self, container: Any, key: ScopeKey, say: Progress) -> Ensured:
-        """Bring an existing container to running; say what the user lost, if anything."""
-        status = container.status
-        if status == "running":
-            self._remember(key, container)
-            return Ensured(self._info(container), "existing")
-        if status == "created":
-            # Either another process is between create and start (give it a moment), or
-            # a create crashed half-way; preparing and starting is idempotent either way.
-            deadline = time.monotonic() + 10
-            while container.status == "created" and time.monotonic() < deadline:
-                time.sleep(0.1)
-                container = self._reload(container)
-            if container.status == "created":
-                self._prepare(container, self._image_of(container))
-        if container.status in ("dead", "removing"):
-            say(f"sandbox {key.name} is {container.status}; recreating it")
-            self.destroy(key.name, forget=False)
-            return self.ensure(key, say)
-        previous = self._info(container)
-        if container.status == "paused":
-            self._call(container.unpause)
-        elif container.status != "running":
-            say(f"starting sandbox {key.name}")
-            self._start(container)
-        self._remember(key, container)
-        info = self._info(self._reload(container))
-        notice = ""
-        if previous.exit_reason.startswith("out of memory"):
-            notice = f"sandbox restarted: {LOST_NOTICE} ({key.name} had stopped: {previous.exit_reason})"
-        return Ensured(info, "started" if status != "running" else "existing", notice)
-
-    def _remember(self, key: ScopeKey, container: Any) -> None:
-        record = self.store.get(self.name, key.name)
-        spec = spec_hash(self.config)
-        if record is None or record.engine_id != container.id or record.spec != spec:
-            self.store.put(self.name, key.name, key.user, container.id, spec)
 
     def _reload(self, container: Any) -> Any:
         self._call(container.reload)
         return container
 
-    def _image_of(self, container: Any) -> Any:
-        return self._call(self.client.images.get, container.attrs["Image"])
-
-    def _ensure_image(self, say: Progress) -> Any:
+    def _ensure_image(self, name: str, say: Progress) -> Any:
         import docker.errors
 
-        name = self.config.image
         try:
             return self._call(self.client.images.get, name)
         except docker.errors.ImageNotFound:
@@ -487,14 +435,14 @@ class DockerBackend(Backend):
         would walk into the mount and delete the workspace."""
         if Path("/run").is_dir():
             return Path("/run/sandbox-kernel") / self._installation[:8]
-        return Path(self.config.state_dir) / "mounts"
+        return Path(self.settings.state_dir) / "mounts"
 
     def _mount_point(self, name: str) -> Path:
         return self._mounts_dir() / name / "workspace"
 
     def _workspace_source(self, key: ScopeKey, name: str, uid: int, gid: int, how: str) -> tuple[Path, Path]:
         """(the user's workspace folder, the host path to bind at /workspace)."""
-        root = Path(self.config.workspace_root)
+        root = Path(self.settings.workspace_root)
         workspace = make_folder(root, key.user_id, owner=(uid, gid) if how == "chown" else None)
         if how != "idmap":
             return workspace, workspace
@@ -568,10 +516,10 @@ class DockerBackend(Backend):
         self._network_checked = True
         return NETWORK
 
-    def _create_args(self, key: ScopeKey, image: Any) -> dict[str, Any]:
+    def _create_args(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], image: Any) -> dict[str, Any]:
         from docker.types import Mount
 
-        name = engine_name(self.config, key.name)
+        name = engine_name(self._installation, sandbox_id)
         uid, gid, how = self._ownership(image)
         workspace, source = self._workspace_source(key, name, uid, gid, how)
         image_env = dict(
@@ -579,24 +527,9 @@ class DockerBackend(Backend):
         )
         path = image_env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         mounts = [Mount(WORKSPACE, str(source), type="bind", read_only=False)]
-        if self.config.shared_folder:
-            mounts.append(Mount(SHARED, self.config.shared_folder, type="bind", read_only=True))
-        cfg = self.config
-        # Docker refuses more CPUs than the engine's machine has: a large flavor on a
-        # small host gets all of its CPUs rather than an error.
-        cpus = min(cfg.cpus, self._engine_cpus())
-        labels = {
-            **sandbox_labels(key, cfg, str(workspace)),
-            "sandbox-kernel.image": f"snapshot {cfg.snapshot}" if cfg.snapshot else cfg.image,
-            LABEL_SNAPSHOT_OF: cfg.snapshot,
-            LABEL_CPUS: f"{cpus:g}",
-            LABEL_MEMORY: str(cfg.memory),
-            LABEL_PIDS: str(cfg.pids_limit),
-            LABEL_UID: f"{uid}:{gid}",
-            LABEL_OWNERSHIP: how,
-            LABEL_MOUNT: str(source) if how == "idmap" else "",
-            LABEL_PREFIX + "runtime": cfg.runtime,
-        }
+        if spec.shared_folder:
+            mounts.append(Mount(SHARED, spec.shared_folder, type="bind", read_only=True))
+        cpus = self._cpus(spec)
         args: dict[str, Any] = {
             "image": image.id,
             "name": name,
@@ -616,25 +549,41 @@ class DockerBackend(Backend):
                 "PIP_BREAK_SYSTEM_PACKAGES": "1",
                 "PYTHONUNBUFFERED": "1",
             },
-            "labels": labels,
+            "labels": {
+                **labels,
+                LABEL_WORKSPACE: str(workspace),
+                LABEL_CPUS: f"{cpus:g}",
+                LABEL_MEMORY: str(spec.memory),
+                LABEL_PIDS: str(spec.pids),
+                LABEL_UID: f"{uid}:{gid}",
+                LABEL_OWNERSHIP: how,
+                LABEL_MOUNT: str(source) if how == "idmap" else "",
+                LABEL_RUNTIME: spec.runtime,
+                LABEL_SNAPSHOT_REF: spec.snapshot_ref,
+            },
             "mounts": mounts,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges", f"seccomp={seccomp_profile()}"],
-            "pids_limit": cfg.pids_limit,
-            "mem_limit": cfg.memory,
-            "memswap_limit": cfg.memory,
+            "pids_limit": spec.pids,
+            "mem_limit": spec.memory,
+            "memswap_limit": spec.memory,
             "nano_cpus": int(cpus * 1e9),
             "detach": True,
         }
-        if cfg.network:
+        if spec.network:
             args["network"] = self._network()
         else:
             args["network_mode"] = "none"
-        if cfg.runtime:
-            args["runtime"] = cfg.runtime
+        if spec.runtime:
+            args["runtime"] = spec.runtime
         return args
 
-    def _prepare(self, container: Any, image: Any) -> None:
+    def _cpus(self, spec: Spec) -> float:
+        # Docker refuses more CPUs than the engine's machine has: a large flavor on a
+        # small host gets all of its CPUs rather than an error.
+        return min(spec.cpus, self._engine_cpus())
+
+    def _prepare(self, container: Any) -> None:
         """Create the sandbox user's HOME before start (the image may not have it)."""
         uid, _, gid = container.labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
         buf = io.BytesIO()
@@ -668,17 +617,43 @@ class DockerBackend(Backend):
         self._call(container.stop, timeout=5)
         return self._info(self._reload(container))
 
-    def start(self, sandbox_id: str) -> SandboxInfo:
+    def start(self, sandbox_id: str, progress: Progress | None = None) -> SandboxInfo:
         container = self._require(sandbox_id)
+        if container.status == "created":
+            # Either another process is between create and start (give it a moment), or
+            # a create crashed half-way; preparing and starting is idempotent either way.
+            deadline = time.monotonic() + 10
+            while container.status == "created" and time.monotonic() < deadline:
+                time.sleep(0.1)
+                container = self._reload(container)
+            if container.status == "created":
+                self._prepare(container)
         if container.status == "paused":
             self._call(container.unpause)
+        elif container.status in ("dead", "removing"):
+            raise SandboxFailed(f"sandbox {sandbox_id} is {container.status} and cannot start")
         elif container.status != "running":
-            if container.status == "created":
-                self._prepare(container, self._image_of(container))
+            if progress:
+                progress(f"starting sandbox {sandbox_id}")
             self._start(container)
         return self._info(self._reload(container))
 
-    def destroy(self, sandbox_id: str, forget: bool = True) -> bool:
+    def resize(self, sandbox_id: str, spec: Spec) -> bool:
+        """CPUs, memory and processes of a container change in place (``docker update``)."""
+        import docker.errors
+
+        container = self._require(sandbox_id)
+        api = self.client.api
+        # The SDK's update_container knows neither NanoCpus nor PidsLimit; the API does.
+        body = {"Memory": spec.memory, "MemorySwap": spec.memory, "NanoCpus": int(self._cpus(spec) * 1e9), "PidsLimit": spec.pids}
+        try:
+            response = self._call(api._post_json, api._url("/containers/{0}/update", container.id), data=body)
+            api._raise_for_status(response)
+        except docker.errors.APIError as exc:
+            raise SandboxFailed(f"Docker could not resize {sandbox_id}: {exc.explanation}") from None
+        return True
+
+    def destroy(self, sandbox_id: str) -> bool:
         import docker.errors
 
         container = self._container(sandbox_id)
@@ -693,8 +668,6 @@ class DockerBackend(Backend):
                 return True
             raise SandboxError(f"Docker could not remove {sandbox_id}: {exc.explanation}") from None
         self._release_mount(container.name)
-        if forget:
-            self.store.delete(self.name, self._id(container))
         return True
 
     # -- processes -------------------------------------------------------------
@@ -835,17 +808,18 @@ class DockerBackend(Backend):
         return found
 
     # -- snapshots -----------------------------------------------------------------------
-    def _snapshot_ref(self, name: str) -> str:
-        return f"{SNAPSHOT_REPO}:{check_snapshot_name(name)}"
+    def _repository(self) -> str:
+        """One image repository per installation: its snapshots are nobody else's."""
+        return f"{SNAPSHOT_REPO}-{self._installation[:8]}"
 
-    def _snapshot_image(self) -> Any:
+    def _snapshot_image(self, spec: Spec) -> Any:
         import docker.errors
 
         try:
-            image = self._call(self.client.images.get, self._snapshot_ref(self.config.snapshot))
+            image = self._call(self.client.images.get, f"{self._repository()}:{spec.snapshot_ref}")
         except docker.errors.ImageNotFound:
             raise SandboxFailed(
-                f"no snapshot named {self.config.snapshot!r}; `sandbox-kernel snapshot list` shows yours"
+                f"no snapshot named {spec.snapshot!r}; `sandbox-kernel snapshot list` shows yours"
             ) from None
         return image
 
@@ -855,78 +829,60 @@ class DockerBackend(Backend):
             name=labels.get(LABEL_SNAPSHOT, ""),
             backend=self.name,
             user=labels.get(LABEL_USER, ""),
-            source=labels.get(LABEL_PREFIX + "source", ""),
+            source=labels.get(LABEL_SOURCE, ""),
             size=int(image.attrs.get("Size") or 0),
             created=_parse_time(image.attrs.get("Created", "")),
             id=image.id,
+            ref=labels.get(LABEL_SNAPSHOT_REF, ""),
         )
 
-    def create_snapshot(self, sandbox_id: str, name: str) -> SnapshotInfo:
+    def create_snapshot(self, sandbox_id: str, ref: str, labels: dict[str, str]) -> SnapshotInfo:
         """Commit the sandbox's filesystem (never the workspace: it is a bind mount)."""
         import docker.errors
 
         container = self._require(sandbox_id)
-        ref = self._snapshot_ref(name)
+        tag = f"{self._repository()}:{ref}"
         try:
-            self._call(self.client.images.get, ref)
-            raise BadRequest(f"a snapshot named {name!r} exists; delete it first or pick another name")
+            self._call(self.client.images.get, tag)
+            raise BadRequest(
+                f"you have a snapshot named {labels.get(LABEL_SNAPSHOT, ref)!r}; delete it first or pick another name"
+            )
         except docker.errors.ImageNotFound:
             pass
-        labels = {
-            LABEL_SNAPSHOT: name,
-            LABEL_USER: container.labels.get(LABEL_USER, ""),
-            LABEL_USER_ID: container.labels.get(LABEL_USER_ID, ""),
-            LABEL_PREFIX + "source": self._id(container),
-            LABEL_INSTALLATION: self._installation,
-        }
+        labels = {**labels, LABEL_SNAPSHOT_REF: ref, LABEL_INSTALLATION: self._installation}
         try:
             image = self._call(
-                container.commit, repository=SNAPSHOT_REPO, tag=name, conf={"Labels": labels}, pause=True
+                container.commit, repository=self._repository(), tag=ref, conf={"Labels": labels}, pause=True
             )
         except docker.errors.APIError as exc:
-            raise SandboxError(f"Docker could not snapshot {container.name}: {exc.explanation}") from None
+            raise SandboxError(f"Docker could not snapshot {sandbox_id}: {exc.explanation}") from None
         return self._snapshot_info(self._call(self.client.images.get, image.id))
 
-    def list_snapshots(self, user: str | None = None) -> list[SnapshotInfo]:
-        filters = [f"{LABEL_SNAPSHOT}", f"{LABEL_INSTALLATION}={self._installation}"]
-        if user is not None:
-            filters.append(f"{LABEL_USER_ID}={ScopeKey(user).user_id}")
+    def list_snapshots(self) -> list[SnapshotInfo]:
+        filters = [LABEL_SNAPSHOT, f"{LABEL_INSTALLATION}={self._installation}"]
         images = self._call(self.client.images.list, filters={"label": filters})
         return sorted((self._snapshot_info(i) for i in images), key=lambda s: s.created)
 
-    def get_snapshot(self, name: str) -> SnapshotInfo:
-        import docker.errors
-
-        try:
-            image = self._call(self.client.images.get, self._snapshot_ref(name))
-        except docker.errors.ImageNotFound:
-            raise SandboxNotFound(f"no snapshot named {name!r}; `sandbox-kernel snapshot list` shows yours") from None
-        labels = image.labels or {}
-        if LABEL_SNAPSHOT not in labels or labels.get(LABEL_INSTALLATION) != self._installation:
-            raise SandboxNotFound(f"no snapshot named {name!r}")
-        return self._snapshot_info(image)
-
-    def delete_snapshot(self, name: str) -> bool:
+    def delete_snapshot(self, ref: str) -> bool:
         """Remove a snapshot no sandbox uses; refuse (naming them) while some do."""
         import docker.errors
 
-        try:
-            snap = self.get_snapshot(name)
-        except SandboxNotFound:
+        found = [s for s in self.list_snapshots() if s.ref == ref]
+        if not found:
             return False
         users = self._call(
-            self.client.containers.list, all=True, filters={"label": f"{LABEL_SNAPSHOT_OF}={name}"}
+            self.client.api.containers, all=True,
+            filters={"label": [f"{LABEL_SNAPSHOT_REF}={ref}", f"{LABEL_INSTALLATION}={self._installation}"]},
         )
         if users:
-            raise BadRequest(
-                f"snapshot {name!r} is used by {', '.join(c.name for c in users)}; destroy those sandboxes first"
-            )
+            names = ", ".join(sandbox_id_of(self._installation, (c.get("Names") or ["/?"])[0].lstrip("/")) for c in users)
+            raise BadRequest(f"snapshot {found[0].name!r} is used by {names}; destroy those sandboxes first")
         try:
-            self._call(self.client.images.remove, snap.id)
+            self._call(self.client.images.remove, found[0].id)
         except docker.errors.ImageNotFound:
             return False
         except docker.errors.APIError as exc:
-            raise SandboxError(f"Docker could not delete snapshot {name!r}: {exc.explanation}") from None
+            raise SandboxError(f"Docker could not delete snapshot {found[0].name!r}: {exc.explanation}") from None
         return True
 
     # -- files -------------------------------------------------------------------

@@ -31,27 +31,26 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from ..config import SandboxConfig
 from ..errors import FileMissing
 from ..identity import ScopeKey
-from ..lifecycle import check_quota
 from ..safefs import Beneath, make_folder
-from ..store import Store
 from .base import (
     LABEL_INSTALLATION,
+    LABEL_SPEC,
+    LABEL_WORKSPACE,
     SHARED,
     WORKSPACE,
+    AlreadyExists,
     Backend,
     Channel,
-    Ensured,
+    EngineSettings,
     ExecResult,
     Health,
     Progress,
     SandboxError,
     SandboxInfo,
+    Spec,
     not_found,
-    sandbox_labels,
-    spec_hash,
 )
 
 HOME = "/home/sandbox"
@@ -131,11 +130,11 @@ class LocalBackend(Backend):
     keeps_spares = False
 
     name = "local"
+    resizes = True
 
-    def __init__(self, config: SandboxConfig) -> None:
-        super().__init__(config)
-        self.root = Path(config.state_dir) / "local"
-        self.store = Store(config)
+    def __init__(self, settings: EngineSettings) -> None:
+        super().__init__(settings)
+        self.root = Path(settings.state_dir) / "local"
 
     # -- records ----------------------------------------------------------------
     def _record_path(self, sandbox_id: str) -> Path:
@@ -158,6 +157,7 @@ class LocalBackend(Backend):
 
     def _info(self, record: dict[str, Any]) -> SandboxInfo:
         isolation = BWRAP_ISOLATION if bwrap_works() else PLAIN_ISOLATION
+        labels = record.get("labels", {})
         return SandboxInfo(
             id=record["id"],
             backend=self.name,
@@ -171,11 +171,11 @@ class LocalBackend(Backend):
             flavor=record["flavor"],
             isolation=isolation,
             workspace=record["workspace"],
-            limits={"memory": self.config.memory, "cpus": 0, "pids": 0, "network": True},
+            limits={"memory": record.get("memory", 0), "cpus": 0, "pids": 0, "network": record.get("network", True)},
             finished=record.get("stopped_at", 0.0) if record["state"] == "stopped" else 0.0,
             started=record.get("started_at", record["created"]) if record["state"] == "running" else 0.0,
-            spec=record.get("spec", ""),
-            installation=record["labels"].get(LABEL_INSTALLATION, ""),
+            spec=labels.get(LABEL_SPEC, ""),
+            installation=labels.get(LABEL_INSTALLATION, ""),
         )
 
     # -- engine -------------------------------------------------------------------
@@ -184,49 +184,50 @@ class LocalBackend(Backend):
         return Health(True, self.name, f"local sandboxes ({how})")
 
     # -- sandboxes ------------------------------------------------------------------
-    def ensure(self, key: ScopeKey, progress: Progress | None = None) -> Ensured:
+    def find(self, sandbox_id: str) -> SandboxInfo | None:
+        record = self._load(sandbox_id)
+        return None if record is None else self._info(record)
+
+    def create(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress) -> SandboxInfo:
         self.root.mkdir(parents=True, exist_ok=True)
-        workspace = make_folder(Path(self.config.workspace_root), key.user_id)
-        record = self._load(key.name)
-        if record is not None:
-            self.store.put(self.name, key.name, key.user, record["engine_id"], spec_hash(self.config))
-            if record["state"] != "running":
-                record["state"] = "running"
-                record["started_at"] = time.time()
-                self._save(record)
-                return Ensured(self._info(record), "started")
-            return Ensured(self._info(record), "existing")
-        check_quota(self, self.config, self.config.memory)
-        (progress or (lambda _m: None))(f"creating local sandbox {key.name} in {workspace}")
+        workspace = make_folder(Path(self.settings.workspace_root), key.user_id)
+        progress(f"creating local sandbox {sandbox_id} in {workspace}")
         record = {
-            "id": key.name,
+            "id": sandbox_id,
             "user": key.user,
             "scope": key.scope,
             "thread": key.thread,
             "state": "running",
             "created": time.time(),
             "engine_id": uuid.uuid4().hex,
-            "flavor": self.config.flavor,
+            "flavor": spec.flavor,
+            "memory": spec.memory,
+            "network": spec.network,
+            "shared_folder": spec.shared_folder,
             "workspace": str(workspace),
-            "labels": sandbox_labels(key, self.config, str(workspace)),
-            "spec": spec_hash(self.config),
+            "labels": {**labels, LABEL_WORKSPACE: str(workspace)},
         }
-        (self.root / key.name / "home").mkdir(parents=True, exist_ok=True)
-        (self.root / key.name / "procs").mkdir(parents=True, exist_ok=True)
-        body = json.dumps(record).encode()
+        (self.root / sandbox_id / "home").mkdir(parents=True, exist_ok=True)
+        (self.root / sandbox_id / "procs").mkdir(parents=True, exist_ok=True)
         try:  # O_EXCL: of many processes creating at once, exactly one writes the record
-            fd = os.open(self._record_path(key.name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(self._record_path(sandbox_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             deadline = time.monotonic() + 5
-            while (existing := self._load(key.name)) is None and time.monotonic() < deadline:
+            while self._load(sandbox_id) is None and time.monotonic() < deadline:
                 time.sleep(0.02)  # the winner is still writing it
-            if existing is None:
-                raise SandboxError(f"the record of {key.name} is unreadable: destroy it and retry") from None
-            return Ensured(self._info(existing), "existing")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(body)
-        self.store.put(self.name, key.name, key.user, record["engine_id"], spec_hash(self.config))
-        return Ensured(self._info(record), "created")
+            raise AlreadyExists(f"{sandbox_id} was made by another process") from None
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        return self._info(record)
+
+    def resize(self, sandbox_id: str, spec: Spec) -> bool:
+        """Local processes get their memory limit at start: the record is all there is."""
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        record["flavor"], record["memory"] = spec.flavor, spec.memory
+        self._save(record)
+        return True
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         record = self._load(sandbox_id)
@@ -260,7 +261,7 @@ class LocalBackend(Backend):
         self._save(record)
         return self._info(record)
 
-    def start(self, sandbox_id: str) -> SandboxInfo:
+    def start(self, sandbox_id: str, progress: Progress | None = None) -> SandboxInfo:
         record = self._load(sandbox_id)
         if record is None:
             raise not_found(sandbox_id)
@@ -279,7 +280,6 @@ class LocalBackend(Backend):
         except FileNotFoundError:
             return False  # another process destroyed it first
         shutil.rmtree(self.root / sandbox_id, ignore_errors=True)  # HOME: tier 2 goes; workspace stays
-        self.store.delete(self.name, sandbox_id)
         return True
 
     # -- processes -------------------------------------------------------------------
@@ -287,7 +287,7 @@ class LocalBackend(Backend):
         """The host file behind a sandbox path under /workspace (or /shared)."""
         record = self._running(sandbox_id)
         path = PurePosixPath(sandbox_path)
-        for mount, host in ((WORKSPACE, record["workspace"]), (SHARED, self.config.shared_folder)):
+        for mount, host in ((WORKSPACE, record["workspace"]), (SHARED, record.get("shared_folder", ""))):
             if host and (path == PurePosixPath(mount) or PurePosixPath(mount) in path.parents):
                 return Path(host, *path.relative_to(mount).parts)
         raise SandboxError(f"{sandbox_path} is not under {WORKSPACE}")
@@ -324,7 +324,7 @@ class LocalBackend(Backend):
         # and connections are made from worker threads. Processes end on EOF of stdin
         # (the channel's close or the kernel's death) or with their process group.
         argv = ["bwrap", "--unshare-all", "--new-session"]
-        if self.config.network:
+        if record.get("network", True):
             argv.append("--share-net")
         if os.getuid() == 0:
             argv += ["--uid", "1000", "--gid", "1000"]
@@ -338,8 +338,8 @@ class LocalBackend(Backend):
             if not prefix.startswith("/usr/"):
                 argv += ["--ro-bind", prefix, prefix]
         argv += ["--bind", record["workspace"], WORKSPACE, "--bind", str(home), HOME]
-        if self.config.shared_folder:
-            argv += ["--ro-bind", self.config.shared_folder, SHARED]
+        if record.get("shared_folder"):
+            argv += ["--ro-bind", record["shared_folder"], SHARED]
         argv += ["--chdir", cwd, "--clearenv"]
         for name, value in {**base_env, "HOME": HOME, **(env or {})}.items():
             argv += ["--setenv", name, value]
@@ -348,7 +348,7 @@ class LocalBackend(Backend):
     def _spawn(self, sandbox_id: str, cmd: list[str], cwd: str, env: dict[str, str] | None, **kw: Any) -> tuple[subprocess.Popen[bytes], Path]:
         record = self._running(sandbox_id)
         argv, child_env, host_cwd = self._command(record, cmd, cwd, env)
-        memory = self.config.memory
+        memory = int(record.get("memory") or 1 << 30)
 
         def limits() -> None:  # runs in the child before exec
             try:
