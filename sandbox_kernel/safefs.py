@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .agent.fs_helper import kind
 from .errors import BadRequest, Conflict, FileMissing, SandboxError, shorten
 
 CHUNK = 1 << 20
@@ -59,13 +60,8 @@ class Entry:
 
 
 def kind_of(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISDIR(mode):
-        return "directory"
-    if stat.S_ISREG(mode):
-        return "file"
-    return "other"
+    """"file", "directory", "symlink" or "other" (the in-sandbox helper says the same)."""
+    return kind(os.stat_result((mode,) + (0,) * 9))
 
 
 def split_path(path: str) -> list[str]:

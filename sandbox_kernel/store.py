@@ -98,11 +98,14 @@ class Store:
             if not self._checked:  # WAL mode and the schema persist in the file: set them up once
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)
-                columns = {row[1] for row in conn.execute("PRAGMA table_info(sandboxes)")}
-                if "spec" not in columns:  # a state file from before owner specs were kept
-                    conn.execute("ALTER TABLE sandboxes ADD COLUMN spec TEXT NOT NULL DEFAULT ''")
-                if "flavor" not in columns:  # ... and before flavors could change in place
-                    conn.execute("ALTER TABLE sandboxes ADD COLUMN flavor TEXT NOT NULL DEFAULT ''")
+                # State files from before owner specs were kept, and before flavors could
+                # change in place. Several processes may upgrade at once: one wins.
+                for column in ("spec", "flavor"):
+                    try:
+                        conn.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
+                    except sqlite3.OperationalError as exc:
+                        if "duplicate column" not in str(exc):
+                            raise
                 self._checked = True
         except sqlite3.Error as exc:
             raise SandboxError(

@@ -25,6 +25,12 @@ export interface ISandbox {
   last_activity: number;
   kernels: number;
   kernel_ids: string[];
+  /** Kernels running a cell right now (a task in another notebook or agent session). */
+  busy_kernel_ids?: string[];
+  /** Why it differs from what its owner's settings make now ("" when it does not). */
+  outdated?: string;
+  /** What the lifecycle policies will do to it next, and when (epoch seconds). */
+  next?: { action: '' | 'stop' | 'destroy'; at: number; reason: string };
   limits: { cpus?: number; memory?: number; pids?: number; network?: boolean };
   usage: { cpu?: number; memory?: number };
   isolation?: string;

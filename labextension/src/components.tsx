@@ -20,7 +20,9 @@ import {
   formatBytes,
   formatCpu,
   formatMemory,
+  kernelsLabel,
   memoryFraction,
+  nextLabel,
   originLabel,
   scopeLabel
 } from './format';
@@ -161,7 +163,23 @@ function SandboxCard(props: {
           )}
         </dd>
         <dt>Kernels</dt>
-        <dd className="jp-SandboxPanel-kernels">{s.kernels}</dd>
+        <dd className="jp-SandboxPanel-kernels">{kernelsLabel(s)}</dd>
+        {nextLabel(s) && (
+          <>
+            <dt>Next</dt>
+            <dd className="jp-SandboxPanel-next" title={s.next?.reason}>
+              {nextLabel(s)}
+            </dd>
+          </>
+        )}
+        {s.outdated && (
+          <>
+            <dt>Outdated</dt>
+            <dd className="jp-SandboxPanel-outdated" title={s.outdated}>
+              {s.outdated}; destroy it to remake it (the workspace is kept)
+            </dd>
+          </>
+        )}
         {s.exit_reason && (
           <>
             <dt>Stopped</dt>

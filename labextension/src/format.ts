@@ -118,3 +118,20 @@ export function lifetime(sandbox: ISandbox, nowMs = Date.now()): string {
   }
   return `age ${age(sandbox, nowMs)}`;
 }
+
+/** Kernels using a sandbox, and how many run a cell ("2 (1 busy)"). */
+export function kernelsLabel(sandbox: ISandbox): string {
+  const busy = sandbox.busy_kernel_ids?.length ?? 0;
+  return busy ? `${sandbox.kernels} (${busy} busy)` : `${sandbox.kernels}`;
+}
+
+/** What the lifecycle will do next ("stops in 12m", "removed in 1h 30m"), or "" for nothing planned. */
+export function nextLabel(sandbox: ISandbox, nowMs = Date.now()): string {
+  const next = sandbox.next;
+  if (!next || !next.action) {
+    return '';
+  }
+  const verb = next.action === 'stop' ? 'stops' : 'removed (workspace kept)';
+  const left = next.at - nowMs / 1000;
+  return left <= 0 ? `${verb} at the next cleanup` : `${verb} in ${formatDuration(left)}`;
+}

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 
-import { age, formatAgo, lifetime, formatBytes, formatCpu, formatDuration, formatMemory, memoryFraction, originLabel, scopeLabel } from '../src/format';
+import type { ISandbox } from '../src/api';
+import { age, formatAgo, lifetime, formatBytes, formatCpu, formatDuration, formatMemory, kernelsLabel, memoryFraction, nextLabel, originLabel, scopeLabel } from '../src/format';
 import { sandbox } from './server';
 
 describe('format', () => {
@@ -35,5 +36,17 @@ describe('format', () => {
     expect(scopeLabel(sandbox({ scope: 'thread', thread: 'snapshot:base-env:1a2b3c4d' }))).toBe('thread · from snapshot base-env');
     expect(originLabel(sandbox({ snapshot: 'base-env' }))).toBe('snapshot base-env');
     expect(originLabel(sandbox())).toBe('python:3.12-slim');
+  });
+
+  it('says what the lifecycle does next and which kernels are busy', () => {
+    const now = 1_000_000 * 1000;
+    const base = { kernels: 2, busy_kernel_ids: ['k1'] } as unknown as ISandbox;
+    expect(kernelsLabel(base)).toBe('2 (1 busy)');
+    expect(kernelsLabel({ ...base, busy_kernel_ids: [] })).toBe('2');
+    expect(nextLabel({ ...base, next: { action: 'stop', at: 1_000_000 + 720, reason: 'idle' } }, now)).toBe('stops in 12m');
+    expect(nextLabel({ ...base, next: { action: 'destroy', at: 999_000, reason: 'stopped' } }, now)).toBe(
+      'removed (workspace kept) at the next cleanup'
+    );
+    expect(nextLabel({ ...base, next: { action: '', at: 0, reason: '' } }, now)).toBe('');
   });
 });
