@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
@@ -39,6 +41,9 @@ class SandboxExtension(ExtensionApp):
     ).tag(config=True)
 
     def initialize_settings(self) -> None:
+        # Kernels and terminals this server starts inherit its environment: tell them the
+        # server's root folder, the primary work folder mounted into sandboxes.
+        os.environ.setdefault("SANDBOX_KERNEL_SERVER_ROOT", str(Path(self.serverapp.root_dir).resolve()))
         try:
             config = load_config(config=self.config)
         except ConfigError as exc:

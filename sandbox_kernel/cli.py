@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -92,15 +93,18 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not args.cmd:
         raise _UsageError("nothing to run: give a command after --, e.g. `sandbox-kernel exec -- ls`")
     cfg, service = _service(args)
+    here = os.getcwd()
     if args.id:
-        sandbox_id = service.owned(_user(cfg, args), args.id).id
+        info = service.owned(_user(cfg, args), args.id)
     else:
-        ensured = service.ensure(scope_key(cfg), progress=lambda m: print(m, file=sys.stderr))
+        # Your sandbox for this folder, as a kernel of a notebook here would have it.
+        work = service.work_folder(here)
+        ensured = service.ensure(scope_key(cfg), progress=lambda m: print(m, file=sys.stderr), work_folder=work)
         if ensured.notice:
             print(ensured.notice, file=sys.stderr)
-        sandbox_id = ensured.info.id
-    service.store.touch(service.backend.name, sandbox_id)
-    result = service.backend.exec(sandbox_id, list(args.cmd), timeout=args.timeout)
+        info = ensured.info
+    inside = info.work_folder and (here == info.work_folder or here.startswith(info.work_folder + "/"))
+    result = service.exec(info, list(args.cmd), timeout=args.timeout, cwd=here if inside else "")
     sys.stdout.buffer.write(result.output)
     sys.stdout.flush()
     return result.exit_code

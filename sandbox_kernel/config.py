@@ -35,7 +35,7 @@ ENV_PREFIX = "SANDBOX_KERNEL_"
 # Settings the person at the keyboard decides (environment, kernelspec, notebook
 # metadata win); every other setting is policy, which the administrator's
 # configuration files fix when they set it (see DESIGN.md, "Who decides").
-PERSONAL = frozenset({"scope", "thread", "flavor", "image", "snapshot", "user", "variant"})
+PERSONAL = frozenset({"scope", "thread", "flavor", "image", "snapshot", "user", "variant", "work_root"})
 # An interpreter with IPython needs a few dozen threads and processes; fewer and the
 # sandbox cannot run a cell (and says only "can't start new thread").
 MIN_PIDS = 64
@@ -96,6 +96,15 @@ class SandboxConfig(Configurable):
     ).tag(config=True)
     shared_folder = Unicode(
         "", help="Optional host folder mounted read-only at /shared in every sandbox."
+    ).tag(config=True)
+    work_root = Unicode(
+        "auto",
+        help=(
+            "The host folder a user works in, mounted into sandboxes at the same path so cells "
+            "run beside the notebook. auto: the root folder of the Jupyter server that started "
+            "the kernel, else the notebook's git repository or folder; none: only /workspace; "
+            "or a folder."
+        ),
     ).tag(config=True)
     flavor = Enum(
         list(FLAVORS), default_value="small", help="CPU and memory of new sandboxes."
@@ -225,6 +234,18 @@ class SandboxConfig(Configurable):
             what = "is not writable" if probe == path else f"cannot be created ({probe} is not writable)"
             raise TraitError(f"{value!r} {what} by this user")
         return str(path)
+
+    @validate("work_root")
+    def _work_root(self, proposal: Any) -> str:
+        value = proposal["value"].strip() or "auto"
+        if value in ("auto", "none"):
+            return value
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            raise TraitError(f"{value!r} is not an absolute folder (or auto, or none)")
+        if not path.is_dir():
+            raise TraitError(f"folder {value!r} does not exist; create it, or use auto or none")
+        return str(path.resolve())
 
     @validate("runtime")
     def _runtime_name(self, proposal: Any) -> str:

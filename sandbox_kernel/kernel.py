@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import platform
 import re
@@ -66,6 +67,7 @@ class SandboxKernel(Kernel):
         self._setup_error = ""
         self._sandbox_id = ""
         self._engine_id = ""
+        self._work_folder = ""
         self._lost: str = ""  # what the previous cell's failure said, to phrase the next notice
         self._first_cell = True
         self._busy = False
@@ -156,7 +158,9 @@ class SandboxKernel(Kernel):
             raise SandboxError(self._setup_error)
         if self.backend is None:
             self.backend = self.service.backend
-        ensured = self.service.ensure(self.key, progress=self._progress.append)
+        ensured = self.service.ensure(
+            self.key, progress=self._progress.append, work_folder=self.service.work_folder(os.getcwd())
+        )
         info = ensured.info
         if ensured.notice:
             self._notices.append(ensured.notice)
@@ -166,10 +170,12 @@ class SandboxKernel(Kernel):
             why = f"{info.id} had been stopped" if ensured.event == "started" else self._lost
             self._notices.append(f"sandbox restarted: {LOST_NOTICE} ({why})")
         self._lost = ""
-        self._sandbox_id, self._engine_id = info.id, info.engine_id
+        self._sandbox_id, self._engine_id, self._work_folder = info.id, info.engine_id, info.work_folder
         env = {
             "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
             "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
+            # Host folders in the sandbox: its processes may not plant links or FIFOs there.
+            "SANDBOX_AGENT_NO_SPECIAL_FILES": json.dumps([info.work_folder] if info.work_folder else []),
         }
         spare = None
         if self.backend.keeps_spares:
@@ -268,10 +274,15 @@ class SandboxKernel(Kernel):
                 self.log.debug("no warm spare: %s", exc)
 
     def _cell_cwd(self) -> str:
-        """/workspace/<folder of the notebook> when the notebook lies in the workspace."""
+        """Where cells start: the notebook's own folder when the sandbox has it (the work
+        folder is mounted at its own path), /workspace/<folder> when the notebook lies in
+        the workspace, else /workspace."""
         assert self.cfg is not None and self.key is not None
+        here = Path(os.getcwd()).resolve()
+        if self._work_folder and (here == Path(self._work_folder) or Path(self._work_folder) in here.parents):
+            return str(here)
         try:
-            rel = Path(os.getcwd()).resolve().relative_to(workspace_dir(self.cfg, self.key).resolve())
+            rel = here.relative_to(workspace_dir(self.cfg, self.key).resolve())
         except (ValueError, OSError):
             return WORKSPACE
         return str(PurePosixPath(WORKSPACE, *rel.parts))

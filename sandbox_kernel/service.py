@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .agent import restricted
 from .backends import Backend, make_backend
 from .backends.base import (
     LABEL_SNAPSHOT,
@@ -39,6 +40,7 @@ from .backends.base import (
     LABEL_USER,
     LABEL_USER_ID,
     LOST_NOTICE,
+    WORKSPACE,
     Ensured,
     Progress,
     SandboxInfo,
@@ -52,12 +54,28 @@ from .backends.base import (
 from .config import FLAVORS, SandboxConfig
 from .errors import AlreadyExists, BadRequest, Forbidden, SandboxFailed, SandboxNotFound, shorten
 from .files import RemoteWorkspace, Workspace
+from .folders import (
+    folder_tag,
+    jupyter_folders,
+    masks,
+    primary_folder,
+    resolve_work_folder,
+    server_root_dir,
+    under,
+)
 from .identity import ScopeKey
 from .lifecycle import decide, quota_check, stats
 from .store import Store
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 VARIANT = "--v"
+WORK = "--w"
+
+
+def _as_for(spec: Spec, info: SandboxInfo) -> Spec:
+    """``spec`` as it would read for the sandbox ``info``: a caller without a work folder
+    (CLI, REST, an agent) takes whatever folder the sandbox has."""
+    return spec if spec.work_folder else replace(spec, work_folder=info.work_folder)
 
 
 def workspace_dir(config: SandboxConfig, key: ScopeKey) -> Path:
@@ -91,9 +109,12 @@ class SandboxService:
         return self._backend
 
     # -- specs and variants ----------------------------------------------------------
-    def spec(self, user: str, config: SandboxConfig | None = None) -> Spec:
-        """What ``user``'s sandboxes are made from under ``config`` (the service's by default)."""
+    def spec(self, user: str, config: SandboxConfig | None = None, work_folder: str = "") -> Spec:
+        """What ``user``'s sandboxes are made from under ``config`` (the service's by
+        default), with ``work_folder`` (a host folder) mounted at its own path."""
         cfg = config or self.config
+        if not self.backend.workspace_on_host:
+            work_folder = ""  # a remote engine sees no host folder (see folders.py)
         image = cfg.image
         if self.backend.name == "daytona" and image == SandboxConfig.image.default_value:
             image = ""  # the Docker-oriented default means "not chosen": Daytona's default snapshot
@@ -109,7 +130,22 @@ class SandboxService:
             network=cfg.network,
             shared_folder=cfg.shared_folder,
             runtime=cfg.runtime,
+            work_folder=work_folder,
+            masks=tuple((m.path, m.how) for m in masks(work_folder, self._never_shown())) if work_folder else (),
         )
+
+    def _never_shown(self) -> list[str]:
+        """Host folders no sandbox sees, even inside a work folder that holds them."""
+        return [self.config.state_dir, self.config.workspace_root, *jupyter_folders()]
+
+    def work_folder(self, cwd: str, config: SandboxConfig | None = None) -> str:
+        """The host folder a kernel whose notebook lies in ``cwd`` works in ("" for none)."""
+        if not self.backend.workspace_on_host:
+            return ""
+        here = str(Path(cwd).resolve())
+        if any(under(here, str(Path(p).resolve())) for p in self._never_shown()):
+            return ""  # a workspace is /workspace already; the state folder is never shown
+        return resolve_work_folder((config or self.config).work_root, here, server_root_dir())
 
     def config_with(self, **values: Any) -> SandboxConfig:
         """A copy of the service's settings with some personal choices changed."""
@@ -119,26 +155,35 @@ class SandboxService:
         cfg.file_values = self.config.file_values
         return cfg
 
-    def sandbox_id(self, key: ScopeKey, config: SandboxConfig | None = None) -> str:
+    def sandbox_id(self, key: ScopeKey, config: SandboxConfig | None = None, work_folder: str = "") -> str:
         """The id of ``key``'s sandbox: a named variant (a kernelspec made with another
-        image or snapshot) has its own, beside the user's plain one."""
-        variant = (config or self.config).variant
-        if not variant:
-            return key.name
-        return f"{key.name}{VARIANT}{hashlib.sha256(variant.encode()).hexdigest()[:8]}"
+        image or snapshot) has its own, beside the user's plain one; so has a work
+        folder other than the primary one (a second checkout: see folders.py)."""
+        cfg = config or self.config
+        sid = key.name
+        if cfg.variant:
+            sid += f"{VARIANT}{hashlib.sha256(cfg.variant.encode()).hexdigest()[:8]}"
+        if key.scope == "user" and work_folder and work_folder != primary_folder(cfg.work_root, server_root_dir()):
+            sid += f"{WORK}{folder_tag(work_folder)}"
+        return sid
 
     # -- finding or making a sandbox ---------------------------------------------------
     def ensure(
-        self, key: ScopeKey, progress: Progress | None = None, config: SandboxConfig | None = None
+        self,
+        key: ScopeKey,
+        progress: Progress | None = None,
+        config: SandboxConfig | None = None,
+        work_folder: str = "",
     ) -> Ensured:
-        """Find ``key``'s sandbox for ``config`` (the service's by default), making,
-        starting or resizing it as needed; say in one line what the user should know.
+        """Find ``key``'s sandbox for ``config`` (the service's by default) with
+        ``work_folder`` mounted, making, starting or resizing it as needed; say in one
+        line what the user should know.
 
         Safe to call from many processes at once: they all end up with one sandbox.
         """
         say = progress or (lambda _msg: None)
-        spec = self.spec(key.user, config)
-        sid = self.sandbox_id(key, config)
+        spec = self.spec(key.user, config, work_folder)
+        sid = self.sandbox_id(key, config, spec.work_folder)
         record = self.store.get(self.backend.name, sid)
         info = self.backend.find(sid)
         if info is not None and info.state == "error":
@@ -197,7 +242,7 @@ class SandboxService:
         """Give an existing sandbox the flavor asked for, or say why it keeps its own;
         say when it was made from settings that have since changed."""
         info, notes = ensured.info, [ensured.notice] if ensured.notice else []
-        if info.spec and info.spec != spec.fingerprint():
+        if info.spec and info.spec != _as_for(spec, info).fingerprint():
             notes.append(self._outdated_note(info, spec))
         if info.flavor and info.flavor != spec.flavor:
             notes.append(self._resize(info, spec))
@@ -218,6 +263,12 @@ class SandboxService:
         return f"sandbox {info.id} now has flavor {asked} ({spec.cpus:g} CPUs, {spec.memory / 2**30:g} GiB; it had {had})"
 
     def _outdated_note(self, info: SandboxInfo, spec: Spec) -> str:
+        if spec.work_folder and info.work_folder != spec.work_folder:
+            return (
+                f"sandbox {info.id} was made without your folder {spec.work_folder}, so cells run in "
+                f"/workspace; to work beside your notebook, destroy it (`sandbox-kernel destroy {info.id}`, "
+                "the workspace is kept) and restart the kernel"
+            )
         return (
             f"sandbox {info.id} was made from {info.image or 'other settings'}; your settings now make "
             f"{spec.source}: files and packages stay until you destroy it (`sandbox-kernel destroy {info.id}`, "
@@ -252,7 +303,7 @@ class SandboxService:
             info.last_activity = record.last_activity if record else info.created
             if record is not None and record.flavor and record.flavor in FLAVORS:
                 info.flavor = record.flavor  # resized since its labels were written
-            if info.spec and info.spec != self.spec(info.user).fingerprint() and VARIANT not in info.id:
+            if info.spec and info.spec != _as_for(self.spec(info.user), info).fingerprint() and VARIANT not in info.id:
                 info.outdated = "made from other settings than the current ones (image, snapshot, network or mounts)"
             item = info.to_dict()
             item["usage"] = self._with_cpu_rate(info.id, usage.get(info.id, {}))
@@ -325,6 +376,13 @@ class SandboxService:
         if user is not None:
             totals["yours"] = len(self.backend.list(user))
         return totals
+
+    def exec(self, info: SandboxInfo, cmd: list[str], timeout: float | None = None, cwd: str = "") -> Any:
+        """Run a command in a sandbox as the kernel's interpreter would be run: beneath its
+        host work folder, no links, FIFOs or sockets may be made."""
+        self.store.touch(self.backend.name, info.id)
+        folders = [info.work_folder] if info.work_folder else []
+        return self.backend.exec(info.id, restricted(cmd, folders), timeout=timeout, cwd=cwd or WORKSPACE)
 
     # -- files ----------------------------------------------------------------------
     def workspace(self, user: str | None, sandbox_id: str) -> Workspace | RemoteWorkspace:

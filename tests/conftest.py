@@ -51,7 +51,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """No test may pick up the developer's own settings or sandboxes."""
     for name in list(os.environ):
         if name.startswith("SANDBOX_KERNEL_") and name not in (
@@ -62,6 +62,8 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "jupyter-config"))
+    yield
+    os.environ.pop("SANDBOX_KERNEL_SERVER_ROOT", None)  # set by a server extension under test
 
 
 @pytest.fixture(autouse=True)

@@ -56,6 +56,8 @@ def make_kernel_env(root: Path, **settings: str) -> KernelEnv:
         "SANDBOX_KERNEL_WORKSPACE_ROOT": str(root / "workspaces"),
         "SANDBOX_KERNEL_STATE_DIR": str(root / "state"),
         "SANDBOX_KERNEL_USER": kenv.user,
+        # Tests start kernels from the repository: no host folder unless a test asks.
+        "SANDBOX_KERNEL_WORK_ROOT": "none",
         **settings,
     }
     spec = {

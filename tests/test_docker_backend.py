@@ -303,6 +303,7 @@ def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str,
         "SANDBOX_KERNEL_WORKSPACE_ROOT": cfg.workspace_root,
         "SANDBOX_KERNEL_STATE_DIR": cfg.state_dir,
         "SANDBOX_KERNEL_USER": test_user,
+        "SANDBOX_KERNEL_WORK_ROOT": "none",
         "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
         "HOME": str(tmp_path),
     }

@@ -248,6 +248,7 @@ def test_cli_gc_stats_snapshot(make_config: Callable[..., SandboxConfig], test_u
         "SANDBOX_KERNEL_BACKEND": "docker", "SANDBOX_KERNEL_IMAGE": cfg.image,
         "SANDBOX_KERNEL_WORKSPACE_ROOT": cfg.workspace_root, "SANDBOX_KERNEL_STATE_DIR": cfg.state_dir,
         "SANDBOX_KERNEL_USER": test_user,
+        "SANDBOX_KERNEL_WORK_ROOT": "none",
     }
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:

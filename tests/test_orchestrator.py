@@ -119,6 +119,7 @@ def test_snapshots_are_per_user_on_the_cli(make_config: Callable[..., SandboxCon
         "SANDBOX_KERNEL_IMAGE": cfg.image,
         "SANDBOX_KERNEL_WORKSPACE_ROOT": cfg.workspace_root,
         "SANDBOX_KERNEL_STATE_DIR": cfg.state_dir,
+        "SANDBOX_KERNEL_WORK_ROOT": "none",
         "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
     }
     alice = {**base_env, "SANDBOX_KERNEL_USER": f"{test_user}-a"}

@@ -28,13 +28,23 @@ _BOOT = (
 )
 
 # Where the warm spare interpreter of a sandbox (started by the host) waits for a kernel.
-SPARE_SOCKET = "/tmp/.sandbox-kernel-spare.sock"
+SPARE_SOCKET = "@sandbox-kernel-spare"  # "@": an abstract unix socket, no file
 
 
 @lru_cache(maxsize=1)
 def agent_source() -> bytes:
     """The agent's source, sent on the channel right after start."""
     return (Path(__file__).parent / "agent.py").read_bytes()
+
+
+def restricted(command: list[str], folders: list[str]) -> list[str]:
+    """``command`` run so that it cannot make links, FIFOs, sockets or devices beneath
+    ``folders`` (host folders mounted in the sandbox; see agent.restrict_special_files)."""
+    if not folders:
+        return command
+    import json
+
+    return ["python3", "-c", agent_source().decode(), "--restricted", json.dumps(folders), "--", *command]
 
 
 @lru_cache(maxsize=1)

@@ -761,6 +761,89 @@ def harden():
         os._exit(70)
 
 
+LANDLOCK_CREATE_RULESET = 444
+LANDLOCK_ADD_RULE = 445
+LANDLOCK_RESTRICT_SELF = 446
+# Make a character device, a socket, a FIFO, a block device, a symbolic link.
+LANDLOCK_MAKE_SPECIAL = (1 << 6) | (1 << 9) | (1 << 10) | (1 << 11) | (1 << 12)
+
+
+def restrict_special_files(folders):
+    """Landlock: beneath ``folders`` (host folders mounted in the sandbox), this process
+    and all it starts may no longer make symlinks, FIFOs, sockets or device files.
+
+    Host tools read those folders (JupyterLab's contents API, ``jupyter execute
+    --inplace``, git): a link planted there would turn them against the host user, a
+    FIFO would hang them. Landlock grants rights beneath the folders it is given, so
+    the rights are granted on everything *but* the paths down to ``folders``. Returns
+    whether it took effect (Linux >= 5.13 with Landlock; else nothing changes).
+    """
+    import ctypes
+    import struct
+
+    folders = [os.path.realpath(f) for f in folders if f]
+    if not folders:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(LANDLOCK_CREATE_RULESET, None, 0, 1) < 1:  # the ABI version
+        return False
+    attr = ctypes.create_string_buffer(struct.pack("Q", LANDLOCK_MAKE_SPECIAL))
+    ruleset = libc.syscall(LANDLOCK_CREATE_RULESET, attr, 8, 0)
+    if ruleset < 0:
+        return False
+    on_path = set()
+    for folder in folders:
+        probe = folder
+        while True:
+            on_path.add(probe)
+            if probe == "/":
+                break
+            probe = os.path.dirname(probe)
+    try:
+        for parent in sorted(p for p in on_path if p not in folders):
+            try:
+                names = os.listdir(parent)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(parent, name)
+                if path in on_path:
+                    continue
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                except OSError:
+                    continue  # a file, a link: no folder to grant beneath
+                try:
+                    rule = ctypes.create_string_buffer(struct.pack("=Qi", LANDLOCK_MAKE_SPECIAL, fd))
+                    libc.syscall(LANDLOCK_ADD_RULE, ruleset, 1, rule, 0)
+                finally:
+                    os.close(fd)
+        prctl(38, 1)  # PR_SET_NO_NEW_PRIVS (Docker sets it already)
+        return libc.syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0) == 0
+    finally:
+        os.close(ruleset)
+
+
+def run_restricted(argv):
+    """``--restricted FOLDERS_JSON -- CMD...``: restrict, then become CMD (commands the
+    host runs in a sandbox with host folders, e.g. `sandbox-kernel exec`)."""
+    folders = json.loads(argv[1])
+    command = argv[argv.index("--") + 1 :]
+    restrict_special_files(folders)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        sys.stderr.write("%s: %s\n" % (command[0], exc.strerror))
+        os._exit(127)
+
+
+def socket_address(path):
+    """"@name" is an abstract unix socket (no file: nothing to unlink, nothing Landlock
+    restricts in a shared /tmp); anything else a path."""
+    return "\0" + path[1:] if path.startswith("@") else path
+
+
 def start_time_of(pid):
     """Field 22 of /proc/<pid>/stat (clock ticks after boot): with the pid, it names one
     process for good, since a reused pid starts later."""
@@ -939,7 +1022,7 @@ def hand_over(path, pid, start):
     conn = socket.socket(socket.AF_UNIX)
     conn.settimeout(5)
     try:
-        conn.connect(path)
+        conn.connect(socket_address(path))
         peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
         if peer != pid or start_time_of(peer) != start:
             conn.close()
@@ -987,7 +1070,7 @@ def displace(path):
     probe = socket.socket(socket.AF_UNIX)
     try:
         probe.settimeout(2)
-        probe.connect(path)
+        probe.connect(socket_address(path))
         pid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
         if pid > 1 and pid != os.getpid():
             os.kill(pid, signal.SIGKILL)
@@ -1012,13 +1095,16 @@ def wait_as_spare(path):
     os.environ.pop("SANDBOX_AGENT_SPARE_LISTEN", None)
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay below us, for the kill
     listener = socket.socket(socket.AF_UNIX)
+    address = socket_address(path)
     try:
-        listener.bind(path)
+        listener.bind(address)
     except OSError:
         displace(path)  # the host records only us: whatever listens there is stale
         try:
-            os.unlink(path)
-            listener.bind(path)
+            if not path.startswith("@"):
+                os.unlink(path)
+            time.sleep(0.05)  # the displaced process's socket closes with it
+            listener.bind(address)
         except OSError:
             os._exit(0)
     listener.listen(4)
@@ -1033,10 +1119,6 @@ def wait_as_spare(path):
         try:
             conn, _ = listener.accept()
         except socket.timeout:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
             os._exit(0)
         conn.settimeout(10)
         try:
@@ -1055,10 +1137,6 @@ def wait_as_spare(path):
             continue
         break
     listener.close()
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
     try:
         settings = json.loads(msg.decode("utf-8") or "{}")
     except ValueError:
@@ -1091,6 +1169,8 @@ def send_ready(wire):
 
 
 def main():
+    if sys.argv[1:2] == ["--restricted"]:
+        run_restricted(sys.argv[1:])
     harden()
     agent = None
     if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):
@@ -1100,6 +1180,8 @@ def main():
         if len(spare) == 3 and spare[1].isdigit():
             hand_over(spare[0], int(spare[1]), spare[2])
         watch_child()
+    # The kernel's (or, for a spare, the taking kernel's) host folders: no links there.
+    restrict_special_files(json.loads(os.environ.pop("SANDBOX_AGENT_NO_SPECIAL_FILES", "[]") or "[]"))
     wire = Wire()
     send_ready(wire)
     enable_user_site()

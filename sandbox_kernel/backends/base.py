@@ -52,6 +52,7 @@ LABEL_WORKSPACE = LABEL_PREFIX + "workspace"
 LABEL_INSTALLATION = LABEL_PREFIX + "installation"
 LABEL_IMAGE = LABEL_PREFIX + "image"  # what it was made from, as shown to users
 LABEL_SNAPSHOT_OF = LABEL_PREFIX + "from-snapshot"  # the user's snapshot it started from
+LABEL_WORK_FOLDER = LABEL_PREFIX + "work-folder"  # host folder mounted at the same path
 
 WORKSPACE = "/workspace"
 # What every "sandbox restarted" notice says the user lost and kept (kernel and engines).
@@ -77,9 +78,12 @@ class Spec:
     network: bool = True
     shared_folder: str = ""
     runtime: str = ""
+    work_folder: str = ""  # host folder mounted at the same path ("": none)
+    masks: tuple[tuple[str, str], ...] = ()  # (path, "hide" | "read-only") inside it
 
-    def fingerprint(self) -> str:
-        """A short hash of what cannot change without making the sandbox anew."""
+    def fingerprint(self, work: bool = True) -> str:
+        """A short hash of what cannot change without making the sandbox anew (``work``:
+        counting the work folder, which a caller without one does not care about)."""
         fixed = {
             "image": "" if self.snapshot_ref else self.image,
             "snapshot": self.snapshot_ref,
@@ -87,6 +91,8 @@ class Spec:
             "shared": self.shared_folder,
             "runtime": self.runtime,
         }
+        if work and self.work_folder:
+            fixed["work"] = self.work_folder
         return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -158,6 +164,7 @@ def sandbox_labels(key: ScopeKey, spec: Spec, installation: str, workspace: str)
         LABEL_INSTALLATION: installation,
         LABEL_IMAGE: spec.source,
         LABEL_SNAPSHOT_OF: spec.snapshot,
+        LABEL_WORK_FOLDER: spec.work_folder,
     }
 
 
@@ -193,6 +200,7 @@ class SandboxInfo:
     spec: str = ""  # Spec.fingerprint() of what it was made from
     installation: str = ""  # installation_id of the state file that owns it
     file_owner: str = ""  # "uid:gid" the server gives new workspace files, when not its own
+    work_folder: str = ""  # host folder mounted at the same path inside, if any
     # Filled in by the orchestrator for listings:
     outdated: str = ""  # why it differs from what its owner's settings make now, if it does
     kernels: int = 0

@@ -52,6 +52,7 @@ from .base import (
     LABEL_THREAD,
     LABEL_USER,
     LABEL_USER_ID,
+    LABEL_WORK_FOLDER,
     LABEL_WORKSPACE,
     SHARED,
     WORKSPACE,
@@ -89,6 +90,7 @@ LABEL_PIDS = LABEL_PREFIX + "pids"
 LABEL_UID = LABEL_PREFIX + "uid"  # "uid:gid" the sandbox runs as
 LABEL_OWNERSHIP = LABEL_PREFIX + "ownership"  # same-user | idmap | chown (see _ownership)
 LABEL_MOUNT = LABEL_PREFIX + "workspace-mount"  # the idmapped mount given to Docker, if any
+LABEL_WORK_MOUNT = LABEL_PREFIX + "work-mount"  # the same for the work folder
 DEFAULT_UID = 1000
 # The container's PID 1 (under docker-init) only waits; python3 is the one thing every
 # image we support has, so we do not depend on `sleep` or a shell.
@@ -309,6 +311,7 @@ class DockerBackend(Backend):
             installation=labels.get(LABEL_INSTALLATION, ""),
             started=_started_from_status(summary.get("Status", "")) if summary.get("State") == "running" else 0.0,
             file_owner=labels.get(LABEL_UID, "") if labels.get(LABEL_OWNERSHIP) == "chown" else "",
+            work_folder=labels.get(LABEL_WORK_FOLDER, ""),
         )
 
     def find(self, sandbox_id: str) -> SandboxInfo | None:
@@ -437,8 +440,8 @@ class DockerBackend(Backend):
             return Path("/run/sandbox-kernel") / self._installation[:8]
         return Path(self.settings.state_dir) / "mounts"
 
-    def _mount_point(self, name: str) -> Path:
-        return self._mounts_dir() / name / "workspace"
+    def _mount_point(self, name: str, what: str = "workspace") -> Path:
+        return self._mounts_dir() / name / what
 
     def _workspace_source(self, key: ScopeKey, name: str, uid: int, gid: int, how: str) -> tuple[Path, Path]:
         """(the user's workspace folder, the host path to bind at /workspace)."""
@@ -461,17 +464,42 @@ class DockerBackend(Backend):
                 raise SandboxFailed(f"cannot present the workspace {workspace} to the sandbox: {exc}") from None
 
     def _prepare_mounts(self, container: Any) -> None:
-        """Before a start: the idmapped mount does not survive a reboot, so remake it."""
+        """Before a start: idmapped mounts do not survive a reboot, so remake them."""
         labels = container.labels
-        if labels.get(LABEL_OWNERSHIP) != "idmap" or not labels.get(LABEL_MOUNT):
+        if labels.get(LABEL_OWNERSHIP) != "idmap":
             return
         uid, _, gid = labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
-        self._idmap(Path(labels[LABEL_WORKSPACE]), Path(labels[LABEL_MOUNT]), int(uid), int(gid or uid))
+        for source, point in ((LABEL_WORKSPACE, LABEL_MOUNT), (LABEL_WORK_FOLDER, LABEL_WORK_MOUNT)):
+            if labels.get(source) and labels.get(point):
+                self._idmap(Path(labels[source]), Path(labels[point]), int(uid), int(gid or uid))
 
     def _release_mount(self, name: str) -> None:
-        point = self._mount_point(name)
-        if point.parent.exists():
-            idmap.unmount(point)
+        for what in ("work", "workspace"):
+            point = self._mount_point(name, what)
+            if point.parent.exists():
+                idmap.unmount(point)
+
+    def _work_mounts(self, name: str, spec: Spec, uid: int, gid: int, how: str) -> tuple[list[Any], str]:
+        """The work folder at its own path, and its masks; (mounts, idmapped point or "")."""
+        from docker.types import Mount
+
+        if not spec.work_folder:
+            return [], ""
+        source, point = spec.work_folder, ""
+        if how == "idmap":
+            point = str(self._mount_point(name, "work"))
+            self._idmap(Path(spec.work_folder), Path(point), uid, gid)
+            source = point
+        mounts = [Mount(spec.work_folder, source, type="bind", read_only=False)]
+        for path, kind in spec.masks:
+            inside = source + path[len(spec.work_folder) :]
+            if kind == "read-only":
+                mounts.append(Mount(path, inside, type="bind", read_only=True))
+            elif Path(path).is_dir():
+                mounts.append(Mount(path, None, type="tmpfs", tmpfs_size=1 << 20))
+            else:
+                mounts.append(Mount(path, "/dev/null", type="bind", read_only=True))
+        return mounts, point
 
     def sweep(self) -> None:
         """Unmount idmapped mounts whose container is gone (removed with `docker rm`)."""
@@ -527,6 +555,8 @@ class DockerBackend(Backend):
         )
         path = image_env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         mounts = [Mount(WORKSPACE, str(source), type="bind", read_only=False)]
+        work_mounts, work_point = self._work_mounts(name, spec, uid, gid, how)
+        mounts += work_mounts
         if spec.shared_folder:
             mounts.append(Mount(SHARED, spec.shared_folder, type="bind", read_only=True))
         cpus = self._cpus(spec)
@@ -558,6 +588,7 @@ class DockerBackend(Backend):
                 LABEL_UID: f"{uid}:{gid}",
                 LABEL_OWNERSHIP: how,
                 LABEL_MOUNT: str(source) if how == "idmap" else "",
+                LABEL_WORK_MOUNT: work_point,
                 LABEL_RUNTIME: spec.runtime,
                 LABEL_SNAPSHOT_REF: spec.snapshot_ref,
             },

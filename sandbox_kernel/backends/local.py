@@ -176,6 +176,7 @@ class LocalBackend(Backend):
             started=record.get("started_at", record["created"]) if record["state"] == "running" else 0.0,
             spec=labels.get(LABEL_SPEC, ""),
             installation=labels.get(LABEL_INSTALLATION, ""),
+            work_folder=record.get("work_folder", ""),
         )
 
     # -- engine -------------------------------------------------------------------
@@ -204,6 +205,8 @@ class LocalBackend(Backend):
             "memory": spec.memory,
             "network": spec.network,
             "shared_folder": spec.shared_folder,
+            "work_folder": spec.work_folder,
+            "masks": [list(m) for m in spec.masks],
             "workspace": str(workspace),
             "labels": {**labels, LABEL_WORKSPACE: str(workspace)},
         }
@@ -318,7 +321,13 @@ class LocalBackend(Backend):
             "PIP_USER": "1",  # the interpreter's site-packages are the host's: never write there
         }
         if not bwrap_works():
-            host_cwd = str(self.host_path(record["id"], cwd)) if cwd.startswith(WORKSPACE) else record["workspace"]
+            work = record.get("work_folder") or ""
+            if cwd.startswith(WORKSPACE):
+                host_cwd = str(self.host_path(record["id"], cwd))
+            elif work and (cwd == work or cwd.startswith(work + "/")):
+                host_cwd = cwd  # the work folder is at its own path
+            else:
+                host_cwd = record["workspace"]
             return cmd, {**base_env, "HOME": str(home), **(env or {})}, host_cwd
         # No --die-with-parent: it fires when the *thread* that started the child ends,
         # and connections are made from worker threads. Processes end on EOF of stdin
@@ -340,6 +349,16 @@ class LocalBackend(Backend):
         argv += ["--bind", record["workspace"], WORKSPACE, "--bind", str(home), HOME]
         if record.get("shared_folder"):
             argv += ["--ro-bind", record["shared_folder"], SHARED]
+        work = record.get("work_folder") or ""
+        if work and os.path.isdir(work):
+            argv += ["--bind", work, work]
+            for path, kind in record.get("masks") or []:
+                if kind == "read-only":
+                    argv += ["--ro-bind", path, path]
+                elif os.path.isdir(path):
+                    argv += ["--tmpfs", path]
+                else:
+                    argv += ["--ro-bind", "/dev/null", path]
         argv += ["--chdir", cwd, "--clearenv"]
         for name, value in {**base_env, "HOME": HOME, **(env or {})}.items():
             argv += ["--setenv", name, value]
