@@ -100,8 +100,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
         # Your sandbox for this folder, as a kernel of a notebook here would have it.
         work = service.work_folder(here)
         ensured = service.ensure(scope_key(cfg), progress=lambda m: print(m, file=sys.stderr), work_folder=work)
-        if ensured.notice:
-            print(ensured.notice, file=sys.stderr)
+        for line in ([ensured.notice] if ensured.notice else []) + ensured.notes:
+            print(line, file=sys.stderr)
         info = ensured.info
     inside = info.work_folder and (here == info.work_folder or here.startswith(info.work_folder + "/"))
     result = service.exec(info, list(args.cmd), timeout=args.timeout, cwd=here if inside else "")

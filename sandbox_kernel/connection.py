@@ -12,6 +12,11 @@ publish. This side therefore bounds everything by itself:
   the pipe fills and the agent blocks, so a flood costs the host no memory;
 * every event carries its size on the wire, so the kernel can hold each cell to the
   output limit whatever the agent claims.
+
+Several requests can be in flight (ipykernel hands the kernel a widget's comm message
+while a cell runs), so one pump reads the agent and routes each event to the request
+the agent says it is working on (``begin`` with the request's id, then its events,
+then ``reply`` with the id); nothing else reads the queue.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Channel
@@ -30,6 +37,15 @@ class AgentGone(Exception):
 
 
 OVERFLOW = "overflow"  # the event the reader makes of a line too long to keep
+
+
+@dataclass
+class Request:
+    """One request to the agent: its events go to ``on_event``, its reply to ``reply``."""
+
+    on_event: Callable[[dict[str, Any], int], None]
+    reply: asyncio.Future[dict[str, Any]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    id: str = ""
 
 
 class AgentConnection:
@@ -44,6 +60,10 @@ class AgentConnection:
         self.ready: dict[str, Any] = {}
         self.alive = True
         self._pending = b""
+        self._requests: dict[str, Request] = {}
+        self._current: Request | None = None  # the request whose events come now
+        self._next_id = 0
+        self.pump: asyncio.Task[None] | None = None
         # 64 KiB credits; always room for the largest line we keep, so one line never waits forever.
         self._room = threading.Semaphore(max(max_queued, 2 * max_line) // 65536 + 1)
 
@@ -51,7 +71,7 @@ class AgentConnection:
         """Send the agent's source and wait for its ``ready`` (runs in a worker thread)."""
         self.channel.write(source)
         buf = bytearray()
-        while b"\n" not in buf:
+        while b"\n" not in buf.lstrip(b"\n"):
             chunk = self.channel.read()
             if not chunk or len(buf) > 1 << 20:
                 tail = getattr(self.channel, "stderr_tail", "").strip()
@@ -61,7 +81,7 @@ class AgentConnection:
                     + timeout_hint
                 )
             buf += chunk
-        line, _, self._pending = bytes(buf).partition(b"\n")
+        line, _, self._pending = bytes(buf).lstrip(b"\n").partition(b"\n")
         try:
             ready = json.loads(line)
         except ValueError:
@@ -72,9 +92,52 @@ class AgentConnection:
         return ready
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start relaying to ``loop`` (the connection may be made before the loop runs)."""
+        """Start relaying to ``loop`` (the connection may be made before the loop runs);
+        call from the loop: the pump is a task of it."""
         self.loop = loop
         threading.Thread(target=self._read_loop, args=(self._pending,), daemon=True).start()
+        self.pump = loop.create_task(self._pump())
+
+    def request(self, op: str, on_event: Callable[[dict[str, Any], int], None], **fields: Any) -> Request:
+        """Send a request; its events go to ``on_event`` as they come, its reply content
+        resolves ``Request.reply`` (AgentGone when the agent ends first)."""
+        self._next_id += 1
+        req = Request(on_event=on_event, id=str(self._next_id))
+        if not self.alive:
+            req.reply.set_exception(AgentGone())
+            return req
+        self._requests[req.id] = req
+        try:
+            self.send(op=op, id=req.id, **fields)
+        except SandboxError:
+            self._requests.pop(req.id, None)
+            req.reply.set_exception(AgentGone())
+        return req
+
+    async def _pump(self) -> None:
+        """The one reader of the queue: events to their request, replies to their waiter."""
+        try:
+            while True:
+                msg, size = await self.next()
+                kind = msg.get("ev")
+                if kind == "begin":
+                    self._current = self._requests.get(str(msg.get("id")))
+                elif kind == "reply":
+                    req = self._requests.pop(str(msg.get("id")), None)
+                    if req is not None and not req.reply.done():
+                        content = msg.get("content")
+                        req.reply.set_result(content if isinstance(content, dict) else {"status": "error", "ename": "SandboxError", "evalue": "malformed reply", "traceback": []})
+                    if req is self._current:
+                        self._current = None
+                elif self._current is not None:
+                    self._current.on_event(msg, size)
+        except AgentGone:
+            pass
+        finally:
+            for req in self._requests.values():
+                if not req.reply.done():
+                    req.reply.set_exception(AgentGone())
+            self._requests.clear()
 
     def _deliver(self, msg: dict[str, Any], size: int) -> None:
         assert self.loop is not None
@@ -109,6 +172,8 @@ class AgentConnection:
                 self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
 
     def _decode(self, line: bytes) -> None:
+        if not line:
+            return  # the newline each message starts with
         try:
             msg = json.loads(line)
         except (ValueError, RecursionError):
@@ -133,3 +198,5 @@ class AgentConnection:
     def close(self) -> None:
         self.alive = False
         self.channel.close()
+        if self.pump is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.pump.cancel)

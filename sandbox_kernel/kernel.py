@@ -19,6 +19,8 @@ Three paths matter:
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import concurrent.futures
 import json
 import os
@@ -27,6 +29,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -58,12 +61,13 @@ class SandboxKernel(Kernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        for msg_type in ("comm_open", "comm_msg", "comm_close"):
+            self.shell_handlers[msg_type] = getattr(self, msg_type)
         self._python_version = platform.python_version()
         self._agent: AgentConnection | None = None
         self._connecting: asyncio.Task[None] | None = None
-        self._progress: list[str] = []
-        self._progress_shown = 0
-        self._notices: list[str] = []
+        self._notices: list[str] = []  # filled by the connecting thread, read by the loop
+        self._notices_lock = threading.Lock()
         self._setup_error = ""
         self._sandbox_id = ""
         self._engine_id = ""
@@ -136,9 +140,6 @@ class SandboxKernel(Kernel):
             self._first_cell = True
             self._lost = "the interpreter had ended"
         if self._connecting is None or self._connecting.done():
-            if self._early is None:  # the early connection is already reporting into the list
-                self._progress = []
-                self._progress_shown = 0
             self._connecting = asyncio.ensure_future(self._connect())
         return self._connecting
 
@@ -158,17 +159,21 @@ class SandboxKernel(Kernel):
             raise SandboxError(self._setup_error)
         if self.backend is None:
             self.backend = self.service.backend
-        ensured = self.service.ensure(
-            self.key, progress=self._progress.append, work_folder=self.service.work_folder(os.getcwd())
-        )
+        work = self.service.work_folder(os.getcwd())
+        target = self.service.sandbox_id(self.key, work_folder=work)
+        ensured = self.service.ensure(self.key, progress=lambda line: self._report(target, line), work_folder=work)
         info = ensured.info
-        if ensured.notice:
-            self._notices.append(ensured.notice)
-        elif self._engine_id and info.engine_id != self._engine_id:
-            self._notices.append(f"sandbox restarted: {LOST_NOTICE} ({info.id} had been recreated)")
-        elif self._lost:
+        notice = ensured.notice
+        if not notice and self._engine_id and info.engine_id != self._engine_id:
+            notice = f"sandbox restarted: {LOST_NOTICE} ({info.id} had been recreated)"
+        elif not notice and self._lost:
             why = f"{info.id} had been stopped" if ensured.event == "started" else self._lost
-            self._notices.append(f"sandbox restarted: {LOST_NOTICE} ({why})")
+            notice = f"sandbox restarted: {LOST_NOTICE} ({why})"
+        if notice:  # the next cell says it: the user lost variables and must know
+            with self._notices_lock:
+                self._notices.append(notice)
+        for note in ensured.notes:  # a change without loss: log and status bar, not the notebook
+            self._report(info.id, note)
         self._lost = ""
         self._sandbox_id, self._engine_id, self._work_folder = info.id, info.engine_id, info.work_folder
         env = {
@@ -287,24 +292,26 @@ class SandboxKernel(Kernel):
             return WORKSPACE
         return str(PurePosixPath(WORKSPACE, *rel.parts))
 
-    async def _ensure_agent(self, show_progress: bool = True) -> AgentConnection:
-        """The live agent; waits for the connection, showing progress to the cell."""
+    async def _ensure_agent(self) -> AgentConnection:
+        """The live agent; waits for the connection (its progress goes to _report)."""
         task = self._start_connect() or self._connecting
         if task is not None:
-            while not task.done():
-                await asyncio.wait([task], timeout=0.2)
-                if show_progress:
-                    self._show_progress()
+            await asyncio.wait([task])
             task.result()  # raises what went wrong
-        if show_progress:
-            self._show_progress()  # what creating the sandbox took, even if it finished before
         assert self._agent is not None
         return self._agent
 
-    def _show_progress(self) -> None:
-        for line in self._progress[self._progress_shown :]:
-            self._stream("stderr", line + "\n")
-        self._progress_shown = len(self._progress)
+    def _report(self, sandbox_id: str, line: str) -> None:
+        """Progress and notes of the kernel's own (making a sandbox, resizing it): they
+        are not a cell's output, so a batch run stores exactly what ipykernel would. The
+        server log has them, and the status bar shows them (through the state file)."""
+        self.log.info("%s", line)
+        if self.cfg is None or self.backend is None:
+            return
+        try:
+            self._store.kernel_progress(self._heartbeat_id, self.backend.name, sandbox_id, line)
+        except Exception as exc:  # the status bar is a nicety: never a failure
+            self.log.debug("could not record progress: %s", exc)
 
     # -- execute ---------------------------------------------------------------------
     async def do_execute(  # type: ignore[override]
@@ -318,15 +325,17 @@ class SandboxKernel(Kernel):
         cell_meta: Any = None,
         cell_id: Any = None,
     ) -> dict[str, Any]:
+        parent = self.get_parent("shell")
         try:
             agent = await self._ensure_agent()
         except Exception as exc:
-            return self._fail("SandboxUnavailable", _one_line(exc))
-        for notice in self._notices:
-            self._stream("stderr", notice + "\n")
-        self._notices.clear()
-        request: dict[str, Any] = {
-            "op": "execute",
+            return self._fail("SandboxUnavailable", _one_line(exc), parent)
+        with self._notices_lock:
+            notices, self._notices = self._notices, []
+        for notice in notices:
+            self._send(parent, "stream", {"name": "stderr", "text": notice + "\n"})
+        fields: dict[str, Any] = {
+            "msg_id": (parent.get("header") or {}).get("msg_id", ""),
             "code": code,
             "silent": silent,
             "store_history": store_history,
@@ -334,51 +343,92 @@ class SandboxKernel(Kernel):
             "allow_stdin": allow_stdin,
         }
         if self._first_cell:
-            request["cwd"] = self._cell_cwd()
+            fields["cwd"] = self._cell_cwd()
             self._first_cell = False
         self._busy = True
         self._wake.set()
-        stdin_parent = (self._parent_ident.get("shell"), self.get_parent("shell")) if allow_stdin else None
+        stdin_parent = (self._parent_ident.get("shell"), parent) if allow_stdin else None
         try:
-            agent.send(**request)
-            return await self._relay(agent, silent, stdin_parent)
+            request = agent.request("execute", self._publisher(agent, parent, silent, stdin_parent), **fields)
+            return await request.reply
         except (AgentGone, SandboxError):
-            return self._fail("SandboxLost", await asyncio.to_thread(self._why_lost))
+            return self._fail("SandboxLost", await asyncio.to_thread(self._why_lost), parent)
         finally:
             self._busy = False
             self._wake.set()  # idle from now: the reaper's clock starts here
 
-    async def _relay(self, agent: AgentConnection, silent: bool, stdin_parent: Any) -> dict[str, Any]:
-        """Publish what the agent sends until its reply; that reply is ours.
+    def _publisher(self, agent: AgentConnection, parent: dict[str, Any], silent: bool, stdin_parent: Any) -> Callable[[dict[str, Any], int], None]:
+        """What to do with the events of one request: publish them as replies to ``parent``.
 
         Everything here may come from a cell rather than the agent (see
         :mod:`.connection`): events are rebuilt from known fields, and their bytes are
         counted against the output ceiling, past which they are dropped with a notice.
         """
         budget = self._output_ceiling()
-        used = 0
-        cut = False
-        while True:
-            msg, size = await agent.next()
+        state = {"used": 0, "cut": False}
+
+        def on_event(msg: dict[str, Any], size: int) -> None:
             kind = msg.get("ev")
-            if kind == "reply":
-                content = msg.get("content")
-                return content if isinstance(content, dict) else {"status": "error", "ename": "SandboxError", "evalue": "malformed reply", "traceback": []}
             if kind == "input_request":
                 asyncio.ensure_future(self._answer_input(agent, msg, stdin_parent))
-                continue
+                return
             if silent:
-                continue
-            used += size
-            if kind == OVERFLOW or used > budget:
-                if not cut:
-                    cut = True
+                return
+            state["used"] += size
+            if kind == OVERFLOW or state["used"] > budget:
+                if not state["cut"]:
+                    state["cut"] = True
                     limit = self.cfg.output_limit if self.cfg else 0
-                    self._stream("stderr", f"\n[output truncated: this cell sent more than {limit / 1e6:.0f} MB of output; the rest was discarded]\n")
-                continue
+                    text = f"\n[output truncated: this cell sent more than {limit / 1e6:.0f} MB of output; the rest was discarded]\n"
+                    self._send(parent, "stream", {"name": "stderr", "text": text})
+                return
+            if kind == "comm":
+                self._publish_comm(parent, msg)
+                return
             content = _event_content(kind, msg)
             if content is not None:
-                self._publish(*content)
+                self._send(parent, *content)
+
+        return on_event
+
+    def _send(self, parent: dict[str, Any], msg_type: str, content: dict[str, Any], **kwargs: Any) -> None:
+        """Publish on IOPub as a reply to ``parent`` (not to whatever ipykernel handles now:
+        it hands over comm messages while a cell runs)."""
+        self.session.send(self.iopub_socket, msg_type, content, parent=parent, ident=self._topic(msg_type), **kwargs)
+
+    def _publish_comm(self, parent: dict[str, Any], msg: dict[str, Any]) -> None:
+        """A comm message from the sandbox (a widget's state, a custom message), with its buffers."""
+        msg_type, content, metadata = msg.get("msg_type"), msg.get("content"), msg.get("metadata")
+        if msg_type not in ("comm_open", "comm_msg", "comm_close") or not isinstance(content, dict):
+            return
+        try:
+            buffers = [base64.b64decode(b) for b in msg.get("buffers") or []]
+        except (TypeError, ValueError, binascii.Error):
+            return
+        self._send(parent, msg_type, content, buffers=buffers, metadata=metadata if isinstance(metadata, dict) else {})
+
+    # -- comms from the frontend: forwarded to the sandbox's comm manager ---------------------
+    async def _forward_comm(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """A widget's message from the frontend. It may come while a cell runs (ipykernel
+        hands comms over at once): the agent takes it after the cell, and what its
+        handlers publish replies to this message."""
+        try:
+            agent = await self._ensure_agent()
+        except Exception:
+            return
+        buffers = [base64.b64encode(bytes(b)).decode("ascii") for b in parent.get("buffers") or []]
+        agent.request(
+            "comm", self._publisher(agent, parent, silent=False, stdin_parent=None),
+            msg_type=parent["header"]["msg_type"], content=parent.get("content") or {},
+            metadata=parent.get("metadata") or {}, buffers=buffers,
+        )
+
+    comm_open = comm_msg = comm_close = _forward_comm
+
+    async def comm_info_request(self, stream: Any, ident: Any, parent: Any) -> None:
+        reply = await self._ask("comm_info", target_name=(parent.get("content") or {}).get("target_name"))
+        content = {"status": "ok", "comms": reply.get("comms", {}) if reply.get("status") == "ok" else {}}
+        self.session.send(stream, "comm_info_reply", content, parent, ident)
 
     async def _answer_input(self, agent: AgentConnection, msg: dict[str, Any], stdin_parent: Any) -> None:
         if stdin_parent is None:
@@ -439,26 +489,17 @@ class SandboxKernel(Kernel):
             self._lost = "the engine had lost it"
             return f"lost the sandbox {sandbox}: {_one_line(exc)}"
 
-    def _fail(self, ename: str, evalue: str) -> dict[str, Any]:
-        self._publish("error", {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]})
-        self._stream("stderr", evalue + "\n")
+    def _fail(self, ename: str, evalue: str, parent: dict[str, Any]) -> dict[str, Any]:
+        """One clear error in the cell (what went wrong, what to do), never a traceback."""
+        self._send(parent, "error", {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]})
         return {"status": "error", "execution_count": self.execution_count, "ename": ename, "evalue": evalue, "traceback": []}
-
-    def _stream(self, name: str, text: str) -> None:
-        self.send_response(self.iopub_socket, "stream", {"name": name, "text": text})
-
-    def _publish(self, msg_type: str, content: dict[str, Any]) -> None:
-        self.send_response(self.iopub_socket, msg_type, content)
 
     # -- the other shell requests: forwarded as they are --------------------------------
     async def _ask(self, op: str, **fields: Any) -> dict[str, Any]:
+        """A request whose events are not output (completion, inspection, history)."""
         try:
-            agent = await self._ensure_agent(show_progress=False)
-            agent.send(op=op, **fields)
-            while True:
-                msg, _ = await agent.next()
-                if msg.get("ev") == "reply" and isinstance(msg.get("content"), dict):
-                    return msg["content"]
+            agent = await self._ensure_agent()
+            return await agent.request(op, lambda _msg, _size: None, **fields).reply
         except Exception as exc:
             return {"status": "error", "ename": type(exc).__name__, "evalue": _one_line(exc), "traceback": []}
 

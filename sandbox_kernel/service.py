@@ -241,13 +241,13 @@ class SandboxService:
     def _fit(self, ensured: Ensured, spec: Spec) -> Ensured:
         """Give an existing sandbox the flavor asked for, or say why it keeps its own;
         say when it was made from settings that have since changed."""
-        info, notes = ensured.info, [ensured.notice] if ensured.notice else []
+        info, notes = ensured.info, list(ensured.notes)
         if info.spec and info.spec != _as_for(spec, info).fingerprint():
             notes.append(self._outdated_note(info, spec))
         if info.flavor and info.flavor != spec.flavor:
             notes.append(self._resize(info, spec))
             info = self.backend.get(info.id)
-        return replace(ensured, info=info, notice="; ".join(n for n in notes if n))
+        return replace(ensured, info=info, notes=notes)
 
     def _resize(self, info: SandboxInfo, spec: Spec) -> str:
         asked, had = spec.flavor, info.flavor

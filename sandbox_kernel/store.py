@@ -37,7 +37,9 @@ CREATE TABLE IF NOT EXISTS kernels (
     backend TEXT NOT NULL,
     sandbox_id TEXT NOT NULL,
     last_seen REAL NOT NULL,
-    busy INTEGER NOT NULL DEFAULT 0
+    busy INTEGER NOT NULL DEFAULT 0,
+    progress TEXT NOT NULL DEFAULT '',
+    progress_at REAL NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS reservations (
     backend TEXT NOT NULL,
@@ -100,9 +102,14 @@ class Store:
                 conn.executescript(_SCHEMA)
                 # State files from before owner specs were kept, and before flavors could
                 # change in place. Several processes may upgrade at once: one wins.
-                for column in ("spec", "flavor"):
+                for table, column, kind in (
+                    ("sandboxes", "spec", "TEXT NOT NULL DEFAULT ''"),
+                    ("sandboxes", "flavor", "TEXT NOT NULL DEFAULT ''"),
+                    ("kernels", "progress", "TEXT NOT NULL DEFAULT ''"),
+                    ("kernels", "progress_at", "REAL NOT NULL DEFAULT 0"),
+                ):
                     try:
-                        conn.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
                     except sqlite3.OperationalError as exc:
                         if "duplicate column" not in str(exc):
                             raise
@@ -191,6 +198,29 @@ class Store:
                     "UPDATE sandboxes SET last_activity = MAX(last_activity, ?) WHERE backend = ? AND id = ?",
                     (now, backend, sandbox_id),
                 )
+
+    def kernel_progress(self, kernel_id: str, backend: str, sandbox_id: str, message: str) -> None:
+        """What a kernel is waiting for (making or starting its sandbox), or what changed:
+        shown by the status bar and the server log, never stored in a notebook."""
+        now = time.time()
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "INSERT INTO kernels (kernel_id, backend, sandbox_id, last_seen, busy, progress, progress_at)"
+                " VALUES (?, ?, ?, ?, 0, ?, ?) ON CONFLICT (kernel_id) DO UPDATE SET backend = excluded.backend,"
+                " sandbox_id = excluded.sandbox_id, last_seen = excluded.last_seen,"
+                " progress = excluded.progress, progress_at = excluded.progress_at",
+                (kernel_id, backend, sandbox_id, now, message, now),
+            )
+
+    def progress(self, backend: str, since: float) -> list[dict[str, object]]:
+        """Kernels' progress messages newer than ``since`` (epoch seconds)."""
+        with closing(self._connect()) as conn:
+            rows = conn.execute(
+                "SELECT kernel_id, sandbox_id, progress, progress_at FROM kernels"
+                " WHERE backend = ? AND progress != '' AND progress_at >= ?",
+                (backend, since),
+            ).fetchall()
+        return [{"kernel_id": k, "sandbox_id": s, "message": m, "at": at} for k, s, m, at in rows]
 
     def kernel_gone(self, kernel_id: str) -> None:
         with closing(self._connect()) as conn:

@@ -91,16 +91,21 @@ class TestConformance(ConformanceSuite):
         assert info["supported_features"] == []
 
 
-def test_first_cell_shows_creation(tmp_path: Path) -> None:
+def test_first_cell_stores_nothing_of_the_sandbox(tmp_path: Path) -> None:
+    """Making the sandbox is the kernel's business, not the cell's output (a CI run must
+    store what ipykernel stores); the status bar and the log get the progress."""
+    from sandbox_kernel.config import load_config
+    from sandbox_kernel.store import Store
+
     env = make_kernel_env(tmp_path)
     os.environ["JUPYTER_PATH"] = env.jupyter_path
     km, kc = start_new_kernel(kernel_name="sandbox")
     try:
         reply, outputs = run(kc, "1")
         assert reply["status"] == "ok"
-        assert f"creating sandbox sk-{env.user}" in text_of(outputs, "stderr")
-        reply, outputs = run(kc, "2")
-        assert text_of(outputs, "stderr") == ""
+        assert [m["msg_type"] for m in outputs] == ["execute_result"]
+        progress = Store(load_config(environ={}, state_dir=str(env.root / "state"))).progress("docker", since=0)
+        assert any(f"creating sandbox sk-{env.user}" in p["message"] for p in progress), progress
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -313,8 +318,7 @@ def test_notebooks_with_nbclient(kenv: KernelEnv) -> None:
         ]
     )
     NotebookClient(nb, kernel_name="sandbox", allow_errors=True, timeout=120, resources={"metadata": {"path": str(project)}}).execute()
-    # Progress of a sandbox being made goes to stderr on the first cell: leave it aside.
-    out = [[o for o in c.outputs if o.get("name") != "stderr"] for c in nb.cells]
+    out = [list(c.outputs) for c in nb.cells]
     assert out[0][0]["data"]["text/plain"] == "['a,b', '1,2']"
     assert out[1][0]["data"]["text/plain"] == "2"
     assert out[2][0]["data"]["text/html"] == "<i>rich</i>"
@@ -352,7 +356,9 @@ def test_engine_unreachable_kernel_still_starts(tmp_path: Path) -> None:
         reply, outputs = run(kc, "1+1")
         assert reply["status"] == "error"
         assert "cannot reach the Docker engine" in reply["evalue"]
-        assert "SANDBOX_KERNEL_BACKEND=local" in text_of(outputs, "stderr")
+        (error,) = [m["content"] for m in outputs if m["msg_type"] == "error"]  # one clear error
+        assert len(error["traceback"]) == 1 and "SANDBOX_KERNEL_BACKEND=local" in error["traceback"][0]
+        assert text_of(outputs, "stderr") == ""
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

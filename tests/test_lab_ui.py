@@ -139,7 +139,12 @@ def lab(browser_ready: None, tmp_path: Path, test_user: str) -> Iterator[Lab]:
 
 
 def _notebook(path: Path) -> None:
-    cell = "open('hello.txt', 'w').write('hi from the sandbox')\nprint('made', 'hello.txt')"
+    # One file in the workspace (the panel's Files section), one beside the notebook
+    # (JupyterLab's own file browser: cells run in the notebook's folder).
+    cell = (
+        "open('/workspace/hello.txt', 'w').write('hi from the sandbox')\n"
+        "open('beside.txt', 'w').write('next to the notebook')\nprint('made', 'hello.txt')"
+    )
     path.write_text(json.dumps({
         "cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {}, "outputs": [], "source": cell}],
         "metadata": {"kernelspec": {"name": "sandbox", "display_name": "Python 3 (sandbox)", "language": "python"}},
@@ -170,6 +175,9 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path) -> None:
             expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_be_visible(timeout=60_000)
             page.keyboard.press("Shift+Enter")
             expect(page.locator(".jp-OutputArea-output").filter(has_text="made hello.txt")).to_be_visible(timeout=120_000)
+            # What the cell wrote beside the notebook is in JupyterLab's file browser.
+            expect(page.locator(".jp-DirListing-item[title*='beside.txt'], .jp-DirListing-itemText:has-text('beside.txt')").first).to_be_visible(timeout=30_000)
+            assert (lab.notebooks / "beside.txt").read_text() == "next to the notebook"
 
             # The status bar names the notebook's sandbox; clicking it reveals it in the panel.
             status = page.locator(".jp-SandboxStatus-label")

@@ -120,7 +120,7 @@ def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConf
         # Made with flavor medium; its owner's configuration has since become small: it is
         # resized, never reaped for it (its installed packages are the user's).
         resized = SandboxService(make_config(flavor="medium")).ensure(ScopeKey(test_user + "-c")).info
-        notice = service.ensure(ScopeKey(test_user + "-c")).notice
+        notice = " ".join(service.ensure(ScopeKey(test_user + "-c")).notes)
         assert "now has flavor small" in notice and "it had medium" in notice
         healthy = service.ensure(ScopeKey(test_user + "-d")).info
         time.sleep(1.5)

@@ -8,7 +8,6 @@ FIFOs or sockets can be made there, dot-entries read-only or hidden). Real Docke
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import stat
@@ -20,7 +19,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from jupyter_client import BlockingKernelClient
+from jupyter_client import AsyncKernelClient
 
 from sandbox_kernel.config import load_config
 from sandbox_kernel.folders import folder_tag
@@ -94,7 +93,8 @@ def test_ci_checkout_with_jupyter_execute_inplace(kenv: KernelEnv, tmp_path: Pat
     folder = checkout / "notebooks"
     run_tool(kenv, folder, sys.executable, "-m", "jupyter", "execute", "--inplace", "--kernel_name=sandbox", "report.ipynb")
     cells = outputs(folder / "report.ipynb")
-    assert cells[0][-1]["text"] == f"3 {folder}\n"  # os.getcwd() is the notebook's folder
+    stdout = [o for o in cells[0] if o.get("name") == "stdout"]
+    assert stdout[0]["text"] == f"3 {folder}\n"  # os.getcwd() is the notebook's folder
     assert cells[2][0]["data"]["image/png"]  # Image('pic.png') found the file beside the notebook
     out = folder / "out.csv"
     assert out.read_text() == "total,3"
@@ -148,7 +148,8 @@ def test_host_folder_is_hostile_ground(kenv: KernelEnv, tmp_path: Path) -> None:
     nb.metadata["kernelspec"] = {"name": "sandbox", "display_name": "sandbox", "language": "python"}
     nbformat.write(nb, probe)
     run_tool(kenv, folder, sys.executable, "-m", "jupyter", "execute", "--inplace", "--kernel_name=sandbox", "probe.ipynb")
-    said = dict(line.split(" ", 1) for line in outputs(probe)[0][0]["text"].splitlines())
+    stdout = "".join(o.get("text", "") for o in outputs(probe)[0] if o.get("name") == "stdout")
+    said = dict(line.split(" ", 1) for line in stdout.splitlines())
     assert said["symlink"].startswith("refused") and said["dirlink"].startswith("refused")
     assert said["fifo"].startswith("refused") and said["socket"].startswith("refused")
     assert said["hook"].startswith("refused") and said["setuid"].startswith("refused")
@@ -204,14 +205,15 @@ async def _run_in_session(jp_fetch: Any, jp_serverapp: Any, path: str, code: str
     body = json.dumps({"path": path, "type": "notebook", "name": "", "kernel": {"name": "sandbox"}})
     session = json.loads((await jp_fetch("api", "sessions", method="POST", body=body)).body)
     km = jp_serverapp.kernel_manager.get_kernel(session["kernel"]["id"])
-    client = BlockingKernelClient()
+    client = AsyncKernelClient()
     client.load_connection_info(km.get_connection_info())
     client.start_channels()
     try:
+        await client.wait_for_ready(timeout=120)
         chunks: list[str] = []
-        reply = await asyncio.to_thread(
-            client.execute_interactive, code, timeout=120,
-            output_hook=lambda m: chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+        reply = await client.execute_interactive(
+            code, timeout=120,
+            output_hook=lambda m: chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" and m["content"]["name"] == "stdout" else None,
         )
         assert reply["content"]["status"] == "ok", reply["content"]
         return "".join(chunks)

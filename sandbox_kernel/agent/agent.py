@@ -57,7 +57,10 @@ class Wire:
         self.reader = os.fdopen(self.rfd, "rb", buffering=1 << 16)
 
     def send(self, **msg):
-        line = (json.dumps(msg, default=repr) + "\n").encode("utf-8", "surrogatepass")
+        # Each message starts with a newline too: whatever a cell left half-written on
+        # this fd ends there (the kernel drops the broken line), instead of swallowing
+        # the next message, a reply above all.
+        line = ("\n" + json.dumps(msg, default=repr) + "\n").encode("utf-8", "surrogatepass")
         with self.lock:
             view = memoryview(line)
             while view:
@@ -171,6 +174,16 @@ def truncation_notice():
     return "\n[output truncated: this cell sent more than %.0f MB of output; the rest was discarded]\n" % (OUTPUT_LIMIT / 1e6)
 
 
+def tidy_bundle(data):
+    """Binary images as one base64 line, as current IPython sends them (older IPython in
+    an image wraps them every 76 characters; stored notebooks would differ)."""
+    if isinstance(data, dict):
+        for mime, value in data.items():
+            if mime.startswith("image/") and mime != "image/svg+xml" and isinstance(value, str) and "\n" in value:
+                data[mime] = value.replace("\n", "")
+    return data
+
+
 def bundle_size(data):
     """Bytes a mime bundle adds to a cell's output (text as characters, JSON as encoded)."""
     total = 0
@@ -205,7 +218,9 @@ class Stream:
             self.write(line)
 
     def flush(self):
-        pass
+        # Code that flushes wants what it wrote out now (ipywidgets' Output does before it
+        # starts capturing): give it to the kernel.
+        self.output.flush()
 
     def isatty(self):
         return False
@@ -286,6 +301,8 @@ class Agent:
         self.history = []  # (session, line, input)
         self.allow_stdin = False
         self.shell = None
+        self.comms = None  # the comm manager, when the image has the comm package
+        self.parent = {}  # the Jupyter request being handled (its msg_id), for ipywidgets' Output
         self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         if not os.environ.get("SANDBOX_AGENT_NO_IPYTHON"):
             try:
@@ -333,6 +350,8 @@ class Agent:
                 self.output.flush()
                 self.wire.send(ev="reply", content={"status": "ok", "restart": False})
                 self.leave()
+            request_id = msg.get("id")
+            self.wire.send(ev="begin", id=request_id)  # what follows belongs to this request
             handler = getattr(self, "do_" + str(op), None)
             try:
                 content = handler(msg) if handler else {"status": "error", "ename": "ValueError", "evalue": "unknown op %r" % op, "traceback": []}
@@ -341,12 +360,39 @@ class Agent:
             except Exception as exc:  # an agent bug must not kill the interpreter
                 content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": traceback.format_exc().splitlines()}
             self.output.flush()
-            self.wire.send(ev="reply", content=content)
+            self.wire.send(ev="reply", id=request_id, content=content)
+
+    # -- comms (ipywidgets and friends) -------------------------------------------
+    def do_comm(self, msg):
+        """A comm_open / comm_msg / comm_close from the frontend, for the comm manager."""
+        if self.comms is None:
+            return {"status": "ok"}
+        import base64
+
+        jmsg = {
+            "header": {"msg_type": msg.get("msg_type")},
+            "content": msg.get("content") or {},
+            "metadata": msg.get("metadata") or {},
+            "buffers": [base64.b64decode(b) for b in msg.get("buffers") or []],
+        }
+        handler = getattr(self.comms, str(msg.get("msg_type")), None)
+        if msg.get("msg_type") in ("comm_open", "comm_msg", "comm_close") and handler is not None:
+            handler(None, None, jmsg)
+        return {"status": "ok"}
+
+    def do_comm_info(self, msg):
+        target = msg.get("target_name")
+        comms = {}
+        if self.comms is not None:
+            for comm_id, comm in self.comms.comms.items():
+                if target is None or comm.target_name == target:
+                    comms[comm_id] = {"target_name": comm.target_name}
+        return {"status": "ok", "comms": comms}
 
     # -- input() ---------------------------------------------------------------
     def read_input(self, prompt="", password=False):
         if not self.allow_stdin:
-            raise StdinNotImplementedError("input() was called, but this frontend does not support input requests.")
+            raise StdinNotImplementedError("raw_input was called, but this frontend does not support input requests.")
         self.output.flush()
         with self.cond:
             self.inputs = []
@@ -367,6 +413,7 @@ class Agent:
             except OSError as exc:
                 self.output.write("stderr", "could not change to %s: %s\n" % (msg["cwd"], exc))
         code = msg.get("code", "")
+        self.parent = {"header": {"msg_id": str(msg.get("msg_id") or ""), "msg_type": "execute_request"}}
         silent = bool(msg.get("silent"))
         store = bool(msg.get("store_history", True)) and not silent
         self.allow_stdin = bool(msg.get("allow_stdin"))
@@ -585,6 +632,40 @@ def plain_display(agent):
     return display, clear_output
 
 
+def install_comms(agent):
+    """Comms (ipywidgets, anything built on the ``comm`` package) talk to the frontend
+    through our wire: the package lets a kernel supply its comm class and manager."""
+    try:
+        import comm
+        from comm.base_comm import BaseComm, CommManager
+    except ImportError:
+        return None
+    import base64
+
+    class WireComm(BaseComm):
+        def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+            agent.output.flush()
+            content = dict(keys, data=data or {}, comm_id=self.comm_id)
+            encoded = [base64.b64encode(bytes(b)).decode("ascii") for b in buffers or []]
+            agent.wire.send(ev="comm", msg_type=msg_type, content=content, metadata=metadata or {}, buffers=encoded)
+
+    manager = CommManager()
+    comm.create_comm = WireComm
+    comm.get_comm_manager = lambda: manager
+    return manager
+
+
+class ParentOnly:
+    """Stands for ipykernel's kernel object where libraries only ask for the request
+    being handled (``get_ipython().kernel.get_parent()``)."""
+
+    def __init__(self, agent):
+        self._agent = agent
+
+    def get_parent(self, channel="shell"):
+        return self._agent.parent
+
+
 def make_shell(agent):
     """An IPython InteractiveShell whose display machinery speaks our protocol."""
     from IPython.core.displayhook import DisplayHook
@@ -594,6 +675,7 @@ def make_shell(agent):
     class Publisher(DisplayPublisher):
         def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
             agent.output.flush()
+            data = tidy_bundle(data)
             if not agent.output.allow(data):
                 return
             agent.wire.send(ev="display", data=data, metadata=metadata or {}, transient=transient or {}, update=bool(update))
@@ -610,7 +692,7 @@ def make_shell(agent):
             pass
 
         def write_format_data(self, format_dict, md_dict=None):
-            self.msg["data"] = format_dict
+            self.msg["data"] = tidy_bundle(format_dict)
             self.msg["metadata"] = md_dict or {}
 
         def finish_displayhook(self):
@@ -688,6 +770,8 @@ def make_shell(agent):
     # The kernel keeps the history it serves; IPython's SQLite history only costs start-up time.
     config.HistoryManager.enabled = False
     shell = Shell.instance(config=config, colors="NoColor" if os.environ.get("SANDBOX_AGENT_NO_COLOR") else "Linux")
+    # What ipywidgets' Output widget asks ipykernel (the request whose outputs it takes).
+    shell.kernel = ParentOnly(agent)
     shell.enable_html_pager = False
     from IPython.core import page, payloadpage
 
@@ -1203,6 +1287,7 @@ def main():
 
     builtins.input = lambda prompt="": agent.read_input(prompt)
     getpass.getpass = lambda prompt="Password: ", stream=None: agent.read_input(prompt, password=True)
+    agent.comms = install_comms(agent)
     if agent.shell is None:
         display, clear_output = plain_display(agent)
         builtins.display = display

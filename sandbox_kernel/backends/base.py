@@ -255,7 +255,8 @@ class Ensured:
 
     info: SandboxInfo
     event: str  # "existing" | "created" | "started" | "recreated"
-    notice: str = ""  # one line for the user when something was lost or changed
+    notice: str = ""  # one line for the user when something was lost (variables, a process)
+    notes: list[str] = field(default_factory=list)  # what changed without loss (resized, outdated)
 
 
 @dataclass
