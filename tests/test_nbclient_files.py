@@ -155,7 +155,7 @@ def first_difference(expected: Any, got: Any, where: str = "") -> str:
             if expected.get(key) != got.get(key):
                 return first_difference(expected.get(key), got.get(key), f"{where}.{key}")
     if isinstance(expected, list) and isinstance(got, list):
-        for index, (e, g) in enumerate(zip(expected, got)):
+        for index, (e, g) in enumerate(zip(expected, got, strict=False)):
             if e != g:
                 return first_difference(e, g, f"{where}[{index}]")
         if len(expected) != len(got):
