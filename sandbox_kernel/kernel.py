@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import socket
 import sys
 import threading
 import time
@@ -182,15 +183,16 @@ class SandboxKernel(Kernel):
             # Host folders in the sandbox: its processes may not plant links or FIFOs there.
             "SANDBOX_AGENT_NO_SPECIAL_FILES": json.dumps([info.work_folder] if info.work_folder else []),
         }
-        spare = None
+        spare, payload = None, agent_source()
         if self.backend.keeps_spares:
             record = self._store.take_spare(self.backend.name, info.id, info.engine_id)
-            if record is not None:
+            if record is not None and record.secret:
                 spare = (SPARE_SOCKET, record.pid, record.start_time)
+                payload += record.secret.encode() + b"\n"  # on stdin, never in argv
         channel = self.backend.open_channel(info.id, bootstrap_command(spare=spare), cwd=self._cell_cwd(), env=env)
         agent = AgentConnection(channel, max_line=self._output_ceiling())
         try:
-            agent.start(agent_source())
+            agent.start(payload)
         except SandboxError as exc:
             agent.close()
             hint = _too_few_pids(info)
@@ -200,12 +202,24 @@ class SandboxKernel(Kernel):
         except BaseException:
             agent.close()
             raise
+        self._record_processes(info.id, agent.ready.get("procs"))
         if self._heart is None:
             self._heart = threading.Thread(target=self._heartbeat_loop, daemon=True)
             self._heart.start()
             threading.Thread(target=self._housekeeping, daemon=True).start()
         self._wake.set()
         return agent
+
+    def _record_processes(self, sandbox_id: str, procs: Any) -> None:
+        """Tell the reaper which sandbox processes carry this kernel: should this process
+        be killed and they not end by themselves, it ends them (see lifecycle)."""
+        if not isinstance(procs, list) or self.backend is None:
+            return
+        try:
+            self._store.kernel_heartbeat(self._heartbeat_id, self.backend.name, sandbox_id, False)
+            self._store.kernel_processes(self._heartbeat_id, socket.gethostname(), os.getpid(), json.dumps(procs))
+        except Exception as exc:  # bookkeeping: never a failure for the user
+            self.log.debug("could not record the kernel's processes: %s", exc)
 
     def _output_ceiling(self) -> int:
         """Bytes of output events one cell may send on the wire, whatever the agent says.

@@ -114,6 +114,11 @@ def plan(
 def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[Action]:
     """Apply the lifecycle policies to every sandbox of this installation on this backend."""
     store = Store(config)
+    if not dry_run:
+        try:
+            end_dead_kernels(backend, store)  # before their records could go stale
+        except Exception:  # leftovers wait for the next run
+            pass
     infos = []
     for info in backend.list():
         if info.state == "stopped":  # listings are summaries: ask when it stopped
@@ -137,6 +142,38 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
         except Exception as exc:  # one sandbox's trouble must not stop the run
             action.error = str(exc) or type(exc).__name__
     return actions
+
+
+def end_dead_kernels(backend: Backend, store: Store) -> int:
+    """End what kernels that died on this host left in their sandboxes.
+
+    An interpreter's watcher ends it when its kernel goes; a cell can freeze the watcher
+    (same user), so the reaper, outside the sandbox's reach, kills the recorded
+    processes (checked by start time, never a stranger with a reused pid). Returns
+    how many dead kernels were cleaned up.
+    """
+    import os
+    import socket
+
+    from .agent import agent_source
+
+    ended = 0
+    for kernel_id, sandbox_id, host_pid, procs in store.kernels_of_host(backend.name, socket.gethostname()):
+        try:
+            os.kill(host_pid, 0)
+            continue  # alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # someone else's process with that pid: alive
+        if procs and backend.shares_processes:
+            try:
+                backend.exec(sandbox_id, ["python3", "-c", agent_source().decode(), "--end-processes", procs], timeout=30)
+            except Exception:
+                pass  # stopped or gone: its processes are gone with it
+        store.kernel_gone(kernel_id)
+        ended += 1
+    return ended
 
 
 def _apply(backend: Backend, store: Store, action: Action) -> None:

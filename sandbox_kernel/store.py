@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS spares (
     pid INTEGER NOT NULL,
     start_time TEXT NOT NULL,
     host_pid INTEGER NOT NULL DEFAULT 0,
+    secret TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (backend, sandbox_id)
 )
 """
@@ -107,6 +108,10 @@ class Store:
                     ("sandboxes", "flavor", "TEXT NOT NULL DEFAULT ''"),
                     ("kernels", "progress", "TEXT NOT NULL DEFAULT ''"),
                     ("kernels", "progress_at", "REAL NOT NULL DEFAULT 0"),
+                    ("spares", "secret", "TEXT NOT NULL DEFAULT ''"),
+                    ("kernels", "host", "TEXT NOT NULL DEFAULT ''"),
+                    ("kernels", "host_pid", "INTEGER NOT NULL DEFAULT 0"),
+                    ("kernels", "procs", "TEXT NOT NULL DEFAULT ''"),
                 ):
                     try:
                         conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
@@ -212,6 +217,23 @@ class Store:
                 (kernel_id, backend, sandbox_id, now, message, now),
             )
 
+    def kernel_processes(self, kernel_id: str, host: str, host_pid: int, procs: str) -> None:
+        """Where a kernel runs (this host's name, its pid) and the sandbox processes that
+        carry it (JSON [[pid, start time], ...]): the reaper ends them when it dies."""
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "UPDATE kernels SET host = ?, host_pid = ?, procs = ? WHERE kernel_id = ?",
+                (host, host_pid, procs, kernel_id),
+            )
+
+    def kernels_of_host(self, backend: str, host: str) -> list[tuple[str, str, int, str]]:
+        """(kernel id, sandbox id, host pid, procs) of the kernels recorded on ``host``."""
+        with closing(self._connect()) as conn:
+            return conn.execute(
+                "SELECT kernel_id, sandbox_id, host_pid, procs FROM kernels WHERE backend = ? AND host = ? AND host_pid > 0",
+                (backend, host),
+            ).fetchall()
+
     def progress(self, backend: str, since: float) -> list[dict[str, object]]:
         """Kernels' progress messages newer than ``since`` (epoch seconds)."""
         with closing(self._connect()) as conn:
@@ -227,12 +249,18 @@ class Store:
             conn.execute("DELETE FROM kernels WHERE kernel_id = ?", (kernel_id,))
 
     def live_kernels(self, backend: str, stale_after: float = STALE_AFTER) -> dict[str, list[tuple[str, bool]]]:
-        """Sandbox id -> [(kernel id, busy)] of kernels heard from recently; drops the dead."""
+        """Sandbox id -> [(kernel id, busy)] of kernels heard from recently.
+
+        Silent ones are dropped, except those whose sandbox processes the reaper must
+        still end (they go once it has: see lifecycle.end_dead_kernels), for a day at most.
+        """
         cutoff = time.time() - stale_after
         with closing(self._connect()) as conn:
-            conn.execute("DELETE FROM kernels WHERE last_seen < ?", (cutoff,))
+            conn.execute(
+                "DELETE FROM kernels WHERE last_seen < ? AND (procs = '' OR last_seen < ?)", (cutoff, time.time() - 86400)
+            )
             rows = conn.execute(
-                "SELECT sandbox_id, kernel_id, busy FROM kernels WHERE backend = ?", (backend,)
+                "SELECT sandbox_id, kernel_id, busy FROM kernels WHERE backend = ? AND last_seen >= ?", (backend, cutoff)
             ).fetchall()
         live: dict[str, list[tuple[str, bool]]] = {}
         for sandbox_id, kernel_id, busy in rows:
@@ -283,11 +311,12 @@ class Store:
     def put_spare(self, backend: str, sandbox_id: str, spare: Spare) -> None:
         with closing(self._connect()) as conn:
             conn.execute(
-                "INSERT INTO spares (backend, sandbox_id, engine_id, pid, start_time, host_pid)"
-                " VALUES (?, ?, ?, ?, ?, ?)"
+                "INSERT INTO spares (backend, sandbox_id, engine_id, pid, start_time, host_pid, secret)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (backend, sandbox_id) DO UPDATE SET engine_id = excluded.engine_id,"
-                " pid = excluded.pid, start_time = excluded.start_time, host_pid = excluded.host_pid",
-                (backend, sandbox_id, spare.engine_id, spare.pid, spare.start_time, spare.host_pid),
+                " pid = excluded.pid, start_time = excluded.start_time, host_pid = excluded.host_pid,"
+                " secret = excluded.secret",
+                (backend, sandbox_id, spare.engine_id, spare.pid, spare.start_time, spare.host_pid, spare.secret),
             )
 
     def take_spare(self, backend: str, sandbox_id: str, engine_id: str) -> Spare | None:
@@ -296,7 +325,7 @@ class Store:
         with closing(self._connect()) as conn:
             conn.execute("BEGIN IMMEDIATE")
             row = conn.execute(
-                "SELECT engine_id, pid, start_time, host_pid FROM spares WHERE backend = ? AND sandbox_id = ?",
+                "SELECT engine_id, pid, start_time, host_pid, secret FROM spares WHERE backend = ? AND sandbox_id = ?",
                 (backend, sandbox_id),
             ).fetchone()
             conn.execute("DELETE FROM spares WHERE backend = ? AND sandbox_id = ?", (backend, sandbox_id))
@@ -308,7 +337,7 @@ class Store:
     def spare(self, backend: str, sandbox_id: str) -> Spare | None:
         with closing(self._connect()) as conn:
             row = conn.execute(
-                "SELECT engine_id, pid, start_time, host_pid FROM spares WHERE backend = ? AND sandbox_id = ?",
+                "SELECT engine_id, pid, start_time, host_pid, secret FROM spares WHERE backend = ? AND sandbox_id = ?",
                 (backend, sandbox_id),
             ).fetchone()
         return Spare(*row) if row else None

@@ -806,6 +806,7 @@ def enable_user_site():
 
 
 SPARE_TTL = 600.0  # seconds a spare waits for a kernel before it ends (its memory is freed)
+SUPERVISOR = 0  # for a spare that took a kernel's channel: the process that stays as the channel
 
 # -- hardening and process supervision ----------------------------------------------------
 PR_SET_PDEATHSIG = 1
@@ -1091,6 +1092,18 @@ def oom_kills():
     return 0
 
 
+def read_secret():
+    """The line the kernel sends right after the source: a spare's one-time secret
+    (the kernel sends it only when it names a spare; nothing else is on fd 0 yet)."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < 256:
+        chunk = os.read(0, 1)
+        if not chunk:
+            break
+        line += chunk
+    return line.strip().decode("ascii", "replace")
+
+
 def hand_over(path, pid, start):
     """Give this kernel's channel (fds 0 and 1) to the warm spare at ``path``.
 
@@ -1103,6 +1116,7 @@ def hand_over(path, pid, start):
     import socket
     import struct
 
+    secret = read_secret()
     conn = socket.socket(socket.AF_UNIX)
     conn.settimeout(5)
     try:
@@ -1111,7 +1125,11 @@ def hand_over(path, pid, start):
         if peer != pid or start_time_of(peer) != start:
             conn.close()
             return False
-        settings = {"env": {k: v for k, v in os.environ.items() if k.startswith("SANDBOX_AGENT_")}, "cwd": os.getcwd()}
+        settings = {
+            "env": {k: v for k, v in os.environ.items() if k.startswith("SANDBOX_AGENT_")},
+            "cwd": os.getcwd(),
+            "secret": secret,  # proves to the spare that the host sent us (a cell cannot know it)
+        }
         before = oom_kills()
         conn.sendmsg([json.dumps(settings).encode() + b"\n"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1]))])
         if conn.recv(1) != b"k":
@@ -1167,16 +1185,21 @@ def displace(path):
 def wait_as_spare(path):
     """Listen at ``path`` while warming up; take the fds and settings of the first kernel.
 
-    A spare is started by the host (never by a cell), announces "listening" on its own
-    stdout once bound (the host then records its pid and start time), and returns once
-    a kernel's start program handed over its stdin and stdout (now our fds 0 and 1);
-    it ends when nobody came within SPARE_TTL.
+    A spare is started by the host (never by a cell), reads a one-time secret from the
+    host on its stdin, announces "listening" on its own stdout once bound (the host then
+    records its pid, start time and the secret), and returns once a kernel's start
+    program handed over its stdin and stdout (now our fds 0 and 1) *with that secret*:
+    a cell that connects first, to make the spare run its code and then pose as it,
+    is turned away (the spare is non-dumpable: no cell can read the secret from it). It
+    ends when nobody came within SPARE_TTL.
     """
     import array
+    import hmac
     import socket
 
     global OUTPUT_LIMIT, CELL_TIMEOUT
     os.environ.pop("SANDBOX_AGENT_SPARE_LISTEN", None)
+    secret = read_secret()
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay below us, for the kill
     listener = socket.socket(socket.AF_UNIX)
     address = socket_address(path)
@@ -1205,6 +1228,10 @@ def wait_as_spare(path):
         except socket.timeout:
             os._exit(0)
         conn.settimeout(10)
+        import struct
+
+        global SUPERVISOR
+        SUPERVISOR = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
         try:
             msg, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(2 * 4))
         except OSError:
@@ -1214,18 +1241,20 @@ def wait_as_spare(path):
         for level, kind, data in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.frombytes(data[: len(data) - len(data) % 4])
-        if len(fds) < 2:
+        try:
+            offered = json.loads(msg.decode("utf-8") or "{}")
+        except ValueError:
+            offered = {}
+        proof = offered.get("secret") if isinstance(offered, dict) else None
+        if len(fds) < 2 or not secret or not isinstance(proof, str) or not hmac.compare_digest(proof, secret):
             for fd in fds:
                 os.close(fd)
-            conn.close()  # a probe, or a malformed hand-over
+            conn.close()  # a probe, or a hand-over from anyone but the host's kernel
             continue
         break
     listener.close()
-    try:
-        settings = json.loads(msg.decode("utf-8") or "{}")
-    except ValueError:
-        settings = {}
-    env = settings.get("env") if isinstance(settings, dict) else None
+    settings = offered
+    env = settings.get("env")
     os.environ.update({k: str(v) for k, v in (env or {}).items() if str(k).startswith("SANDBOX_AGENT_")})
     OUTPUT_LIMIT = int(os.environ.get("SANDBOX_AGENT_OUTPUT_LIMIT") or 10_000_000)
     CELL_TIMEOUT = float(os.environ.get("SANDBOX_AGENT_CELL_TIMEOUT") or 0)
@@ -1249,12 +1278,42 @@ def send_ready(wire):
     import importlib.util
 
     ipython = not os.environ.get("SANDBOX_AGENT_NO_IPYTHON") and importlib.util.find_spec("IPython") is not None
-    wire.send(ev="ready", python_version="%d.%d.%d" % sys.version_info[:3], ipython=ipython, pid=os.getpid())
+    # The processes that carry this kernel (interpreter, and its watcher or the spare's
+    # supervisor), each with its start time: the host's reaper ends them if the kernel
+    # dies and they do not end by themselves (a cell may have frozen the watcher).
+    keeper = SUPERVISOR or os.getppid()
+    procs = [[os.getpid(), start_time_of(os.getpid())], [keeper, start_time_of(keeper)]]
+    wire.send(ev="ready", python_version="%d.%d.%d" % sys.version_info[:3], ipython=ipython, pid=os.getpid(), procs=procs)
+
+
+def end_processes(argv):
+    """``--end-processes JSON``: kill the trees of [pid, start time] pairs that still
+    are those very processes (the host's reaper, after their kernel died)."""
+    targets = [(pid, start) for pid, start in json.loads(argv[1]) if isinstance(pid, int) and pid > 1 and start]
+    # Freeze every process of this user here first (all but us and init): a cell that
+    # forks without pause cannot outrun the kill, and nothing of it runs meanwhile.
+    # Other interpreters of the sandbox pause for these milliseconds, then go on.
+    try:
+        os.kill(-1, signal.SIGSTOP)
+    except OSError:
+        pass
+    try:
+        for pid, start in targets:
+            if start_time_of(pid) == start:
+                kill_tree(pid, include_root=True)
+    finally:
+        try:
+            os.kill(-1, signal.SIGCONT)
+        except OSError:
+            pass
+    os._exit(0)
 
 
 def main():
     if sys.argv[1:2] == ["--restricted"]:
         run_restricted(sys.argv[1:])
+    if sys.argv[1:2] == ["--end-processes"]:
+        end_processes(sys.argv[1:])
     harden()
     agent = None
     if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):

@@ -111,6 +111,7 @@ class Spare:
     pid: int  # in the sandbox's pid namespace
     start_time: str
     host_pid: int = 0  # the same process as the engine's host numbers it
+    secret: str = ""  # given to it by the host; a kernel must show it to be served
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,8 @@ class Backend(abc.ABC):
     finds_engine_ids: bool = False
     # Whether resize() changes a sandbox's CPUs, memory and processes in place.
     resizes: bool = False
+    # Whether exec() runs where the interpreters' processes are visible (one pid space).
+    shares_processes: bool = True
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings

@@ -27,6 +27,7 @@ import logging
 import os
 import pwd
 import re
+import secrets
 import tarfile
 import time
 from collections.abc import Iterator
@@ -789,8 +790,9 @@ class DockerBackend(Backend):
         channel = self.open_channel(
             sandbox_id, bootstrap_command(), cwd=WORKSPACE, env={"SANDBOX_AGENT_SPARE_LISTEN": SPARE_SOCKET}
         )
+        secret = secrets.token_hex(32)
         try:
-            channel.write(agent_source())
+            channel.write(agent_source() + secret.encode() + b"\n")
             channel._sock.settimeout(30)
             if channel.read_line() != b"listening":
                 return None  # another spare already waits there, or it failed
@@ -802,7 +804,7 @@ class DockerBackend(Backend):
             channel.close()  # the spare no longer uses the exec's stdio
         if identity is None:
             return None
-        return Spare(engine_id=container.id, pid=identity[0], start_time=identity[1], host_pid=host_pid)
+        return Spare(engine_id=container.id, pid=identity[0], start_time=identity[1], host_pid=host_pid, secret=secret)
 
     def spare_alive(self, spare: Spare) -> bool:
         """Whether a recorded spare still runs (the same process: pid and start time)."""
