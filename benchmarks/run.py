@@ -61,6 +61,8 @@ class Bench:
             "SANDBOX_KERNEL_USER": self.user,
             "SANDBOX_KERNEL_OUTPUT_LIMIT": str(50_000_000),
             "SANDBOX_KERNEL_MAX_SANDBOXES": "1000",
+            # Kernels start from the checkout: measure the plain sandbox (no host folder).
+            "SANDBOX_KERNEL_WORK_ROOT": "none",
             "PYTHONPATH": str(REPO),
         }
         spec = root / "share" / "kernels" / "sandbox"
@@ -80,10 +82,9 @@ class Bench:
     @property
     def container_name(self) -> str:
         """The engine's name of the sandbox (its id plus the installation's tag)."""
-        from sandbox_kernel.backends.base import engine_name
-        from sandbox_kernel.config import load_config
+        from sandbox_kernel.backends.base import engine_name, installation_id
 
-        return engine_name(load_config(environ={}, state_dir=self.env["SANDBOX_KERNEL_STATE_DIR"]), self.sandbox_id)
+        return engine_name(installation_id(self.env["SANDBOX_KERNEL_STATE_DIR"]), self.sandbox_id)
 
     # -- helpers ----------------------------------------------------------------
     @staticmethod
@@ -238,18 +239,19 @@ class Bench:
             proc.wait()
 
     def scale(self, counts: list[int]) -> None:
-        from sandbox_kernel.backends.docker import DockerBackend
         from sandbox_kernel.config import load_config
         from sandbox_kernel.identity import ScopeKey
+        from sandbox_kernel.service import SandboxService
 
         cfg = load_config(environ={}, **{k.removeprefix("SANDBOX_KERNEL_").lower(): v for k, v in self.env.items() if k.startswith("SANDBOX_KERNEL_") and k != "SANDBOX_KERNEL_USER"})
-        backend = DockerBackend(cfg)
+        service = SandboxService(cfg)
+        backend = service.backend
         proc, url, token = self.with_server()
         made = 0
         try:
             for n in counts:
                 while made < n:
-                    backend.ensure(ScopeKey(f"{self.user}-idle-{made}"))
+                    service.ensure(ScopeKey(f"{self.user}-idle-{made}"))
                     made += 1
                 infos = [i for i in backend.list() if i.user.startswith(f"{self.user}-idle-")]
                 usage = backend.usage(infos)

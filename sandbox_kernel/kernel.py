@@ -36,12 +36,13 @@ from typing import Any
 
 from ipykernel.kernelbase import Kernel
 
-from . import __version__
+from . import __version__, sync
 from .agent import SPARE_SOCKET, agent_source, bootstrap_command
 from .backends import Backend, SandboxError, SandboxNotFound
 from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
 from .config import MIN_PIDS, ConfigError, SandboxConfig, load_config
 from .connection import OVERFLOW, AgentConnection, AgentGone
+from .folders import usable
 from .identity import ScopeKey, notebook_metadata, scope_key
 from .lifecycle import gc
 from .service import SandboxService, workspace_dir
@@ -73,6 +74,7 @@ class SandboxKernel(Kernel):
         self._sandbox_id = ""
         self._engine_id = ""
         self._work_folder = ""
+        self._folder_copy: sync.FolderCopy | None = None  # the notebook's folder, copied in
         self._lost: str = ""  # what the previous cell's failure said, to phrase the next notice
         self._first_cell = True
         self._busy = False
@@ -177,6 +179,12 @@ class SandboxKernel(Kernel):
             self._report(info.id, note)
         self._lost = ""
         self._sandbox_id, self._engine_id, self._work_folder = info.id, info.engine_id, info.work_folder
+        if self._folder_copy is None and self._wants_folder_copy():
+            here = Path(os.getcwd()).resolve()
+            self._report(info.id, f"copying {here} into the sandbox (it has no host folders)")
+            self._folder_copy = sync.push(self.backend, info.id, here)
+            for name in self._folder_copy.skipped[:5]:
+                self._report(info.id, f"not copied (too large, or not a regular file): {name}")
         env = {
             "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
             "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
@@ -292,11 +300,22 @@ class SandboxKernel(Kernel):
             except Exception as exc:  # a spare only saves time: never an error for the user
                 self.log.debug("no warm spare: %s", exc)
 
+    def _wants_folder_copy(self) -> bool:
+        """A sandbox without host folders (Daytona) gets a copy of the notebook's folder,
+        unless that is nothing of the user's (the home itself, a system folder)."""
+        assert self.cfg is not None and self.backend is not None
+        if self.backend.workspace_on_host or self.cfg.work_root == "none":
+            return False
+        here = Path(os.getcwd()).resolve()
+        return usable(here) and here != Path.home().resolve()
+
     def _cell_cwd(self) -> str:
         """Where cells start: the notebook's own folder when the sandbox has it (the work
-        folder is mounted at its own path), /workspace/<folder> when the notebook lies in
-        the workspace, else /workspace."""
+        folder is mounted at its own path, or copied in), /workspace/<folder> when the
+        notebook lies in the workspace, else /workspace."""
         assert self.cfg is not None and self.key is not None
+        if self._folder_copy is not None:
+            return self._folder_copy.remote
         here = Path(os.getcwd()).resolve()
         if self._work_folder and (here == Path(self._work_folder) or Path(self._work_folder) in here.parents):
             return str(here)
@@ -565,6 +584,12 @@ class SandboxKernel(Kernel):
             except SandboxError:
                 pass
             agent.close()
+        if self._folder_copy is not None and self.backend is not None and self._sandbox_id:
+            try:  # what the cells wrote beside the notebook goes back beside it
+                copied = await asyncio.to_thread(sync.pull, self.backend, self._sandbox_id, self._folder_copy)
+                self.log.info("copied back from the sandbox: %s", ", ".join(copied) or "nothing changed")
+            except Exception as exc:
+                self.log.warning("could not copy the notebook's folder back: %s", exc)
         return {"status": "ok", "restart": restart}
 
     # -- interrupt (control channel) ---------------------------------------------------------

@@ -493,3 +493,33 @@ async def test_rest_over_daytona(jp_fetch: Any, fake: FakeDaytona, daytona_rest:
     assert (await fetch(jp_fetch, "api", "sandboxes", sid, "start", method="POST", body=""))["state"] == "running"
     await fetch(jp_fetch, "api", "sandboxes", sid, method="DELETE", expect=204)
     await fetch(jp_fetch, "api", "sandboxes", sid, expect=404)
+
+
+def test_notebook_folder_is_copied_in_and_changes_come_back(fake: FakeDaytona, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Daytona has no host folders: `jupyter execute` of a notebook in a checkout still reads
+    the data beside it (copied in at start) and leaves its result beside it (copied back
+    at shutdown), through the hardened file layer on the host side."""
+    import subprocess
+    import sys
+
+    import nbformat
+
+    env = make_kernel_env(tmp_path / "k", **daytona_settings(fake, SANDBOX_KERNEL_WORK_ROOT="auto"))
+    folder = tmp_path / "checkout" / "nb"
+    folder.mkdir(parents=True)
+    (folder / "data.csv").write_text("a,1\nb,2\n")
+    (folder / ".secret").write_text("never copied")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import os\nrows = open('data.csv').read().splitlines()\n"
+        "open('out.csv', 'w').write(str(len(rows)))\nprint(sorted(os.listdir('.')))"
+    )]
+    nbformat.write(nb, folder / "report.ipynb")
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter", "execute", "--inplace", "--kernel_name=sandbox", "report.ipynb"],
+        cwd=folder, env={**env.environ(), "JUPYTER_PATH": env.jupyter_path}, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (out,) = [o for o in nbformat.read(folder / "report.ipynb", as_version=4).cells[0].outputs if o.get("name") == "stdout"]
+    assert out["text"] == "['data.csv', 'out.csv', 'report.ipynb']\n"  # no dot-entry went in
+    assert (folder / "out.csv").read_text() == "2"  # the result came back beside the notebook

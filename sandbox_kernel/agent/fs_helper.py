@@ -10,7 +10,7 @@ every backend.
 
 Standard library only, Python >= 3.8. Invoked as ``python3 -c SOURCE OP ROOT REL``:
 
-* ``stat``, ``list``, ``check-upload``, ``delete``: one JSON line on stdout;
+* ``stat``, ``list``, ``walk``, ``check-upload``, ``delete``: one JSON line on stdout;
 * ``read``: a JSON line ``{"size": N}`` (or ``{"error": ...}``), then exactly N bytes;
 * ``write`` (with the expected size as a fifth argument): stdin to a temporary beside
   the target (parents made), renamed into place only when exactly that many bytes
@@ -83,6 +83,21 @@ def main():
                 continue
             items.append([name, kind(st), st.st_size, st.st_mtime])
         out(items=items)
+    if op == "walk":
+        # Regular files below a folder (no link followed, dot-entries skipped): a sync's view.
+        files = []
+        for top, dirs, names in os.walk(path):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(top, d))]
+            for name in names:
+                if name.startswith("."):
+                    continue
+                full = os.path.join(top, name)
+                st = os.lstat(full)
+                if stat.S_ISREG(st.st_mode):
+                    files.append([os.path.relpath(full, path), st.st_size, st.st_mtime])
+                if len(files) >= MAX_ENTRIES:
+                    out(files=files, truncated=True)
+        out(files=files)
     if op == "delete":
         if os.path.isdir(path) and not os.path.islink(path):
             out(error="isdir")
