@@ -20,10 +20,10 @@ from typing import Any
 from .config import ConfigError, SandboxConfig, load_config
 from .errors import SandboxError, SandboxNotFound
 from .identity import scope_key
+from .kernelspec import DISPLAY_NAME, kernelspec
 from .service import SandboxService
 
 KERNEL_NAME = "sandbox"
-DISPLAY_NAME = "Python 3 (sandbox)"
 
 
 def _config(args: argparse.Namespace) -> SandboxConfig:
@@ -226,15 +226,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         # (a flavor alone resizes your sandbox instead).
         env["SANDBOX_KERNEL_VARIANT"] = args.name
     load_config(environ=env)  # refuse a variant that could never start
-    spec: dict[str, Any] = {
-        "argv": [sys.executable, "-m", "sandbox_kernel", "-f", "{connection_file}"],
-        "display_name": args.display_name or DISPLAY_NAME,
-        "language": "python",
-        "interrupt_mode": "message",
-        "metadata": {"debugger": False},
-    }
-    if env:
-        spec["env"] = env
+    spec = kernelspec(args.display_name or DISPLAY_NAME, env, python=sys.executable)
     shipped = Path(__file__).parent / "resources"
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")

@@ -23,6 +23,7 @@ import base64
 import binascii
 import concurrent.futures
 import json
+import logging
 import os
 import platform
 import re
@@ -47,6 +48,8 @@ from .identity import ScopeKey, notebook_metadata, scope_key
 from .lifecycle import gc
 from .service import SandboxService, workspace_dir
 from .store import HEARTBEAT, Store
+
+log = logging.getLogger("sandbox_kernel")
 
 GC_DELAY = 2.0  # seconds after the start before the kernel applies the lifecycle policies
 CONNECT_WAIT_FOR_INFO = 5.0  # seconds kernel_info waits for the sandbox's Python version
@@ -287,7 +290,7 @@ class SandboxKernel(Kernel):
         assert self.backend is not None and self.cfg is not None
         try:
             for action in gc(self.backend, self.cfg):
-                self.log.info("lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
+                log.info("lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
         except Exception as exc:
             self.log.warning("lifecycle check failed: %s", exc)
         if self.backend.keeps_spares and self._sandbox_id:
@@ -338,7 +341,7 @@ class SandboxKernel(Kernel):
         """Progress and notes of the kernel's own (making a sandbox, resizing it): they
         are not a cell's output, so a batch run stores exactly what ipykernel would. The
         server log has them, and the status bar shows them (through the state file)."""
-        self.log.info("%s", line)
+        log.info("%s", line)
         if self.cfg is None or self.backend is None:
             return
         try:
@@ -587,7 +590,7 @@ class SandboxKernel(Kernel):
         if self._folder_copy is not None and self.backend is not None and self._sandbox_id:
             try:  # what the cells wrote beside the notebook goes back beside it
                 copied = await asyncio.to_thread(sync.pull, self.backend, self._sandbox_id, self._folder_copy)
-                self.log.info("copied back from the sandbox: %s", ", ".join(copied) or "nothing changed")
+                log.info("copied back from the sandbox: %s", ", ".join(copied) or "nothing changed")
             except Exception as exc:
                 self.log.warning("could not copy the notebook's folder back: %s", exc)
         return {"status": "ok", "restart": restart}
@@ -670,4 +673,20 @@ def main() -> None:
 
     if sys.argv[1:2] == ["install"]:
         sys.exit("use `sandbox-kernel install` to install the kernelspec")
-    IPKernelApp.launch_instance(kernel_class=SandboxKernel)
+    _log_to_stderr()
+    # Cells run in the sandbox: what this host process prints, warns or logs is never a
+    # cell's output. ipykernel would turn its stdout/stderr (and fds 1/2) into streams of
+    # whichever cell runs; they stay the process's real ones instead, so they reach the
+    # CI job's log or the server's log.
+    IPKernelApp.launch_instance(kernel_class=SandboxKernel, outstream_class=None, capture_fd_output=False)
+
+
+def _log_to_stderr() -> None:
+    """The ``sandbox_kernel`` logger (progress, settings ignored, lifecycle actions) at
+    INFO on stderr, which `jupyter execute`, papermill and nbmake pass through to the
+    job's log and a Jupyter server to its own log."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[SandboxKernel] %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False

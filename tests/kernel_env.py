@@ -17,6 +17,8 @@ from pathlib import Path
 
 import jupyter_kernel_test
 
+from sandbox_kernel.kernelspec import kernelspec
+
 from .conftest import TEST_IMAGE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,13 +62,7 @@ def make_kernel_env(root: Path, **settings: str) -> KernelEnv:
         "SANDBOX_KERNEL_WORK_ROOT": "none",
         **settings,
     }
-    spec = {
-        "argv": [sys.executable, "-m", "sandbox_kernel", "-f", "{connection_file}"],
-        "display_name": "Python 3 (sandbox, tests)",
-        "language": "python",
-        "interrupt_mode": "message",
-        "env": env,
-    }
+    spec = kernelspec("Python 3 (sandbox, tests)", env, python=sys.executable)
     (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
     kenv.workspace.mkdir(parents=True, exist_ok=True)
     return kenv

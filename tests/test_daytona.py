@@ -188,9 +188,10 @@ def test_sandbox_stopped_mid_cell_gives_one_line_and_next_cell_runs(fake: FakeDa
         box = box_named(fake, f"sk-{dkenv.user}")
         threading.Timer(2.0, fake.auto_stop, args=(box.id,)).start()
         reply, outputs = run(kc, "import time; time.sleep(30)")
-        assert reply["status"] == "error"
-        lost = text_of(outputs, "stderr")
+        assert (reply["status"], reply["ename"]) == ("error", "SandboxLost")
+        lost = reply["evalue"]
         assert f"sandbox sk-{dkenv.user} stopped" in lost and "variables were lost" in lost
+        assert [o["msg_type"] for o in outputs] == ["error"]  # one line, no traceback
         reply, outputs = run(kc, "print('z' in globals(), open('/etc/hostname').read().strip())")
         assert reply["status"] == "ok", reply
         assert text_of(outputs).split() == ["False", "daytona"]
@@ -321,7 +322,7 @@ def test_snapshots_create_list_start_from_delete(fake: FakeDaytona, service_for:
     assert [s["name"] for s in service.snapshots(user)] == ["baked"]
     assert service.snapshots("someone-else") == []
     assert f"sk-{user}--baked" in fake.snapshots  # organization-wide name carries the owner
-    with pytest.raises(SandboxError, match="you have a snapshot named 'baked'"):
+    with pytest.raises(SandboxError, match="you already have a snapshot named 'baked'"):
         service.create_snapshot(user, info.id, "baked")
     thread_service = service_for(scope="thread", snapshot="baked", user=user)
     thread_backend = thread_service.backend

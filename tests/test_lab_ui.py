@@ -232,7 +232,7 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path) -> None:
                 if attempt == 0:
                     expect(page.locator(f".jp-SandboxPanel-snapshot[data-snapshot='{snap}']")).to_be_visible(timeout=120_000)
                     expect(card.locator(".jp-SandboxPanel-state")).to_have_text("running", timeout=30_000)
-            expect(page.locator(".Toastify__toast").filter(has_text="exists")).to_be_visible(timeout=30_000)
+            expect(page.locator(".Toastify__toast").filter(has_text="already have a snapshot named")).to_be_visible(timeout=30_000)
 
             # Start a new sandbox from the snapshot.
             page.get_by_role("button", name=f"Start a new sandbox from {snap}", exact=True).click()

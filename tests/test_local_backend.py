@@ -23,6 +23,7 @@ from sandbox_kernel.backends.local import (
 )
 from sandbox_kernel.config import SandboxConfig, load_config
 from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.kernelspec import kernelspec
 from sandbox_kernel.service import SandboxService
 
 needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces here")
@@ -179,8 +180,7 @@ def test_kernel_on_local_backend_with_jupyter_execute(tmp_path: Path) -> None:
     """The README's main command on a machine without an engine."""
     share = tmp_path / "share" / "kernels" / "sandbox"
     share.mkdir(parents=True)
-    spec = {"argv": [sys.executable, "-m", "sandbox_kernel", "-f", "{connection_file}"],
-            "display_name": "s", "language": "python", "interrupt_mode": "message"}
+    spec = kernelspec("s", None, python=sys.executable)
     (share / "kernel.json").write_text(json.dumps(spec))
     ws = tmp_path / "ws" / "me" / "project"
     ws.mkdir(parents=True)
@@ -209,5 +209,6 @@ def test_kernel_on_local_backend_with_jupyter_execute(tmp_path: Path) -> None:
     expected_cwd = "/workspace/project" if bwrap_works() else str(ws)
     stdout = [o for o in out[0].outputs if o.get("name") == "stdout"]
     assert stdout[0]["text"].strip() == f"{expected_cwd} 1,2"
-    assert any("creating local sandbox" in o.get("text", "") for o in out[0].outputs if o.get("name") == "stderr")
+    assert [o["output_type"] for o in out[0].outputs] == ["stream"]  # the cell's print, nothing of ours
+    assert "[SandboxKernel] creating local sandbox sk-me" in done.stderr  # in the job's log instead
     assert out[1].outputs[0]["data"]["text/html"] == "<b>x</b>"

@@ -222,6 +222,8 @@ async def test_snapshots_routes(jp_fetch: Any, sandbox: dict[str, str], test_use
         await fetch(jp_fetch, "api", "sandboxes", sandbox["id"], "snapshots", method="POST", body=json.dumps({"name": "Bad Name"}), expect=400)
         snap = await fetch(jp_fetch, "api", "sandboxes", sandbox["id"], "snapshots", method="POST", body=json.dumps({"name": name}), expect=201)
         assert (snap["name"], snap["source"]) == (name, sandbox["id"])
+        taken = await fetch(jp_fetch, "api", "sandboxes", sandbox["id"], "snapshots", method="POST", body=json.dumps({"name": name}), expect=409)
+        assert taken["message"] == f"you already have a snapshot named {name!r}; delete it first or pick another name"
         assert name in [s["name"] for s in await fetch(jp_fetch, "api", "snapshots")]
         await fetch(jp_fetch, "api", "snapshots", name, method="DELETE", expect=204)
         await fetch(jp_fetch, "api", "snapshots", name, method="DELETE", expect=404)
@@ -243,6 +245,8 @@ async def test_start_sandbox_from_snapshot(jp_fetch: Any, sandbox: dict[str, str
         assert (made["user"], made["scope"], made["state"], made["snapshot"]) == (test_user, "thread", "running", name)
         assert made["id"] != sid and made["thread"].startswith(f"snapshot:{name}:")
         assert made["kernel_ids"] == []
+        in_use = await fetch(jp_fetch, "api", "snapshots", name, method="DELETE", expect=409)
+        assert made["id"] in in_use["message"] and "destroy those sandboxes first" in in_use["message"]
         # It really runs the snapshot's filesystem, and shares the user's workspace.
         baked = subprocess.run(["docker", "exec", made["engine_id"], "cat", "/home/sandbox/baked.txt"], capture_output=True, text=True)
         assert baked.stdout.strip() == "baked"

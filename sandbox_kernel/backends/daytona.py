@@ -64,8 +64,8 @@ from .base import (
     WORKSPACE,
     AlreadyExists,
     Backend,
-    BadRequest,
     Channel,
+    Conflict,
     EngineSettings,
     EngineUnavailable,
     ExecResult,
@@ -541,8 +541,8 @@ class DaytonaBackend(Backend):
                 sandbox.create_snapshot, f"sk-{ref}", timeout=self.settings.start_timeout, what=f"snapshot {sandbox_id}"
             )
         except DaytonaConflictError:
-            raise BadRequest(
-                f"you have a snapshot named {labels.get(LABEL_SNAPSHOT, ref)!r}; delete it or pick another name"
+            raise Conflict(
+                f"you already have a snapshot named {labels.get(LABEL_SNAPSHOT, ref)!r}; delete it first or pick another name"
             ) from None
         for snap in self.list_snapshots():
             if snap.ref == ref:

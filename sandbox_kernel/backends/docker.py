@@ -59,7 +59,7 @@ from .base import (
     WORKSPACE,
     AlreadyExists,
     Backend,
-    BadRequest,
+    Conflict,
     EngineSettings,
     EngineUnavailable,
     ExecResult,
@@ -877,8 +877,8 @@ class DockerBackend(Backend):
         tag = f"{self._repository()}:{ref}"
         try:
             self._call(self.client.images.get, tag)
-            raise BadRequest(
-                f"you have a snapshot named {labels.get(LABEL_SNAPSHOT, ref)!r}; delete it first or pick another name"
+            raise Conflict(
+                f"you already have a snapshot named {labels.get(LABEL_SNAPSHOT, ref)!r}; delete it first or pick another name"
             )
         except docker.errors.ImageNotFound:
             pass
@@ -909,7 +909,7 @@ class DockerBackend(Backend):
         )
         if users:
             names = ", ".join(sandbox_id_of(self._installation, (c.get("Names") or ["/?"])[0].lstrip("/")) for c in users)
-            raise BadRequest(f"snapshot {found[0].name!r} is used by {names}; destroy those sandboxes first")
+            raise Conflict(f"snapshot {found[0].name!r} is used by {names}; destroy those sandboxes first")
         try:
             self._call(self.client.images.remove, found[0].id)
         except docker.errors.ImageNotFound:

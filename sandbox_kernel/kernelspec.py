@@ -1,0 +1,29 @@
+"""What a ``sandbox`` kernelspec holds, in one place for the shipped file, ``install`` and tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DISPLAY_NAME = "Python 3 (sandbox)"
+
+#: The entry point (group ``jupyter_client.kernel_provisioners``) of
+#: :class:`sandbox_kernel.provisioner.SandboxProvisioner`.
+PROVISIONER_NAME = "sandbox-kernel-provisioner"
+
+
+def kernelspec(display_name: str, env: dict[str, str] | None, python: str = "python") -> dict[str, Any]:
+    """The kernel.json content. The provisioner entry makes every client that starts
+    kernels by name launch this kernel over IPC (see provisioner.py for why)."""
+    spec: dict[str, Any] = {
+        "argv": [python, "-m", "sandbox_kernel", "-f", "{connection_file}"],
+        "display_name": display_name,
+        "language": "python",
+        "interrupt_mode": "message",
+        "metadata": {
+            "debugger": False,
+            "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME},
+        },
+    }
+    if env:
+        spec["env"] = env
+    return spec

@@ -1,0 +1,109 @@
+"""The kernelspec's provisioner: launch the kernel over IPC in a private folder.
+
+Why: jupyter_client picks five free TCP ports, closes them and hands their numbers to
+the kernel, which binds them a moment later. Twenty clients starting kernels at once
+(a CI matrix on one runner) race for the same numbers: a kernel dies with ``Address
+already in use``, or a client connects to another kernel's port. Unix sockets in a
+folder only this kernel's manager created cannot collide, and nobody else on the
+machine can connect to them (the folder is 0700; TCP on loopback is open to every
+local user, guarded only by the message key).
+
+Every client that starts kernels by name (jupyter execute, nbclient, papermill, nbmake,
+nbval, testbook, JupyterLab) reads ``metadata.kernel_provisioner`` from the kernelspec,
+so none of them needs to change. Managers that ask for something other than TCP on a
+loopback address (a kernel meant to be reached from another host, or an IPC folder of
+their own) get exactly what they asked for, as does ``"config": {"transport": "tcp"}``
+in the kernelspec's provisioner entry.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from jupyter_client.localinterfaces import is_local_ip
+from jupyter_client.provisioning import LocalProvisioner
+from jupyter_core.paths import jupyter_runtime_dir
+from traitlets import Unicode
+
+#: The longest ``{folder}/k-{n}`` a Unix socket address can hold (108 bytes on Linux,
+#: less on macOS), with room for the socket number.
+_SOCKET_PATH_ROOM = 90
+
+
+def private_socket_folder() -> str:
+    """A new 0700 folder for one kernel's sockets, in Jupyter's runtime folder if a
+    socket path there fits, else in the temporary folder (pytest's or a CI runner's
+    runtime folder can be long)."""
+    for parent in (jupyter_runtime_dir(), tempfile.gettempdir()):
+        if len(os.path.join(parent, "sk-xxxxxxxx", "k-99999")) > _SOCKET_PATH_ROOM:
+            continue
+        try:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            return tempfile.mkdtemp(prefix="sk-", dir=parent)  # 0700, a name nobody had
+        except OSError:
+            continue
+    raise RuntimeError(
+        "no folder for the kernel's sockets: the Jupyter runtime folder and the temporary "
+        "folder are not writable or their paths are too long; set JUPYTER_RUNTIME_DIR to "
+        "a short writable folder"
+    )
+
+
+class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """A local provisioner that switches the kernel's transport from TCP to IPC."""
+
+    transport = Unicode(
+        "ipc",
+        config=True,
+        help="'ipc' (the default): sockets in a private folder; 'tcp': what the client asked for.",
+    )
+
+    _socket_folder: str | None = None
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Point the manager at a private socket folder before LocalProvisioner writes
+        the connection file. On a restart the manager still holds the folder and its
+        socket numbers, so the kernel comes back at the same addresses."""
+        km = self.parent
+        if km is not None and self._wants_ipc(km):
+            if self._socket_folder is None or not os.path.isdir(self._socket_folder):
+                self._socket_folder = private_socket_folder()
+            km.transport = "ipc"
+            km.ip = os.path.join(self._socket_folder, "k")
+            km.cache_ports = False  # the port cache binds TCP sockets on km.ip
+        return await super().pre_launch(**kwargs)
+
+    def _wants_ipc(self, km: Any) -> bool:
+        if self.transport != "ipc":
+            return False
+        if km.transport == "ipc":
+            # ours from an earlier start (a restart) or the client's own choice
+            return self._socket_folder is not None and km.ip.startswith(self._socket_folder)
+        return km.transport == "tcp" and is_local_ip(km.ip) and _is_loopback(km.ip)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Remove the socket folder once the kernel is gone for good (the manager has
+        already removed the sockets it knew of; a crashed kernel may leave others)."""
+        await super().cleanup(restart=restart)
+        if not restart and self._socket_folder is not None:
+            shutil.rmtree(self._socket_folder, ignore_errors=True)
+            self._socket_folder = None
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        """Persist the socket folder with the rest, so a server that reconnects to a
+        running kernel also removes the folder when it ends."""
+        info = await super().get_provisioner_info()
+        info["socket_folder"] = self._socket_folder
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        """Counterpart of :meth:`get_provisioner_info`."""
+        await super().load_provisioner_info(provisioner_info)
+        self._socket_folder = provisioner_info.get("socket_folder")
+
+
+def _is_loopback(ip: str) -> bool:
+    return ip in ("localhost", "::1") or ip.startswith("127.")
