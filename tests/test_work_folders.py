@@ -205,6 +205,7 @@ async def _run_in_session(jp_fetch: Any, jp_serverapp: Any, path: str, code: str
     body = json.dumps({"path": path, "type": "notebook", "name": "", "kernel": {"name": "sandbox"}})
     session = json.loads((await jp_fetch("api", "sessions", method="POST", body=body)).body)
     km = jp_serverapp.kernel_manager.get_kernel(session["kernel"]["id"])
+    assert km.transport == "ipc"  # the kernelspec's provisioner applies to the server's kernels too
     client = AsyncKernelClient()
     client.load_connection_info(km.get_connection_info())
     client.start_channels()
