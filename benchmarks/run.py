@@ -3,6 +3,7 @@
     python benchmarks/run.py            # the full run (a few minutes)
     python benchmarks/run.py --smoke    # a quick pass that proves the script still works
     python benchmarks/run.py --scale    # adds N idle sandboxes (10, 50, 100)
+    python benchmarks/run.py --only-batch --rounds 50   # CI: nbmake of 10 notebooks, 1,000 parallel starts
 
 Each measure runs for the `sandbox` kernel and for plain `python3` (ipykernel) where
 that makes sense, and reports medians, p95 and the ratio; results also go to JSON
@@ -37,6 +38,8 @@ REPO = HERE.parent
 if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
+from sandbox_kernel.kernelspec import kernelspec  # noqa: E402
+
 
 def pick_image() -> str:
     if os.environ.get("SANDBOX_KERNEL_IMAGE"):
@@ -65,13 +68,12 @@ class Bench:
             "SANDBOX_KERNEL_WORK_ROOT": "none",
             "PYTHONPATH": str(REPO),
         }
-        spec = root / "share" / "kernels" / "sandbox"
-        spec.mkdir(parents=True)
-        (spec / "kernel.json").write_text(json.dumps({
-            "argv": [sys.executable, "-m", "sandbox_kernel", "-f", "{connection_file}"],
-            "display_name": "sandbox (bench)", "language": "python", "interrupt_mode": "message",
-            "env": self.env,
-        }))
+        # The kernelspec users get (with its IPC provisioner), pointed at this run's settings;
+        # "sandbox-ci" as in a CI checkout: the notebook's folder is the work folder.
+        for name, env in (("sandbox", self.env), ("sandbox-ci", {**self.env, "SANDBOX_KERNEL_WORK_ROOT": "auto"})):
+            spec = root / "share" / "kernels" / name
+            spec.mkdir(parents=True)
+            (spec / "kernel.json").write_text(json.dumps(kernelspec(f"{name} (bench)", env, python=sys.executable)))
         os.environ["JUPYTER_PATH"] = str(root / "share")
         self.results: dict[str, Any] = {}
 
@@ -277,6 +279,94 @@ class Bench:
                 if i.user.startswith(f"{self.user}-idle-"):
                     backend.destroy(i.id)
 
+    # -- batch: what a CI job does --------------------------------------------------
+    def notebooks(self, folder: Path, count: int) -> list[Path]:
+        """Small notebooks as a CI job has them: a computation, a print, a rich display."""
+        import nbformat
+
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "data.csv").write_text("n\n" + "\n".join(str(i) for i in range(100)) + "\n")
+        paths = []
+        for n in range(count):
+            nb = nbformat.v4.new_notebook()
+            nb.cells = [nbformat.v4.new_code_cell(c) for c in (
+                "import csv\nrows = [int(r['n']) for r in csv.DictReader(open('data.csv'))]",
+                f"total = sum(rows) * {n}\nprint('notebook {n}:', total)",
+                "from IPython.display import HTML\nHTML(f'<b>{total}</b>')",
+            )]
+            paths.append(folder / f"nb-{n:02}.ipynb")
+            nbformat.write(nb, paths[-1])
+        return paths
+
+    def remove_folder_sandboxes(self, folder: Path) -> None:
+        client = docker.from_env()
+        for c in client.containers.list(all=True, filters={"label": f"sandbox-kernel.work-folder={folder}"}):
+            c.remove(force=True)
+
+    def nbmake(self, runs: int, count: int = 10) -> None:
+        """`pytest --nbmake` over `count` notebooks, interleaved with ipykernel; the
+        sandbox once existing, once made during the run (a fresh CI runner)."""
+        folder = self.root / "nbmake"
+        self.notebooks(folder, count)
+
+        def once(kernel: str) -> float:
+            started = time.perf_counter()
+            done = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake", f"--nbmake-kernel={kernel}", "."],
+                cwd=folder, capture_output=True, text=True, timeout=900,
+            )
+            elapsed = time.perf_counter() - started
+            assert done.returncode == 0, f"{kernel}: {done.stdout[-2000:]}"
+            return elapsed
+
+        once("sandbox-ci")  # make the folder's sandbox
+        plain, existing, fresh = [], [], []
+        for _ in range(runs):
+            plain.append(once("python3"))
+            existing.append(once("sandbox-ci"))
+            self.remove_folder_sandboxes(folder)
+            fresh.append(once("sandbox-ci"))
+        self.record(f"nbmake, {count} notebooks: sandbox exists", existing, plain)
+        self.record(f"nbmake, {count} notebooks: sandbox made in the run", fresh, plain)
+
+    def parallel_starts(self, rounds: int, width: int = 20) -> None:
+        """`width` `jupyter execute` at once (a CI matrix on one runner), `rounds` times
+        per kernel, interleaved. Counts failures (non-zero exit) and hangs (still running
+        after 5 minutes); the time of a round is reported beside them."""
+        folder = self.root / "parallel"
+        paths = self.notebooks(folder, width)
+        failures: dict[str, list[str]] = {"sandbox-ci": [], "python3": []}
+        walls: dict[str, list[float]] = {"sandbox-ci": [], "python3": []}
+        for _ in range(rounds):
+            for kernel in ("python3", "sandbox-ci"):
+                started = time.perf_counter()
+                procs = [
+                    subprocess.Popen(
+                        [sys.executable, "-m", "jupyter", "execute", f"--kernel_name={kernel}", "--startup_timeout=240", p.name],
+                        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                    )
+                    for p in paths
+                ]
+                for proc in procs:
+                    try:
+                        _, err = proc.communicate(timeout=300)
+                        if proc.returncode != 0:
+                            failures[kernel].append(err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}")
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.communicate()
+                        failures[kernel].append("hang: still running after 300 s")
+                walls[kernel].append(time.perf_counter() - started)
+        total = rounds * width
+        for kernel, label in (("sandbox-ci", "sandbox"), ("python3", "ipykernel")):
+            print(f"{total} parallel starts ({rounds} rounds of {width}): {label} {len(failures[kernel])} failed", flush=True)
+            for line in sorted(set(failures[kernel])):
+                print(f"    {failures[kernel].count(line)} x {line}", flush=True)
+        self.record(f"{width} parallel jupyter execute (a round)", walls["sandbox-ci"], walls["python3"])
+        self.results[f"{total} parallel starts: failures"] = {
+            "sandbox": failures["sandbox-ci"], "ipykernel": failures["python3"], "starts": total,
+        }
+
     def cleanup(self) -> None:
         client = docker.from_env()
         for c in client.containers.list(all=True, filters={"label": "sandbox-kernel.managed=1"}):
@@ -313,6 +403,9 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="a quick pass (CI): few runs, small files")
     parser.add_argument("--scale", action="store_true", help="also N idle sandboxes, N = 10, 50, 100")
     parser.add_argument("--only-scale", action="store_true", help="run only the idle-sandboxes measure")
+    parser.add_argument("--batch", action="store_true", help="also CI measures: nbmake of 10 notebooks, parallel starts")
+    parser.add_argument("--only-batch", action="store_true", help="run only the CI measures")
+    parser.add_argument("--rounds", type=int, default=50, help="rounds of 20 parallel starts per kernel (--batch)")
     parser.add_argument("--out", default=str(HERE / "results" / "latest.json"), help="where to write JSON")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sk-bench-"))
@@ -320,12 +413,15 @@ def main() -> int:
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, image {bench.image}"
     print(f"machine: {machine}", flush=True)
     try:
-        if not args.only_scale:
+        if not (args.only_scale or args.only_batch):
             bench.cells(30 if args.smoke else 300)
             bench.starts(1 if args.smoke else 9)
             bench.files(1 if args.smoke else 3, 10 if args.smoke else 100)
         if args.scale or args.only_scale:
             bench.scale([10, 50, 100])
+        if args.batch or args.only_batch:
+            bench.nbmake(1 if args.smoke else 5)
+            bench.parallel_starts(1 if args.smoke else args.rounds)
     finally:
         bench.cleanup()
         shutil.rmtree(root, ignore_errors=True)
