@@ -7,8 +7,11 @@ exits non-zero: 1 for a sandbox or engine problem, 2 for bad arguments or settin
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -39,6 +42,18 @@ def _config(args: argparse.Namespace) -> SandboxConfig:
 def _service(args: argparse.Namespace) -> tuple[SandboxConfig, SandboxService]:
     cfg = _config(args)
     return cfg, SandboxService(cfg)
+
+
+def _services(args: argparse.Namespace) -> tuple[SandboxConfig, list[SandboxService]]:
+    """The engine's service, and with backend ``auto`` the local one too when it holds
+    sandboxes: made while no engine answered, they are still yours to see and manage."""
+    cfg, service = _service(args)
+    services = [service]
+    if cfg.backend == "auto" and service.backend.name != "local":
+        local = SandboxService(service.config_with(backend="local"))
+        if any((Path(cfg.state_dir) / "local").glob("*.json")):
+            services.append(local)
+    return cfg, services
 
 
 def _user(cfg: SandboxConfig, args: argparse.Namespace) -> str | None:
@@ -77,8 +92,8 @@ def _print_table(items: list[dict[str, Any]]) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """List this user's sandboxes (or everyone's with --all)."""
-    cfg, service = _service(args)
-    items = service.list(_user(cfg, args))
+    cfg, services = _services(args)
+    items = [item for service in services for item in service.list(_user(cfg, args))]
     if args.json:
         print(json.dumps(items, indent=2))
     elif items:
@@ -89,10 +104,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    """Run a command in a sandbox; without an id, in the current user's (created if needed)."""
+    """Run a command in a sandbox; without an id, in the current user's (created if needed).
+
+    `exec python3 -V`, `exec sk-alice ls -l` and `exec -- CMD` all work: a first word
+    that is a sandbox id (sk-...) names the sandbox, unless -- comes first.
+    """
+    args.id, args.cmd = _id_and_command(args.words, args.cmd)
     if not args.cmd:
-        raise _UsageError("nothing to run: give a command after --, e.g. `sandbox-kernel exec -- ls`")
-    cfg, service = _service(args)
+        raise _UsageError("nothing to run: give a command, e.g. `sandbox-kernel exec -- ls -l`")
+    cfg, services = _services(args)
+    service = next((s for s in services if args.id and s.backend.find(args.id)), services[0])
     here = os.getcwd()
     if args.id:
         info = service.owned(_user(cfg, args), args.id)
@@ -110,10 +131,21 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _id_and_command(words: list[str], after_dashes: list[str] | None) -> tuple[str | None, list[str]]:
+    if after_dashes is not None:  # exec [ID] -- CMD
+        if len(words) > 1:
+            raise _UsageError(f"only a sandbox id may come before --, not {' '.join(words)!r}")
+        return (words[0] if words else None), after_dashes
+    if words and words[0].startswith("sk-"):
+        return words[0], words[1:]
+    return None, words
+
+
 def _one(action: str):
     def run(args: argparse.Namespace) -> int:
-        cfg, service = _service(args)
+        cfg, services = _services(args)
         user = _user(cfg, args)
+        service = next((s for s in services if s.backend.find(args.id)), services[0])
         if action == "destroy":
             try:
                 gone = service.destroy(user, args.id)
@@ -183,6 +215,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     """Snapshots of a sandbox's filesystem (create ID NAME | list | delete NAME); names are per user."""
     cfg, service = _service(args)
     user = scope_key(cfg).user
+    if args.action is None:
+        raise _UsageError("snapshot needs an action: `snapshot create ID NAME`, `snapshot list` or `snapshot delete NAME`")
     if args.action == "create":
         if not args.id or not args.name:
             raise _UsageError("usage: sandbox-kernel snapshot create ID NAME")
@@ -210,6 +244,11 @@ def cmd_install(args: argparse.Namespace) -> int:
     """Install the `sandbox` kernelspec, or a variant with its own settings."""
     from jupyter_client.kernelspec import KernelSpecManager
 
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
+        raise _UsageError(
+            f"{args.name!r} cannot be a kernel name: use letters, digits, '-', '.' and '_' "
+            "(e.g. sandbox-big); --display-name may hold any text"
+        )
     env = {
         f"SANDBOX_KERNEL_{name.upper()}": value
         for name, value in (
@@ -251,7 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Any, **kw: Any) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=(func.__doc__ or "").strip().splitlines()[0], **kw)
+        doc = inspect.getdoc(func) or ""
+        p = sub.add_parser(
+            name, help=doc.splitlines()[0], description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, **kw
+        )
         p.set_defaults(func=func)
         p.add_argument("--backend", choices=["auto", "docker", "daytona", "local"], help="override SANDBOX_KERNEL_BACKEND")
         return p
@@ -260,15 +302,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--all", action="store_true", help="every user's sandboxes, not only yours")
 
-    p = add("exec", cmd_exec, usage="sandbox-kernel exec [ID] [--timeout S] -- CMD [ARG ...]")
-    p.add_argument("id", nargs="?", help="sandbox id (default: yours, created if needed)")
+    p = add("exec", cmd_exec, usage="sandbox-kernel exec [--timeout S] [ID] [--] CMD [ARG ...]")
+    p.add_argument("words", nargs=argparse.REMAINDER, metavar="[ID] CMD", help="sandbox id (default: yours, created if needed), then the command")
     p.add_argument("--timeout", type=float, default=None, help="kill the command after S seconds")
     p.add_argument("--scope", choices=["user", "thread"], help="override SANDBOX_KERNEL_SCOPE")
     p.add_argument("--image", help="override SANDBOX_KERNEL_IMAGE for a new sandbox")
     p.add_argument("--snapshot", help="start a new sandbox from this snapshot")
     p.add_argument("--flavor", choices=["small", "medium", "large"], help="flavor of a new sandbox")
     p.add_argument("--all", action="store_true", help="any user's sandbox by id (administrators)")
-    p.set_defaults(cmd=[])
+    p.set_defaults(cmd=None)
 
     for action in ("stop", "start", "destroy"):
         p = add(action, _one(action))
@@ -284,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = add("snapshot", cmd_snapshot, usage="sandbox-kernel snapshot {create ID NAME | list | delete NAME} [--json]")
-    p.add_argument("action", choices=["create", "list", "delete"])
+    p.add_argument("action", nargs="?", choices=["create", "list", "delete"])
     p.add_argument("id", nargs="?", help="sandbox id (create) or snapshot name (delete)")
     p.add_argument("name", nargs="?", help="snapshot name (create)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -305,16 +347,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _log_warnings()
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     command: list[str] = []
-    if "--" in argv:  # everything after -- is the command to run, never our options
+    dashes = "--" in argv
+    if dashes:  # everything after -- is the command to run, never our options
         at = argv.index("--")
         argv, command = argv[:at], argv[at + 1 :]
     args = parser.parse_args(argv)
     if args.command == "exec":
-        args.cmd = command or args.cmd
-    elif command:
+        args.cmd = command if dashes else None
+    elif dashes:
         parser.error(f"`{args.command}` takes no command after --")
     try:
         return args.func(args)
@@ -326,6 +370,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _log_warnings() -> None:
+    """Warnings of the settings (an ignored or misspelt variable) as one plain line each."""
+    log = logging.getLogger("sandbox_kernel")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("sandbox-kernel: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
 
 
 if __name__ == "__main__":

@@ -18,9 +18,12 @@ both ways (environment variable and config key) and says what is accepted.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
+import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -49,20 +52,45 @@ FLAVORS: dict[str, dict[str, float | int]] = {
 }
 
 
-def parse_size(text: str) -> int:
-    """'64g', '512m', '1073741824' -> bytes; raises TraitError naming the accepted forms."""
-    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    raw = str(text).strip().lower().removesuffix("b").removesuffix("i")
-    number, unit = (raw[:-1], raw[-1]) if raw and raw[-1] in units else (raw, "")
-    try:
-        value = float(number)
-    except ValueError:
-        raise TraitError(f"{text!r} is not a size like 64g, 512m or a number of bytes") from None
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,  # Docker's letters: binary
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_SIZE = re.compile(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)\s*([a-z]*)\s*")
+
+
+def parse_size(text: str | int) -> int:
+    """'10 MB', '10MB', '1.5GiB', '64g' (Docker's binary letters), '10_000_000' -> bytes.
+
+    MB and GB are decimal (10 MB = 10,000,000 bytes), MiB and GiB binary, as everywhere
+    else; raises TraitError naming the accepted forms.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        value: float = text
+    else:
+        match = _SIZE.fullmatch(str(text).lower())
+        if not match or match.group(2) not in _SIZE_UNITS:
+            raise TraitError(f"{text!r} is not a size: write e.g. 10 MB, 512 MiB, 64g or a number of bytes")
+        value = float(match.group(1).replace("_", "")) * _SIZE_UNITS[match.group(2)]
     if not math.isfinite(value):
         raise TraitError(f"{text!r} is not a finite size; use 0 for no limit")
     if value < 0:
         raise TraitError(f"must be zero or more, got {text!r}")
-    return int(value * units[unit])
+    return int(value)
+
+
+class ByteSize(Int):  # type: ignore[type-arg]
+    """An Int of bytes that also takes sizes with units, from files and the environment."""
+
+    def validate(self, obj: Any, value: Any) -> int:
+        if isinstance(value, str):
+            value = parse_size(value)
+        return super().validate(obj, value)
+
+    def from_string(self, s: str) -> int:
+        return parse_size(s)
 
 
 class ConfigError(ValueError):
@@ -135,8 +163,8 @@ class SandboxConfig(Configurable):
     cell_timeout = Float(
         0.0, help="Seconds a cell may run before it is interrupted; 0 means no limit."
     ).tag(config=True)
-    output_limit = Int(
-        10_000_000, help="Bytes of output one cell may send before the rest is discarded."
+    output_limit = ByteSize(
+        10_000_000, help="Output one cell may send before the rest is discarded: bytes, or a size like 10 MB."
     ).tag(config=True)
     # Lifecycle (lifecycle.py); minutes, 0 disables.
     idle_stop = Float(15.0, help="Minutes without activity and without a live kernel before a stop.").tag(
@@ -222,6 +250,9 @@ class SandboxConfig(Configurable):
         value = proposal["value"]
         if not value.strip():
             raise TraitError("must name a folder")
+        if not Path(value).expanduser().is_absolute():
+            # Relative to what? Each kernel starts in its notebook's folder.
+            raise TraitError(f"{value!r} is not an absolute folder; write its full path (or ~/...)")
         path = Path(value).expanduser().resolve()
         if path.exists() and not path.is_dir():
             raise TraitError(f"{value!r} exists and is not a folder")
@@ -303,6 +334,34 @@ def _env_overrides(trait_names: list[str], environ: dict[str, str] | os._Environ
     }
 
 
+# SANDBOX_KERNEL_* names that are not settings: set by the server extension for its
+# kernels, a switch of the local backend, and the test suite's own switches.
+OTHER_ENV = frozenset({"SERVER_ROOT", "LOCAL_NO_BWRAP"})
+TEST_ENV_PREFIXES = ("TEST_", "REQUIRE_")
+
+
+def unknown_env_names(environ: dict[str, str] | os._Environ) -> list[str]:
+    """``SANDBOX_KERNEL_*`` variables that name no setting (a misspelt one is ignored
+    otherwise: the user would wonder why their flavor did not apply)."""
+    known = {name.upper() for name in SandboxConfig.class_trait_names(config=True)} | OTHER_ENV
+    return sorted(
+        key for key in environ
+        if key.startswith(ENV_PREFIX)
+        and key[len(ENV_PREFIX):] not in known
+        and not key[len(ENV_PREFIX):].startswith(TEST_ENV_PREFIXES)
+    )
+
+
+@lru_cache(maxsize=64)
+def _warn_unknown_env(names: tuple[str, ...]) -> None:
+    """Once per process and set of names (load_config runs on every request)."""
+    known = [ENV_PREFIX + n.upper() for n in SandboxConfig.class_trait_names(config=True)]
+    for name in names:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]}?" if close else f"; settings are {', '.join(sorted(known))}"
+        log.warning("ignoring %s: no such setting%s", name, hint)
+
+
 def load_config(
     config: Config | None = None,
     environ: dict[str, str] | None = None,
@@ -313,6 +372,9 @@ def load_config(
     Raises :class:`ConfigError` naming the bad setting instead of a traitlets traceback.
     """
     environ = os.environ if environ is None else environ
+    unknown_env = unknown_env_names(environ)
+    if unknown_env:
+        _warn_unknown_env(tuple(unknown_env))
     merged = _file_config(jupyter_config_path())
     if config is not None:
         merged.merge(config)
@@ -384,6 +446,9 @@ def _short_trait_error(exc: Exception, trait: Any) -> str:
     """traitlets' messages repeat the class and trait; keep only the reason."""
     if isinstance(trait, Bool):
         return "expected true or false"
+    if isinstance(trait, (Float, Int)) and not isinstance(exc, TraitError):
+        unit = next((f" of {u}" for u in ("seconds", "minutes") if u in (trait.help or "").lower()), "")
+        return f"expected a number{unit}, e.g. {trait.default_value:g}"
     text = str(exc).strip()
     if "expected" in text and "trait of" in text:
         return "not an accepted value"

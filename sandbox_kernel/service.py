@@ -212,7 +212,8 @@ class SandboxService:
 
     def _create(self, sid: str, key: ScopeKey, spec: Spec, say: Progress) -> SandboxInfo:
         with self._reservation(sid, spec.memory, new=True):
-            say(f"creating sandbox {sid} from {spec.source} ({spec.flavor})")
+            if self.backend.uses_images:  # the local backend says where it makes its own
+                say(f"creating sandbox {sid} from {spec.source} ({spec.flavor})")
             labels = sandbox_labels(key, spec, self.installation, "")
             return self.backend.create(sid, key, spec, labels, say)
 

@@ -62,6 +62,9 @@ def test_config_file_then_env_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         ({"SANDBOX_KERNEL_IDLE_STOP": "inf"}, "SANDBOX_KERNEL_IDLE_STOP"),
         ({"SANDBOX_KERNEL_PIDS_LIMIT": "1"}, "SANDBOX_KERNEL_PIDS_LIMIT"),
         ({"SANDBOX_KERNEL_RUNTIME": "run sc; rm"}, "SANDBOX_KERNEL_RUNTIME"),
+        ({"SANDBOX_KERNEL_OUTPUT_LIMIT": "10 parsecs"}, "SANDBOX_KERNEL_OUTPUT_LIMIT"),
+        ({"SANDBOX_KERNEL_WORKSPACE_ROOT": "relative/ws"}, "SANDBOX_KERNEL_WORKSPACE_ROOT"),
+        ({"SANDBOX_KERNEL_STATE_DIR": "state"}, "SANDBOX_KERNEL_STATE_DIR"),
     ],
 )
 def test_bad_values_name_the_setting(env: dict[str, str], named: str) -> None:
@@ -157,3 +160,44 @@ def test_scope_names_never_collide() -> None:
     assert len(set(names)) == len(names)
     assert all(len(n) < 64 for n in names)
     assert ScopeKey("alice", "thread", "/n/a.ipynb").user_id == ScopeKey("alice").user_id
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"SANDBOX_KERNEL_START_TIMEOUT": "abc"}, "expected a number of seconds, e.g. 300"),
+        ({"SANDBOX_KERNEL_IDLE_STOP": "soon"}, "expected a number of minutes, e.g. 15"),
+        ({"SANDBOX_KERNEL_OUTPUT_LIMIT": "lots"}, "write e.g. 10 MB, 512 MiB, 64g or a number of bytes"),
+        ({"SANDBOX_KERNEL_WORKSPACE_ROOT": "ws"}, "'ws' is not an absolute folder; write its full path"),
+    ],
+)
+def test_bad_values_say_what_to_write(env: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(environ=env)
+    assert says in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("10 MB", 10_000_000), ("10MB", 10_000_000), ("1.5 GiB", 3 << 29), ("512m", 512 << 20),
+     ("10_000_000", 10_000_000), ("2kb", 2000), ("64g", 64 << 30)],
+)
+def test_output_limit_takes_sizes_with_units(text: str, size: int) -> None:
+    """The README writes "10 MB": that, Docker's letters and plain bytes all work."""
+    assert load_config(environ={"SANDBOX_KERNEL_OUTPUT_LIMIT": text}).output_limit == size
+
+
+def test_output_limit_size_in_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sandbox_kernel_config.json").write_text('{"SandboxConfig": {"output_limit": "2 MB"}}')
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path))
+    assert load_config(environ={}).output_limit == 2_000_000
+
+
+def test_a_misspelt_variable_is_named_with_its_likely_meaning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="sandbox_kernel"):
+        cfg = load_config(environ={"SANDBOX_KERNEL_FLAVR": "large", "SANDBOX_KERNEL_TEST_IMAGE": "x",
+                                   "SANDBOX_KERNEL_SERVER_ROOT": "/srv"})
+    assert cfg.flavor == "small"
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignoring SANDBOX_KERNEL_FLAVR: no such setting; did you mean SANDBOX_KERNEL_FLAVOR?"
+    ]

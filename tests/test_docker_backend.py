@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing
-import shutil
 import subprocess
 import sys
 import time
@@ -321,6 +320,15 @@ def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str,
     [row] = __import__("json").loads(listed.stdout)
     assert (row["user"], row["state"], row["backend"]) == (test_user, "running", "docker")
     assert cli("exec", row["id"], "--", "python3", "-c", "raise SystemExit(5)").returncode == 5
+    # Without --: the command as typed; a first word that is an id names the sandbox.
+    plain = cli("exec", "python3", "-c", "print(6 * 7)")
+    assert (plain.returncode, plain.stdout) == (0, "42\n"), plain.stderr
+    assert cli("exec", "--timeout", "30", row["id"], "python3", "-c", "print(1)").stdout == "1\n"
+    missing = cli("exec", "--", "nosuchcmd", "-x")
+    assert (missing.returncode, missing.stdout) == (127, "nosuchcmd: command not found in the sandbox\n")
+    not_runnable = cli("exec", "--", "/etc/passwd")
+    assert not_runnable.returncode == 126 and "permission denied" in not_runnable.stdout
+    assert "OCI" not in missing.stdout + not_runnable.stdout
     assert cli("stop", row["id"]).stdout.strip() == f"{row['id']}: stopped"
     stopped = cli("exec", row["id"], "--", "true")
     assert stopped.returncode == 1 and "start it with" in stopped.stderr
@@ -333,7 +341,34 @@ def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str,
     env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
     down = cli("list", "--backend", "docker")
     assert down.returncode == 1 and down.stderr.count("\n") == 1 and "cannot reach the Docker engine" in down.stderr
-    assert shutil.which("python3")
+
+
+def test_cli_says_what_to_type(tmp_path: Path) -> None:
+    """Mistakes a newcomer makes get one line saying what to type, never a traceback."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+           "JUPYTER_DATA_DIR": str(tmp_path / "data"), "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+
+    def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", *args], env={**env, **extra},
+                              capture_output=True, text=True, timeout=60)
+
+    bad_name = cli("install", "--user", "--name", "bad name")
+    assert bad_name.returncode == 2 and bad_name.stderr.count("\n") == 1
+    assert "'bad name' cannot be a kernel name: use letters, digits" in bad_name.stderr
+    no_action = cli("snapshot")
+    assert no_action.returncode == 2 and "`snapshot create ID NAME`, `snapshot list` or `snapshot delete NAME`" in no_action.stderr
+    nothing = cli("exec")
+    assert nothing.returncode == 2 and "nothing to run" in nothing.stderr
+    two = cli("exec", "sk-a", "extra", "--", "ls")
+    assert two.returncode == 2 and "only a sandbox id may come before --" in two.stderr
+    helped = cli("exec", "--help")
+    assert "Run a command in a sandbox" in helped.stdout and "names the sandbox" in helped.stdout
+    assert "Snapshots of a sandbox's filesystem" in cli("snapshot", "--help").stdout
+    typo = cli("list", "--backend", "local", SANDBOX_KERNEL_FLAVR="large", SANDBOX_KERNEL_STATE_DIR=str(tmp_path / "st"))
+    assert typo.returncode == 0
+    assert typo.stderr == "sandbox-kernel: ignoring SANDBOX_KERNEL_FLAVR: no such setting; did you mean SANDBOX_KERNEL_FLAVOR?\n"
+    for result in (bad_name, no_action, nothing, two, typo):
+        assert "Traceback" not in result.stderr
 
 
 def test_missing_image_that_cannot_be_pulled(make_config: Callable[..., SandboxConfig], test_user: str) -> None:

@@ -212,3 +212,25 @@ def test_kernel_on_local_backend_with_jupyter_execute(tmp_path: Path) -> None:
     assert [o["output_type"] for o in out[0].outputs] == ["stream"]  # the cell's print, nothing of ours
     assert "[SandboxKernel] creating local sandbox sk-me" in done.stderr  # in the job's log instead
     assert out[1].outputs[0]["data"]["text/html"] == "<b>x</b>"
+
+
+@pytest.mark.docker
+def test_local_sandboxes_stay_visible_once_an_engine_answers(tmp_path: Path) -> None:
+    """Made while no engine answered (backend auto), a local sandbox is still listed and
+    managed by the CLI once Docker is up: nothing of yours hides behind the engine."""
+    env = {**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(tmp_path / "st"),
+           "SANDBOX_KERNEL_WORKSPACE_ROOT": str(tmp_path / "ws"), "SANDBOX_KERNEL_USER": "me-local",
+           "SANDBOX_KERNEL_WORK_ROOT": "none", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env.pop("SANDBOX_KERNEL_BACKEND", None)
+
+    def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", *args], env={**env, **extra},
+                              capture_output=True, text=True, timeout=120)
+
+    made = cli("exec", "--", "true", DOCKER_HOST="unix:///nonexistent/docker.sock")
+    assert made.returncode == 0, made.stderr
+    listed = json.loads(cli("list", "--json").stdout)
+    assert [(i["id"], i["backend"]) for i in listed] == [("sk-me-local", "local")]
+    assert cli("exec", "sk-me-local", "echo", "here").stdout == "here\n"
+    assert cli("destroy", "sk-me-local").stdout.strip() == "destroyed sk-me-local (workspace kept)"
+    assert json.loads(cli("list", "--json").stdout) == []

@@ -32,6 +32,7 @@ pipes whose output (subprocesses, C extensions) is forwarded as ``stream``.
 
 import ast
 import codeop
+import errno
 import json
 import os
 import select
@@ -918,9 +919,12 @@ def run_restricted(argv):
     restrict_special_files(folders)
     try:
         os.execvp(command[0], command)
-    except OSError as exc:
-        sys.stderr.write("%s: %s\n" % (command[0], exc.strerror))
-        os._exit(127)
+    except OSError as exc:  # as a shell says it: 127 not found, 126 not runnable
+        missing = exc.errno == errno.ENOENT
+        what = "command not found in the sandbox" if missing else exc.strerror
+        sys.stderr.write("%s: %s\n" % (command[0], what))
+        sys.stderr.flush()
+        os._exit(127 if missing else 126)
 
 
 def socket_address(path):

@@ -318,6 +318,9 @@ class Backend(abc.ABC):
     resizes: bool = False
     # Whether exec() runs where the interpreters' processes are visible (one pid space).
     shares_processes: bool = True
+    # Whether sandboxes are made from the image or snapshot of the Spec (not so for the
+    # local backend: the host's own Python).
+    uses_images: bool = True
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings

@@ -776,7 +776,10 @@ class DockerBackend(Backend):
         finally:
             channel.close()
         code = self._call(self.client.api.exec_inspect, channel.exec_id).get("ExitCode")
-        return ExecResult(code if code is not None else -1, bytes(out))
+        code = code if code is not None else -1
+        if code in (126, 127) and out.startswith(b"OCI runtime exec failed"):
+            return _exec_failure(cmd[0], code, bytes(out))
+        return ExecResult(code, bytes(out))
 
     # -- warm spares -------------------------------------------------------------------
     def start_spare(self, sandbox_id: str) -> Spare | None:
@@ -979,6 +982,18 @@ def _json_line(line: bytes) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _exec_failure(command: str, code: int, message: bytes) -> ExecResult:
+    """The engine could not start the command: say it as a shell would ("cmd: command
+    not found", exit 127; "cmd: permission denied", 126), not in the runtime's words."""
+    text = message.decode(errors="replace")
+    if "executable file not found" in text or "no such file or directory" in text:
+        return ExecResult(127, f"{command}: command not found in the sandbox\n".encode())
+    if "permission denied" in text:
+        return ExecResult(126, f"{command}: permission denied (not an executable file?)\n".encode())
+    reason = text.rsplit("unable to start container process:", 1)[-1].strip().removesuffix(": unknown")
+    return ExecResult(code, f"{command}: cannot run it: {reason}\n".encode())
 
 
 # Runs a command with a time limit inside the sandbox (images may lack `timeout`).

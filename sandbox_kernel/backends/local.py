@@ -128,6 +128,7 @@ class LocalBackend(Backend):
 
     # Each channel is its own bubblewrap with its own /tmp: a spare could never be reached.
     keeps_spares = False
+    uses_images = False
 
     name = "local"
     resizes = True
