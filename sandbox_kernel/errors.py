@@ -34,7 +34,7 @@ class Forbidden(SandboxError):
 
 
 class Conflict(SandboxError):
-    """Something changed under the request (the sandbox rewrote the folder mid-upload): 409."""
+    """The request clashes with current state (a folder rewritten mid-upload, a taken or in-use snapshot): 409."""
 
 
 class QuotaExceeded(SandboxError):

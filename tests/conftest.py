@@ -100,6 +100,19 @@ def make_config(tmp_path: Path) -> Callable[..., SandboxConfig]:
     return make
 
 
+def remove_user_snapshots(user_id_prefix: str) -> None:
+    """Remove every snapshot image whose sandbox-kernel user starts with the prefix.
+
+    By label, not by tag: tags carry the installation and change with it.
+    """
+    import docker
+
+    client = docker.from_env()
+    for image in client.images.list(filters={"label": "sandbox-kernel.snapshot"}):
+        if (image.labels or {}).get("sandbox-kernel.user", "").startswith(user_id_prefix):
+            client.images.remove(image.id, force=True)
+
+
 def remove_user_containers(user_id_prefix: str, client: object = None) -> None:
     """Remove every container whose sandbox-kernel user id starts with the prefix."""
     import docker

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jupyter_kernel_test
+import pytest
 
 from sandbox_kernel.kernelspec import kernelspec
 
@@ -116,16 +117,13 @@ class ConformanceSuite(jupyter_kernel_test.KernelTests):
         cls._tmp = tempfile.TemporaryDirectory()
         root = Path(cls._tmp.name)
         cls.kenv = make_kernel_env(root, **cls.settings(root))
-        cls._old_path = os.environ.get("JUPYTER_PATH")
-        os.environ["JUPYTER_PATH"] = cls.kenv.jupyter_path
+        cls._env = pytest.MonkeyPatch()
+        cls._env.setenv("JUPYTER_PATH", cls.kenv.jupyter_path)
         super().setUpClass()
 
     @classmethod
     def tearDownClass(cls) -> None:
         super().tearDownClass()
-        if cls._old_path is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = cls._old_path
+        cls._env.undo()
         cls.clean_up()
         cls._tmp.cleanup()

@@ -478,7 +478,7 @@ async def test_rest_over_daytona(jp_fetch: Any, fake: FakeDaytona, daytona_rest:
     # Snapshots, then stop (files start it again), start, destroy.
     snap = await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=201)
     assert (snap["name"], snap["source"], snap["backend"]) == ("rest-snap", sid, "daytona")
-    await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=400)
+    await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=409)
     assert [s["name"] for s in await fetch(jp_fetch, "api", "snapshots")] == ["rest-snap"]
     started = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": "rest-snap"}), expect=201)
     assert (started["scope"], started["state"], started["backend"]) == ("thread", "running", "daytona")

@@ -91,14 +91,14 @@ class TestConformance(ConformanceSuite):
         assert info["supported_features"] == []
 
 
-def test_first_cell_stores_nothing_of_the_sandbox(tmp_path: Path) -> None:
+def test_first_cell_stores_nothing_of_the_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Making the sandbox is the kernel's business, not the cell's output (a CI run must
     store what ipykernel stores); the status bar and the log get the progress."""
     from sandbox_kernel.config import load_config
     from sandbox_kernel.store import Store
 
     env = make_kernel_env(tmp_path)
-    os.environ["JUPYTER_PATH"] = env.jupyter_path
+    monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
     km, kc = start_new_kernel(kernel_name="sandbox")
     try:
         reply, outputs = run(kc, "1")
@@ -348,20 +348,34 @@ def test_jupyter_execute(kenv: KernelEnv) -> None:
     assert nbformat.read(path, 4).cells[1].outputs[0]["text"] == "42\n"
 
 
-def test_engine_unreachable_kernel_still_starts(tmp_path: Path) -> None:
-    env = make_kernel_env(tmp_path, DOCKER_HOST="unix:///nonexistent/docker.sock")
-    os.environ["JUPYTER_PATH"] = env.jupyter_path
+@pytest.mark.parametrize(
+    ("settings", "says", "hint"),
+    [
+        ({"DOCKER_HOST": "unix:///nonexistent/docker.sock"}, "cannot reach the Docker engine", "SANDBOX_KERNEL_BACKEND=local"),
+        ({"SANDBOX_KERNEL_IMAGE": "127.0.0.1:9/sandbox-kernel/absent:1"}, "is not present and could not be pulled", "SANDBOX_KERNEL_IMAGE"),
+    ],
+    ids=["no engine", "image missing"],
+)
+def test_what_the_user_must_fix_is_the_first_cells_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: dict[str, str], says: str, hint: str
+) -> None:
+    """The kernel still starts; the first cell's error is the message (what went wrong,
+    what to do), one line, no traceback, nothing else stored."""
+    env = make_kernel_env(tmp_path, **settings)
+    monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
     km, kc = start_new_kernel(kernel_name="sandbox")
     try:
         reply, outputs = run(kc, "1+1")
         assert reply["status"] == "error"
-        assert "cannot reach the Docker engine" in reply["evalue"]
-        (error,) = [m["content"] for m in outputs if m["msg_type"] == "error"]  # one clear error
-        assert len(error["traceback"]) == 1 and "SANDBOX_KERNEL_BACKEND=local" in error["traceback"][0]
-        assert text_of(outputs, "stderr") == ""
+        assert says in reply["evalue"] and hint in reply["evalue"]
+        assert [m["msg_type"] for m in outputs] == ["error"]
+        (error,) = [m["content"] for m in outputs]
+        assert len(error["traceback"]) == 1 and "\n" not in error["traceback"][0]
+        assert "Traceback" not in error["traceback"][0]
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+        remove_user_containers(env.user)
 
 
 def test_out_of_memory_names_the_limit(kernel: tuple[Any, Any]) -> None:
@@ -375,9 +389,9 @@ def test_out_of_memory_names_the_limit(kernel: tuple[Any, Any]) -> None:
     assert "sandbox restarted" in text_of(outputs, "stderr")
 
 
-def test_notebook_metadata_picks_the_flavor(tmp_path: Path) -> None:
+def test_notebook_metadata_picks_the_flavor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = make_kernel_env(tmp_path)
-    os.environ["JUPYTER_PATH"] = env.jupyter_path
+    monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
     nb = _notebook(["1"])
     nb.metadata["sandbox"] = {"flavor": "medium"}
     path = tmp_path / "medium.ipynb"
@@ -414,14 +428,14 @@ def test_install_kernelspec_variant(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
-def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path) -> None:
+def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A silent cell is activity; once idle past idle_stop_with_kernel the sandbox is
     stopped, and the next cell says what happened."""
     from sandbox_kernel.config import load_config
     from sandbox_kernel.lifecycle import gc
 
     env = make_kernel_env(tmp_path, SANDBOX_KERNEL_IDLE_STOP_WITH_KERNEL="0.05")  # 3 s
-    os.environ["JUPYTER_PATH"] = env.jupyter_path
+    monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
     cfg = load_config(environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
                       state_dir=str(tmp_path / "state"), idle_stop_with_kernel=0.05)
     backend = SandboxService(cfg).backend
@@ -446,14 +460,14 @@ def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path) -> None:
         remove_user_containers(env.user)
 
 
-def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path) -> None:
+def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hosts without a server still get idle stops: every kernel start runs the reaper
     (a moment after starting, off the first cell's path)."""
     from sandbox_kernel.config import load_config
     from sandbox_kernel.identity import ScopeKey
 
     env = make_kernel_env(tmp_path, SANDBOX_KERNEL_IDLE_STOP=str(1 / 60))
-    os.environ["JUPYTER_PATH"] = env.jupyter_path
+    monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
     idle_user = f"{env.user}-idle"
     cfg = load_config(
         environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import TEST_IMAGE, remove_user_containers
+from .conftest import TEST_IMAGE, remove_user_containers, remove_user_snapshots
 
 pytestmark = pytest.mark.docker
 
@@ -132,10 +132,7 @@ def lab(browser_ready: None, tmp_path: Path, test_user: str) -> Iterator[Lab]:
     finally:
         server.stop()
         remove_user_containers(test_user)
-        for snap in subprocess.run(
-            ["docker", "images", "-q", "--filter", f"label=sandbox-kernel.user={test_user}"], capture_output=True, text=True
-        ).stdout.split():
-            subprocess.run(["docker", "rmi", "-f", snap], capture_output=True)
+        remove_user_snapshots(test_user)
 
 
 def _notebook(path: Path) -> None:

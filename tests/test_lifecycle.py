@@ -21,6 +21,7 @@ import pytest
 from sandbox_kernel.backends.base import (
     LABEL_MANAGED,
     BadRequest,
+    Conflict,
     QuotaExceeded,
     SandboxNotFound,
     engine_name,
@@ -33,6 +34,7 @@ from sandbox_kernel.lifecycle import gc, stats
 from sandbox_kernel.service import SandboxService
 from sandbox_kernel.store import Store
 
+from .conftest import remove_user_snapshots
 from .helpers import make_wheel
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_cleanup")]
@@ -230,15 +232,14 @@ def test_snapshot_round_trip(make_config: Callable[..., SandboxConfig], test_use
         assert clone.snapshot == name
         out = from_snap.backend.exec(clone.id, ["python3", "-c", "import sk_demo_pkg, os; print(sk_demo_pkg.VALUE, os.listdir('/workspace'))"])
         assert out.output.decode().strip().startswith("1.0 [")  # package kept: the workspace is the user's own
-        with pytest.raises(BadRequest, match="used by"):
+        with pytest.raises(Conflict, match="used by"):
             service.delete_snapshot(test_user, name)
         from_snap.destroy(test_user, clone.id)
         assert service.delete_snapshot(test_user, name) is True
         with pytest.raises(SandboxNotFound):
             service.delete_snapshot(test_user, name)
     finally:
-        for image in engine().images.list(filters={"label": f"sandbox-kernel.snapshot={name}"}):
-            engine().images.remove(image.id, force=True)
+        remove_user_snapshots(test_user)
 
 
 def test_cli_gc_stats_snapshot(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
@@ -269,5 +270,5 @@ def test_cli_gc_stats_snapshot(make_config: Callable[..., SandboxConfig], test_u
         assert bad.returncode == 1 and "bad snapshot name" in bad.stderr
         assert "deleted" in cli("snapshot", "delete", name).stdout
     finally:
-        subprocess.run(["docker", "rmi", "-f", f"sandbox-kernel-snapshot:{name}"], capture_output=True)
+        remove_user_snapshots(test_user)
     assert LABEL_MANAGED

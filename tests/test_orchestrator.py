@@ -22,7 +22,7 @@ from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.lifecycle import gc
 from sandbox_kernel.service import SandboxService
 
-from .conftest import TEST_IMAGE, remove_user_containers
+from .conftest import TEST_IMAGE, remove_user_containers, remove_user_snapshots
 from .helpers import make_wheel
 from .kernel_env import make_kernel_env
 
@@ -146,7 +146,7 @@ def test_snapshots_are_per_user_on_the_cli(make_config: Callable[..., SandboxCon
         assert _cli(alice, "snapshot", "delete", "base").returncode == 0
     finally:
         remove_user_containers(test_user)
-        _remove_snapshots(test_user)
+        remove_user_snapshots(test_user)
 
 
 def _thread_tag(thread: str) -> str:
@@ -154,14 +154,6 @@ def _thread_tag(thread: str) -> str:
 
     return thread_id(thread)
 
-
-def _remove_snapshots(user_prefix: str) -> None:
-    import docker
-
-    client = docker.from_env()
-    for image in client.images.list(filters={"label": "sandbox-kernel.snapshot"}):
-        if (image.labels or {}).get("sandbox-kernel.user", "").startswith(user_prefix):
-            client.images.remove(image.id, force=True)
 
 
 def _make_one(args: tuple[dict[str, Any], str]) -> str:
@@ -256,4 +248,4 @@ def test_snapshot_of_another_user_is_not_found_on_rest_paths(make_config: Callab
             service.delete_snapshot(f"{test_user}-b", "base")
     finally:
         remove_user_containers(test_user)
-        _remove_snapshots(test_user)
+        remove_user_snapshots(test_user)

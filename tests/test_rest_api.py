@@ -22,7 +22,7 @@ from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.service import SandboxService
 
-from .conftest import remove_user_containers, sandbox_container
+from .conftest import remove_user_containers, remove_user_snapshots, sandbox_container
 
 pytestmark = pytest.mark.docker
 
@@ -228,7 +228,7 @@ async def test_snapshots_routes(jp_fetch: Any, sandbox: dict[str, str], test_use
         await fetch(jp_fetch, "api", "snapshots", name, method="DELETE", expect=204)
         await fetch(jp_fetch, "api", "snapshots", name, method="DELETE", expect=404)
     finally:
-        subprocess.run(["docker", "rmi", "-f", f"sandbox-kernel-snapshot:{name}"], capture_output=True)
+        remove_user_snapshots(test_user)
 
 
 async def test_start_sandbox_from_snapshot(jp_fetch: Any, sandbox: dict[str, str], test_user: str) -> None:
@@ -265,7 +265,8 @@ async def test_start_sandbox_from_snapshot(jp_fetch: Any, sandbox: dict[str, str
         assert "no snapshot named" in body["message"]
     finally:
         remove_user_containers(test_user)
-        subprocess.run(["docker", "rmi", "-f", f"sandbox-kernel-snapshot:{name}", f"sandbox-kernel-snapshot:{name}-x"], capture_output=True)
+        remove_user_snapshots(test_user)
+        subprocess.run(["docker", "rmi", "-f", f"sandbox-kernel-snapshot:{name}-x"], capture_output=True)
 
 
 async def test_not_supported_is_501(jp_fetch: Any, jp_serverapp: Any, rest_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
