@@ -3,7 +3,9 @@
 Each cell goes to the agent (:mod:`sandbox_kernel.agent`) over the backend's byte
 channel, and what the agent sends back is published on IOPub as it arrives. The
 kernel process itself holds no user state: restarting it starts a new interpreter in
-the same sandbox, so files and installed packages stay.
+the same sandbox, so files and installed packages stay. Finding the sandbox and
+explaining its loss is :mod:`.session`'s; telling the rest of the installation that
+this kernel lives (heartbeats, progress, reaping, spares) is :mod:`.housekeeping`'s.
 
 Three paths matter:
 
@@ -22,36 +24,26 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
-import json
 import logging
 import os
 import platform
 import re
-import socket
 import sys
 import threading
-import time
 from collections.abc import Callable
-from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ipykernel.kernelbase import Kernel
 
-from . import __version__, sync
-from .agent import SPARE_SOCKET, agent_source, bootstrap_command
-from .backends import Backend, SandboxError, SandboxNotFound
-from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
-from .config import MIN_PIDS, ConfigError, SandboxConfig, load_config
+from . import __version__
+from .backends import SandboxError
+from .config import ConfigError, load_config
 from .connection import OVERFLOW, AgentConnection, AgentGone
-from .folders import usable
-from .identity import ScopeKey, notebook_metadata, scope_key
-from .lifecycle import gc
-from .service import SandboxService, workspace_dir
-from .store import HEARTBEAT, Store
+from .identity import notebook_metadata, scope_key
+from .session import SandboxSession, one_line
 
 log = logging.getLogger("sandbox_kernel")
 
-GC_DELAY = 2.0  # seconds after the start before the kernel applies the lifecycle policies
 CONNECT_WAIT_FOR_INFO = 5.0  # seconds kernel_info waits for the sandbox's Python version
 
 
@@ -71,30 +63,20 @@ class SandboxKernel(Kernel):
         self._python_version = platform.python_version()
         self._agent: AgentConnection | None = None
         self._connecting: asyncio.Task[None] | None = None
-        self._notices: list[str] = []  # filled by the connecting thread, read by the loop
-        self._notices_lock = threading.Lock()
-        self._setup_error = ""
-        self._sandbox_id = ""
-        self._engine_id = ""
-        self._work_folder = ""
-        self._folder_copy: sync.FolderCopy | None = None  # the notebook's folder, copied in
-        self._lost: str = ""  # what the previous cell's failure said, to phrase the next notice
+        self._tasks: set[asyncio.Future[Any]] = set()  # the loop keeps only weak references
+        self._next_count = 1  # what the interpreter in the sandbox numbers the next stored cell
         self._first_cell = True
-        self._busy = False
-        self._heart: threading.Thread | None = None
-        self._wake = threading.Event()
-        self._service: SandboxService | None = None
-        self._early: concurrent.futures.Future[AgentConnection] | None = None
+        self._setup_error = ""
+        self.sandbox: SandboxSession | None = None
         try:
-            self.cfg: SandboxConfig | None = load_config(**notebook_choices())
-            self.key: ScopeKey | None = scope_key(self.cfg, self._kernel_id())
-            self.backend: Backend | None = None
+            cfg = load_config(**notebook_choices())
+            kernel_id = self._kernel_id()
+            self.sandbox = SandboxSession(cfg, scope_key(cfg, kernel_id), kernel_id or f"pid{os.getpid()}")
         except (ConfigError, SandboxError) as exc:
-            self.cfg = self.key = self.backend = None
             self._setup_error = str(exc)
         # Start reaching the sandbox now, while the rest of the kernel starts: starting an
         # interpreter in it takes about as long as starting this process.
-        self._early = concurrent.futures.Future()
+        self._early: concurrent.futures.Future[AgentConnection] | None = concurrent.futures.Future()
         threading.Thread(target=self._connect_early, args=(self._early,), daemon=True).start()
 
     def _connect_early(self, future: concurrent.futures.Future[AgentConnection]) -> None:
@@ -102,6 +84,29 @@ class SandboxKernel(Kernel):
             future.set_result(self._open_agent())
         except BaseException as exc:
             future.set_exception(exc)
+
+    def _open_agent(self) -> AgentConnection:
+        """Find or create the sandbox, start an interpreter in it (worker thread)."""
+        if self.sandbox is None:
+            raise SandboxError(self._setup_error)
+        return self.sandbox.open()
+
+    @property
+    def execution_count(self) -> int:  # type: ignore[override]
+        """The number the next stored cell gets: the sandbox interpreter's, as ipykernel
+        reports its shell's, so execute_input, Out[n] and the reply agree. KernelBase's
+        own increments are ignored."""
+        return self._next_count
+
+    @execution_count.setter
+    def execution_count(self, value: int) -> None:
+        pass
+
+    def _spawn(self, coro: Any) -> None:
+        """Run a coroutine beside the current request, holding it until it ends."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- kernel_info ------------------------------------------------------------
     @property
@@ -144,7 +149,8 @@ class SandboxKernel(Kernel):
             self._agent.close()
             self._agent = None
             self._first_cell = True
-            self._lost = "the interpreter had ended"
+            if self.sandbox is not None:
+                self.sandbox.lost = "the interpreter had ended"
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.ensure_future(self._connect())
         return self._connecting
@@ -157,197 +163,17 @@ class SandboxKernel(Kernel):
             agent = await asyncio.to_thread(self._open_agent)
         agent.attach(asyncio.get_running_loop())
         self._agent = agent
+        self._next_count = 1  # a new interpreter counts from the start
         self._python_version = agent.ready.get("python_version", self._python_version)
 
-    def _open_agent(self) -> AgentConnection:
-        """Find or create the sandbox, start an agent in it (worker thread)."""
-        if self.cfg is None or self.key is None:
-            raise SandboxError(self._setup_error)
-        if self.backend is None:
-            self.backend = self.service.backend
-        work = self.service.work_folder(os.getcwd())
-        target = self.service.sandbox_id(self.key, work_folder=work)
-        ensured = self.service.ensure(self.key, progress=lambda line: self._report(target, line), work_folder=work)
-        info = ensured.info
-        notice = ensured.notice
-        if not notice and self._engine_id and info.engine_id != self._engine_id:
-            notice = f"sandbox restarted: {LOST_NOTICE} ({info.id} had been recreated)"
-        elif not notice and self._lost:
-            why = f"{info.id} had been stopped" if ensured.event == "started" else self._lost
-            notice = f"sandbox restarted: {LOST_NOTICE} ({why})"
-        if notice:  # the next cell says it: the user lost variables and must know
-            with self._notices_lock:
-                self._notices.append(notice)
-        for note in ensured.notes:  # a change without loss: log and status bar, not the notebook
-            self._report(info.id, note)
-        self._lost = ""
-        self._sandbox_id, self._engine_id, self._work_folder = info.id, info.engine_id, info.work_folder
-        if self._folder_copy is None and self._wants_folder_copy():
-            here = Path(os.getcwd()).resolve()
-            self._report(info.id, f"copying {here} into the sandbox (it has no host folders)")
-            self._folder_copy = sync.push(self.backend, info.id, here)
-            for name in self._folder_copy.skipped[:5]:
-                self._report(info.id, f"not copied (too large, or not a regular file): {name}")
-        env = {
-            "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
-            "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
-            # Host folders in the sandbox: its processes may not plant links or FIFOs there.
-            "SANDBOX_AGENT_NO_SPECIAL_FILES": json.dumps([info.work_folder] if info.work_folder else []),
-        }
-        spare, payload = None, agent_source()
-        if self.backend.keeps_spares:
-            record = self._store.take_spare(self.backend.name, info.id, info.engine_id)
-            if record is not None and record.secret:
-                spare = (SPARE_SOCKET, record.pid, record.start_time)
-                payload += record.secret.encode() + b"\n"  # on stdin, never in argv
-        channel = self.backend.open_channel(info.id, bootstrap_command(spare=spare), cwd=self._cell_cwd(), env=env)
-        agent = AgentConnection(channel, max_line=self._output_ceiling())
-        try:
-            agent.start(payload)
-        except SandboxError as exc:
-            agent.close()
-            hint = _too_few_pids(info)
-            if hint:
-                raise SandboxError(f"{exc}; {hint}") from None
-            raise
-        except BaseException:
-            agent.close()
-            raise
-        self._record_processes(info.id, agent.ready.get("procs"))
-        if self._heart is None:
-            self._heart = threading.Thread(target=self._heartbeat_loop, daemon=True)
-            self._heart.start()
-            threading.Thread(target=self._housekeeping, daemon=True).start()
-        self._wake.set()
-        return agent
-
-    def _record_processes(self, sandbox_id: str, procs: Any) -> None:
-        """Tell the reaper which sandbox processes carry this kernel: should this process
-        be killed and they not end by themselves, it ends them (see lifecycle)."""
-        if not isinstance(procs, list) or self.backend is None:
-            return
-        try:
-            self._store.kernel_heartbeat(self._heartbeat_id, self.backend.name, sandbox_id, False)
-            self._store.kernel_processes(self._heartbeat_id, socket.gethostname(), os.getpid(), json.dumps(procs))
-        except Exception as exc:  # bookkeeping: never a failure for the user
-            self.log.debug("could not record the kernel's processes: %s", exc)
-
-    def _output_ceiling(self) -> int:
-        """Bytes of output events one cell may send on the wire, whatever the agent says.
-
-        The agent enforces the exact limit; this ceiling (the limit plus room for the
-        protocol's own bytes) holds against a cell that writes to the agent's channel
-        directly.
-        """
-        assert self.cfg is not None
-        return self.cfg.output_limit + max(self.cfg.output_limit // 8, 64 << 10)
-
-    def _heartbeat_loop(self) -> None:
-        """Tell every process (the reaper above all) that this kernel lives, and if it is busy.
-
-        Beats come every HEARTBEAT seconds, and at once when a cell starts (the cell only
-        sets an event: the SQLite write stays off the cell's path).
-        """
-        while True:
-            interval = HEARTBEAT
-            if self._busy and self.backend is not None and self.backend.keep_alive_interval:
-                interval = min(HEARTBEAT, self.backend.keep_alive_interval)
-            self._wake.wait(interval)
-            self._wake.clear()
-            self._beat()
-
-    def _beat(self) -> None:
-        if self.cfg is None or self.backend is None or not self._sandbox_id:
-            return
-        try:
-            self._store.kernel_heartbeat(self._heartbeat_id, self.backend.name, self._sandbox_id, self._busy)
-            if self._busy:
-                self.backend.keep_alive(self._sandbox_id)
-        except Exception as exc:  # best effort: a cell never fails for bookkeeping
-            self.log.debug("heartbeat failed: %s", exc)
-
-    @property
-    def service(self) -> SandboxService:
-        """The orchestrator, one per kernel (its store sets SQLite up once, not every beat)."""
-        if self._service is None:
-            assert self.cfg is not None
-            self._service = SandboxService(self.cfg)
-        return self._service
-
-    @property
-    def _store(self) -> Store:
-        return self.service.store
-
-    @property
-    def _heartbeat_id(self) -> str:
-        return self._kernel_id() or f"pid{os.getpid()}"
-
-    def _housekeeping(self) -> None:
-        """Once per kernel start, a moment after it (listing every sandbox must not compete
-        with the kernel's first reply and first cell): apply the lifecycle policies (hosts
-        without a server need it), then leave a warm spare for the next kernel."""
-        time.sleep(GC_DELAY)
-        assert self.backend is not None and self.cfg is not None
-        try:
-            for action in gc(self.backend, self.cfg):
-                log.info("lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
-        except Exception as exc:
-            self.log.warning("lifecycle check failed: %s", exc)
-        if self.backend.keeps_spares and self._sandbox_id:
-            try:
-                recorded = self._store.spare(self.backend.name, self._sandbox_id)
-                if recorded is None or not self.backend.spare_alive(recorded):
-                    spare = self.backend.start_spare(self._sandbox_id)
-                    if spare is not None:
-                        self._store.put_spare(self.backend.name, self._sandbox_id, spare)
-            except Exception as exc:  # a spare only saves time: never an error for the user
-                self.log.debug("no warm spare: %s", exc)
-
-    def _wants_folder_copy(self) -> bool:
-        """A sandbox without host folders (Daytona) gets a copy of the notebook's folder,
-        unless that is nothing of the user's (the home itself, a system folder)."""
-        assert self.cfg is not None and self.backend is not None
-        if self.backend.workspace_on_host or self.cfg.work_root == "none":
-            return False
-        here = Path(os.getcwd()).resolve()
-        return usable(here) and here != Path.home().resolve()
-
-    def _cell_cwd(self) -> str:
-        """Where cells start: the notebook's own folder when the sandbox has it (the work
-        folder is mounted at its own path, or copied in), /workspace/<folder> when the
-        notebook lies in the workspace, else /workspace."""
-        assert self.cfg is not None and self.key is not None
-        if self._folder_copy is not None:
-            return self._folder_copy.remote
-        here = Path(os.getcwd()).resolve()
-        if self._work_folder and (here == Path(self._work_folder) or Path(self._work_folder) in here.parents):
-            return str(here)
-        try:
-            rel = here.relative_to(workspace_dir(self.cfg, self.key).resolve())
-        except (ValueError, OSError):
-            return WORKSPACE
-        return str(PurePosixPath(WORKSPACE, *rel.parts))
-
     async def _ensure_agent(self) -> AgentConnection:
-        """The live agent; waits for the connection (its progress goes to _report)."""
+        """The live agent; waits for the connection (its progress goes to the log)."""
         task = self._start_connect() or self._connecting
         if task is not None:
             await asyncio.wait([task])
             task.result()  # raises what went wrong
         assert self._agent is not None
         return self._agent
-
-    def _report(self, sandbox_id: str, line: str) -> None:
-        """Progress and notes of the kernel's own (making a sandbox, resizing it): they
-        are not a cell's output, so a batch run stores exactly what ipykernel would. The
-        server log has them, and the status bar shows them (through the state file)."""
-        log.info("%s", line)
-        if self.cfg is None or self.backend is None:
-            return
-        try:
-            self._store.kernel_progress(self._heartbeat_id, self.backend.name, sandbox_id, line)
-        except Exception as exc:  # the status bar is a nicety: never a failure
-            self.log.debug("could not record progress: %s", exc)
 
     # -- execute ---------------------------------------------------------------------
     async def do_execute(  # type: ignore[override]
@@ -365,10 +191,9 @@ class SandboxKernel(Kernel):
         try:
             agent = await self._ensure_agent()
         except Exception as exc:
-            return self._fail("SandboxUnavailable", _one_line(exc), parent)
-        with self._notices_lock:
-            notices, self._notices = self._notices, []
-        for notice in notices:
+            return self._fail("SandboxUnavailable", one_line(exc), parent)
+        assert self.sandbox is not None  # an agent means a session
+        for notice in self.sandbox.take_notices():
             self._send(parent, "stream", {"name": "stderr", "text": notice + "\n"})
         fields: dict[str, Any] = {
             "msg_id": (parent.get("header") or {}).get("msg_id", ""),
@@ -379,19 +204,22 @@ class SandboxKernel(Kernel):
             "allow_stdin": allow_stdin,
         }
         if self._first_cell:
-            fields["cwd"] = self._cell_cwd()
+            fields["cwd"] = self.sandbox.cell_cwd()
             self._first_cell = False
-        self._busy = True
-        self._wake.set()
+        housekeeping = self.sandbox.housekeeping
+        housekeeping.set_busy(True)
         stdin_parent = (self._parent_ident.get("shell"), parent) if allow_stdin else None
         try:
             request = agent.request("execute", self._publisher(agent, parent, silent, stdin_parent), **fields)
-            return await request.reply
+            reply = await request.reply
         except (AgentGone, SandboxError):
             return self._fail("SandboxLost", await asyncio.to_thread(self._why_lost), parent)
         finally:
-            self._busy = False
-            self._wake.set()  # idle from now: the reaper's clock starts here
+            housekeeping.set_busy(False)  # idle from now: the reaper's clock starts here
+        count = reply.get("execution_count")
+        if isinstance(count, int):  # the last stored cell's number, whether or not this one was
+            self._next_count = count + 1
+        return reply
 
     def _publisher(self, agent: AgentConnection, parent: dict[str, Any], silent: bool, stdin_parent: Any) -> Callable[[dict[str, Any], int], None]:
         """What to do with the events of one request: publish them as replies to ``parent``.
@@ -400,13 +228,13 @@ class SandboxKernel(Kernel):
         :mod:`.connection`): events are rebuilt from known fields, and their bytes are
         counted against the output ceiling, past which they are dropped with a notice.
         """
-        budget = self._output_ceiling()
+        budget = self.sandbox.output_ceiling if self.sandbox else 0
         state = {"used": 0, "cut": False}
 
         def on_event(msg: dict[str, Any], size: int) -> None:
             kind = msg.get("ev")
             if kind == "input_request":
-                asyncio.ensure_future(self._answer_input(agent, msg, stdin_parent))
+                self._spawn(self._answer_input(agent, msg, stdin_parent))
                 return
             if silent:
                 return
@@ -414,7 +242,7 @@ class SandboxKernel(Kernel):
             if kind == OVERFLOW or state["used"] > budget:
                 if not state["cut"]:
                     state["cut"] = True
-                    limit = self.cfg.output_limit if self.cfg else 0
+                    limit = self.sandbox.cfg.output_limit if self.sandbox else 0
                     text = f"\n[output truncated: this cell sent more than {limit / 1e6:.0f} MB of output; the rest was discarded]\n"
                     self._send(parent, "stream", {"name": "stderr", "text": text})
                 return
@@ -482,48 +310,15 @@ class SandboxKernel(Kernel):
         agent.send(op="input_reply", value=value)
 
     def _why_lost(self) -> str:
-        """One line on what happened to the sandbox, for the cell that lost it."""
+        """One line on what happened to the sandbox, for the cell that lost it (worker thread)."""
         status = None
         if self._agent is not None:
             self._agent.close()
             status = self._agent.channel.exit_status()
         self._agent = None
         self._first_cell = True
-        sandbox = self._sandbox_id or "the sandbox"
-        try:
-            assert self.backend is not None
-            # The interpreter dies a moment before its container does (a forced removal
-            # kills processes first): give the engine a second before judging.
-            time.sleep(1.0)
-            info = self.backend.get(self._sandbox_id)
-            deadline = time.monotonic() + 3
-            while info.state != "running" and time.monotonic() < deadline:
-                time.sleep(0.2)  # a forced removal kills first: let the engine settle
-                info = self.backend.get(self._sandbox_id)
-            if info.engine_id != self._engine_id:  # replaced, e.g. by another kernel of this user
-                raise SandboxNotFound(sandbox)
-            if info.state == "running":
-                self._lost = "the interpreter had ended"
-                if status in (137, -9):
-                    memory = info.limits.get("memory") or 0
-                    limit = f"the memory limit of {memory / 2**30:g} GiB" if memory else "a limit"
-                    return (
-                        f"the interpreter in {sandbox} was killed, most likely by {limit} "
-                        f"(flavor {info.flavor or '?'}; SANDBOX_KERNEL_FLAVOR picks a larger one): {LOST_NOTICE}"
-                    )
-                hint = _too_few_pids(info)
-                if hint:
-                    return f"the interpreter in {sandbox} ended: {hint}"
-                return f"the interpreter in {sandbox} ended: {LOST_NOTICE}; the next cell starts a new one"
-            reason = f" ({info.exit_reason})" if info.exit_reason else ""
-            self._lost = f"{sandbox} had stopped{reason}"
-            return f"sandbox {sandbox} stopped{reason}: {LOST_NOTICE}; the next cell restarts it"
-        except SandboxNotFound:
-            self._lost = f"{sandbox} had been removed"
-            return f"sandbox {sandbox} was removed: {LOST_NOTICE}; the next cell recreates it"
-        except SandboxError as exc:
-            self._lost = "the engine had lost it"
-            return f"lost the sandbox {sandbox}: {_one_line(exc)}"
+        assert self.sandbox is not None
+        return self.sandbox.why_lost(status)
 
     def _fail(self, ename: str, evalue: str, parent: dict[str, Any]) -> dict[str, Any]:
         """One clear error in the cell (what went wrong, what to do), never a traceback."""
@@ -537,7 +332,7 @@ class SandboxKernel(Kernel):
             agent = await self._ensure_agent()
             return await agent.request(op, lambda _msg, _size: None, **fields).reply
         except Exception as exc:
-            return {"status": "error", "ename": type(exc).__name__, "evalue": _one_line(exc), "traceback": []}
+            return {"status": "error", "ename": type(exc).__name__, "evalue": one_line(exc), "traceback": []}
 
     async def do_complete(self, code: str, cursor_pos: int) -> dict[str, Any]:  # type: ignore[override]
         reply = await self._ask("complete", code=code, cursor_pos=cursor_pos)
@@ -576,23 +371,20 @@ class SandboxKernel(Kernel):
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:  # type: ignore[override]
         """End the interpreter; the sandbox stays for the next kernel."""
         agent, self._agent = self._agent, None
-        if self.cfg is not None:
-            try:
-                self._store.kernel_gone(self._heartbeat_id)
-            except Exception as exc:
-                self.log.debug("could not record shutdown: %s", exc)
+        if self.sandbox is not None:
+            self.sandbox.housekeeping.gone()
         if agent is not None and agent.alive:
             try:
                 agent.send(op="shutdown")
             except SandboxError:
                 pass
             agent.close()
-        if self._folder_copy is not None and self.backend is not None and self._sandbox_id:
-            try:  # what the cells wrote beside the notebook goes back beside it
-                copied = await asyncio.to_thread(sync.pull, self.backend, self._sandbox_id, self._folder_copy)
+        if self.sandbox is not None and self.sandbox.folder_copy is not None:
+            try:
+                copied = await asyncio.to_thread(self.sandbox.copy_back)
                 log.info("copied back from the sandbox: %s", ", ".join(copied) or "nothing changed")
             except Exception as exc:
-                self.log.warning("could not copy the notebook's folder back: %s", exc)
+                log.warning("could not copy the notebook's folder back: %s", exc)
         return {"status": "ok", "restart": restart}
 
     # -- interrupt (control channel) ---------------------------------------------------------
@@ -647,24 +439,6 @@ def _event_content(kind: Any, msg: dict[str, Any]) -> tuple[str, dict[str, Any]]
             traceback = []
         return "error", {"ename": str(msg.get("ename", "")), "evalue": str(msg.get("evalue", "")), "traceback": [str(line) for line in traceback]}
     return None
-
-
-def _too_few_pids(info: SandboxInfo) -> str:
-    """How to recover from a sandbox whose process limit cannot hold an interpreter (made
-    before the setting was checked, or by hand), or "" when that is not the trouble."""
-    pids = int(info.limits.get("pids") or 0)
-    if not 0 < pids < MIN_PIDS:
-        return ""
-    return (
-        f"the sandbox {info.id} allows only {pids} processes, too few for an interpreter: destroy it "
-        f"(`sandbox-kernel destroy {info.id}`, your workspace is kept) and set SANDBOX_KERNEL_PIDS_LIMIT "
-        f"to {MIN_PIDS} or more"
-    )
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
 
 
 def main() -> None:

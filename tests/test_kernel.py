@@ -516,3 +516,44 @@ def test_sandbox_with_too_few_processes_says_how_to_recover(tmp_path: Path) -> N
         assert f"sandbox-kernel destroy sk-{env.user}" in reply["evalue"]
     finally:
         remove_user_containers(env.user)
+
+
+def _counts(kc: Any, code: str, **options: Any) -> tuple[Any, Any, Any]:
+    """(execute_input's count, execute_result's count, the reply's count) of one request."""
+    msg_id = kc.execute(code, **options)
+    published: dict[str, Any] = {"execute_input": None, "execute_result": None, "error": None}
+    while True:
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+        if msg["msg_type"] in ("execute_input", "execute_result"):
+            published[msg["msg_type"]] = msg["content"]["execution_count"]
+    while True:
+        reply = kc.get_shell_msg(timeout=60)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return published["execute_input"], published["execute_result"], reply["content"]["execution_count"]
+
+
+def test_execution_counts_are_ipykernels(kenv: KernelEnv) -> None:
+    """The count a frontend shows (execute_input, Out[n]) and the reply's are one number,
+    the same as ipykernel's, also around cells that are not stored, silent or failing."""
+    sequence = [
+        ("1", {}),
+        ("2", {"store_history": False}),
+        ("3", {"silent": True}),
+        ("1/0", {}),
+        ("4", {}),
+        ("5", {"store_history": False}),
+        ("6", {}),
+    ]
+    seen = {}
+    for name in ("python3", "sandbox"):
+        km, kc = start_new_kernel(kernel_name=name)
+        try:
+            seen[name] = [_counts(kc, code, **options) for code, options in sequence]
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+    assert seen["sandbox"] == seen["python3"], seen

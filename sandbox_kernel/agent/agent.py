@@ -429,8 +429,7 @@ class Agent:
         try:
             if self.shell is not None:
                 ok, error = self.shell.run(code, store, silent)
-                # IPython counts a stored cell after running it.
-                count = self.shell.execution_count - 1 if store else self.shell.execution_count
+                count = self.shell.cell_count
             else:
                 if store:
                     self.execution_count += 1
@@ -700,13 +699,14 @@ def make_shell(agent):
             agent.output.flush()
             if not agent.output.allow(self.msg["data"]):
                 return
-            agent.wire.send(ev="result", execution_count=self.prompt_count, **self.msg)
+            agent.wire.send(ev="result", execution_count=self.shell.cell_count, **self.msg)
 
     from traitlets import Type
 
     class Shell(InteractiveShell):
         displayhook_class = Type(Hook)
         display_pub_class = Type(Publisher)
+        cell_count = 0
 
         def init_io(self):
             pass
@@ -718,8 +718,14 @@ def make_shell(agent):
             pass
 
         def run(self, code, store, silent):
-            """Run a cell; return (ok, error content) like the Jupyter reply needs."""
+            """Run a cell; return (ok, error content) like the Jupyter reply needs.
+
+            ``cell_count`` is the number Jupyter shows for the cell: its own when stored,
+            else the last stored one's, as ipykernel reports. IPython versions differ
+            in when they count (before or after running), so it is fixed here, before.
+            """
             self.last_error = None
+            self.cell_count = self.execution_count if store else self.execution_count - 1
             result = self.run_cell(code, store_history=store, silent=silent)
             if result.success:
                 return True, None

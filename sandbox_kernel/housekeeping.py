@@ -1,0 +1,136 @@
+"""What a kernel tells the rest of the installation about itself, off the cells' path.
+
+Other processes decide things about this kernel's sandbox: the server's reaper stops
+idle sandboxes and ends the sandbox processes of kernels that died, the status bar
+shows what a starting kernel is doing, the next kernel wants a warm interpreter. They
+learn all of it from the state store (one SQLite file), which this module writes from
+background threads, so a slow disk or a locked database never delays a cell, and a
+failure here is logged, never shown in a notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from .lifecycle import gc
+from .service import SandboxService
+from .store import HEARTBEAT
+
+log = logging.getLogger("sandbox_kernel")
+
+GC_DELAY = 2.0  # seconds after the start before the kernel applies the lifecycle policies
+
+
+class Housekeeping:
+    """Heartbeats, progress lines, the processes to reap, lifecycle and warm spares of one kernel."""
+
+    def __init__(self, service: SandboxService, kernel_id: str) -> None:
+        self.service = service
+        self.kernel_id = kernel_id
+        self.sandbox_id = ""
+        self.busy = False
+        self._wake = threading.Event()
+        self._started = False
+        self._start_lock = threading.Lock()
+
+    @property
+    def _backend_name(self) -> str:
+        return self.service.backend.name
+
+    def start(self, sandbox_id: str) -> None:
+        """Beat for ``sandbox_id`` from now on; the first call also starts the heartbeat
+        and, a moment later, the once-per-kernel lifecycle check and spare."""
+        self.sandbox_id = sandbox_id
+        with self._start_lock:
+            first, self._started = not self._started, True
+        if first:
+            threading.Thread(target=self._heartbeat_loop, name="sandbox-heartbeat", daemon=True).start()
+            threading.Thread(target=self._after_start, name="sandbox-housekeeping", daemon=True).start()
+        self._wake.set()
+
+    def set_busy(self, busy: bool) -> None:
+        """A cell started or ended: beat now (the reaper's idle clock starts at the end)."""
+        self.busy = busy
+        self._wake.set()
+
+    def report(self, sandbox_id: str, line: str) -> None:
+        """A progress line of the kernel's own (making a sandbox, resizing it).
+
+        Not a cell's output, so a batch run stores exactly what ipykernel would: the log
+        has it, and the status bar shows it through the store.
+        """
+        log.info("%s", line)
+        try:
+            self.service.store.kernel_progress(self.kernel_id, self._backend_name, sandbox_id, line)
+        except Exception as exc:  # the status bar is a nicety: never a failure
+            log.debug("could not record progress: %s", exc)
+
+    def record_processes(self, sandbox_id: str, procs: Any) -> None:
+        """Tell the reaper which sandbox processes carry this kernel: should this process
+        be killed and they not end by themselves, it ends them (see lifecycle)."""
+        if not isinstance(procs, list):
+            return
+        try:
+            self.service.store.kernel_heartbeat(self.kernel_id, self._backend_name, sandbox_id, False)
+            self.service.store.kernel_processes(self.kernel_id, socket.gethostname(), os.getpid(), json.dumps(procs))
+        except Exception as exc:  # bookkeeping: never a failure for the user
+            log.debug("could not record the kernel's processes: %s", exc)
+
+    def gone(self) -> None:
+        """The kernel shuts down: it no longer holds its sandbox busy or alive."""
+        try:
+            self.service.store.kernel_gone(self.kernel_id)
+        except Exception as exc:
+            log.debug("could not record shutdown: %s", exc)
+
+    def _heartbeat_loop(self) -> None:
+        """Beats every HEARTBEAT seconds, and at once when a cell starts or ends (the cell
+        only sets an event: the SQLite write stays off its path). While a cell runs, a
+        backend that stops idle sandboxes by itself (Daytona) is told it is in use."""
+        backend = self.service.backend
+        while True:
+            interval = HEARTBEAT
+            if self.busy and backend.keep_alive_interval:
+                interval = min(HEARTBEAT, backend.keep_alive_interval)
+            self._wake.wait(interval)
+            self._wake.clear()
+            self._beat()
+
+    def _beat(self) -> None:
+        if not self.sandbox_id:
+            return
+        try:
+            self.service.store.kernel_heartbeat(self.kernel_id, self._backend_name, self.sandbox_id, self.busy)
+            if self.busy:
+                self.service.backend.keep_alive(self.sandbox_id)
+        except Exception as exc:  # best effort: a cell never fails for bookkeeping
+            log.debug("heartbeat failed: %s", exc)
+
+    def _after_start(self) -> None:
+        """Once per kernel, a moment after its start (listing every sandbox must not
+        compete with the kernel's first reply and first cell): apply the lifecycle
+        policies (hosts without a server need it), then leave a warm spare for the next
+        kernel."""
+        time.sleep(GC_DELAY)
+        backend = self.service.backend
+        try:
+            for action in gc(backend, self.service.config):
+                log.info("lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
+        except Exception as exc:
+            log.warning("lifecycle check failed: %s", exc)
+        if not (backend.keeps_spares and self.sandbox_id):
+            return
+        try:
+            recorded = self.service.store.spare(backend.name, self.sandbox_id)
+            if recorded is None or not backend.spare_alive(recorded):
+                spare = backend.start_spare(self.sandbox_id)
+                if spare is not None:
+                    self.service.store.put_spare(backend.name, self.sandbox_id, spare)
+        except Exception as exc:  # a spare only saves time: never an error for the user
+            log.debug("no warm spare: %s", exc)

@@ -1,0 +1,241 @@
+"""One kernel's hold on its sandbox: find or make it, start an interpreter in it, and say
+in one line what happened when it is lost.
+
+Everything here may block on the engine (creating a sandbox pulls an image, a lost
+one is looked up), so the kernel calls it from worker threads and keeps its event loop
+for Jupyter's messages. What the user must learn from a connection made in the
+background (the sandbox was recreated, variables are gone) waits in ``notices`` for
+the next cell, which prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from pathlib import Path, PurePosixPath
+
+from . import sync
+from .agent import SPARE_SOCKET, agent_source, bootstrap_command
+from .backends import Backend, SandboxError, SandboxNotFound
+from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
+from .config import MIN_PIDS, SandboxConfig
+from .connection import AgentConnection
+from .folders import usable
+from .housekeeping import Housekeeping
+from .identity import ScopeKey
+from .service import SandboxService, workspace_dir
+
+
+class SandboxSession:
+    """The sandbox of one kernel, and the interpreter the kernel talks to in it."""
+
+    def __init__(self, cfg: SandboxConfig, key: ScopeKey, kernel_id: str) -> None:
+        self.cfg = cfg
+        self.key = key
+        self.kernel_id = kernel_id
+        self.sandbox_id = ""
+        self.engine_id = ""
+        self.work_folder = ""
+        self.folder_copy: sync.FolderCopy | None = None  # the notebook's folder, copied in
+        self.lost = ""  # why the previous interpreter went, to phrase the next notice
+        self.notices: queue.SimpleQueue[str] = queue.SimpleQueue()  # for the next cell
+        self._service: SandboxService | None = None
+        self._housekeeping: Housekeeping | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def service(self) -> SandboxService:
+        """The orchestrator, made on first use in a worker thread (it sets SQLite up)."""
+        with self._lock:
+            if self._service is None:
+                self._service = SandboxService(self.cfg)
+                self._housekeeping = Housekeeping(self._service, self.kernel_id)
+            return self._service
+
+    @property
+    def housekeeping(self) -> Housekeeping:
+        self.service  # noqa: B018 - makes both
+        assert self._housekeeping is not None
+        return self._housekeeping
+
+    @property
+    def backend(self) -> Backend:
+        return self.service.backend
+
+    @property
+    def output_ceiling(self) -> int:
+        """Bytes of output events one cell may send on the wire, whatever the agent says.
+
+        The agent enforces the exact limit; this ceiling (the limit plus room for the
+        protocol's own bytes) holds against a cell that writes to the agent's channel
+        directly.
+        """
+        return self.cfg.output_limit + max(self.cfg.output_limit // 8, 64 << 10)
+
+    def take_notices(self) -> list[str]:
+        """What the user must read before the next cell's output (and only once)."""
+        taken = []
+        while True:
+            try:
+                taken.append(self.notices.get_nowait())
+            except queue.Empty:
+                return taken
+
+    # -- connecting ----------------------------------------------------------------------
+    def open(self) -> AgentConnection:
+        """Find or create the sandbox and start an interpreter in it."""
+        info = self._ensure_sandbox()
+        if self.folder_copy is None and self._wants_folder_copy():
+            here = Path(os.getcwd()).resolve()
+            self.housekeeping.report(info.id, f"copying {here} into the sandbox (it has no host folders)")
+            self.folder_copy = sync.push(self.backend, info.id, here)
+            for name in self.folder_copy.skipped[:5]:
+                self.housekeeping.report(info.id, f"not copied (too large, or not a regular file): {name}")
+        agent = self._start_agent(info)
+        self.housekeeping.record_processes(info.id, agent.ready.get("procs"))
+        self.housekeeping.start(info.id)
+        return agent
+
+    def _ensure_sandbox(self) -> SandboxInfo:
+        """The sandbox, running; a loss the user must hear of becomes a notice."""
+        work = self.service.work_folder(os.getcwd())
+        target = self.service.sandbox_id(self.key, work_folder=work)
+        ensured = self.service.ensure(self.key, progress=lambda line: self.housekeeping.report(target, line), work_folder=work)
+        info = ensured.info
+        notice = ensured.notice
+        if not notice and self.engine_id and info.engine_id != self.engine_id:
+            notice = f"sandbox restarted: {LOST_NOTICE} ({info.id} had been recreated)"
+        elif not notice and self.lost:
+            why = f"{info.id} had been stopped" if ensured.event == "started" else self.lost
+            notice = f"sandbox restarted: {LOST_NOTICE} ({why})"
+        if notice:  # the next cell says it: the user lost variables and must know
+            self.notices.put(notice)
+        for note in ensured.notes:  # a change without loss: log and status bar, not the notebook
+            self.housekeeping.report(info.id, note)
+        self.lost = ""
+        self.sandbox_id, self.engine_id, self.work_folder = info.id, info.engine_id, info.work_folder
+        return info
+
+    def _start_agent(self, info: SandboxInfo) -> AgentConnection:
+        """An interpreter in the sandbox: a warm spare when one waits, else a new one."""
+        env = {
+            "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
+            "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
+            # Host folders in the sandbox: its processes may not plant links or FIFOs there.
+            "SANDBOX_AGENT_NO_SPECIAL_FILES": json.dumps([info.work_folder] if info.work_folder else []),
+        }
+        spare, payload = None, agent_source()
+        if self.backend.keeps_spares:
+            record = self.service.store.take_spare(self.backend.name, info.id, info.engine_id)
+            if record is not None and record.secret:
+                spare = (SPARE_SOCKET, record.pid, record.start_time)
+                payload += record.secret.encode() + b"\n"  # on stdin, never in argv
+        channel = self.backend.open_channel(info.id, bootstrap_command(spare=spare), cwd=self.cell_cwd(), env=env)
+        agent = AgentConnection(channel, max_line=self.output_ceiling)
+        try:
+            agent.start(payload)
+        except SandboxError as exc:
+            agent.close()
+            hint = too_few_pids(info)
+            if hint:
+                raise SandboxError(f"{exc}; {hint}") from None
+            raise
+        except BaseException:
+            agent.close()
+            raise
+        return agent
+
+    def _wants_folder_copy(self) -> bool:
+        """A sandbox without host folders (Daytona) gets a copy of the notebook's folder,
+        unless that is nothing of the user's (the home itself, a system folder)."""
+        if self.backend.workspace_on_host or self.cfg.work_root == "none":
+            return False
+        here = Path(os.getcwd()).resolve()
+        return usable(here) and here != Path.home().resolve()
+
+    def cell_cwd(self) -> str:
+        """Where cells start: the notebook's own folder when the sandbox has it (the work
+        folder is mounted at its own path, or copied in), /workspace/<folder> when the
+        notebook lies in the workspace, else /workspace."""
+        if self.folder_copy is not None:
+            return self.folder_copy.remote
+        here = Path(os.getcwd()).resolve()
+        if self.work_folder and (here == Path(self.work_folder) or Path(self.work_folder) in here.parents):
+            return str(here)
+        try:
+            rel = here.relative_to(workspace_dir(self.cfg, self.key).resolve())
+        except (ValueError, OSError):
+            return WORKSPACE
+        return str(PurePosixPath(WORKSPACE, *rel.parts))
+
+    # -- losing it ---------------------------------------------------------------------------
+    def why_lost(self, exit_status: int | None) -> str:
+        """One line on what happened to the sandbox, for the cell that lost its interpreter
+        (which ended with ``exit_status``), and what the next cell will do about it."""
+        sandbox = self.sandbox_id or "the sandbox"
+        try:
+            # The interpreter dies a moment before its container does (a forced removal
+            # kills processes first): give the engine a second before judging.
+            time.sleep(1.0)
+            info = self.backend.get(self.sandbox_id)
+            deadline = time.monotonic() + 3
+            while info.state != "running" and time.monotonic() < deadline:
+                time.sleep(0.2)  # a forced removal kills first: let the engine settle
+                info = self.backend.get(self.sandbox_id)
+            if info.engine_id != self.engine_id:  # replaced, e.g. by another kernel of this user
+                raise SandboxNotFound(sandbox)
+            if info.state == "running":
+                self.lost = "the interpreter had ended"
+                return self._why_interpreter_ended(info, exit_status)
+            reason = f" ({info.exit_reason})" if info.exit_reason else ""
+            self.lost = f"{sandbox} had stopped{reason}"
+            return f"sandbox {sandbox} stopped{reason}: {LOST_NOTICE}; the next cell restarts it"
+        except SandboxNotFound:
+            self.lost = f"{sandbox} had been removed"
+            return f"sandbox {sandbox} was removed: {LOST_NOTICE}; the next cell recreates it"
+        except SandboxError as exc:
+            self.lost = "the engine had lost it"
+            return f"lost the sandbox {sandbox}: {one_line(exc)}"
+
+    @staticmethod
+    def _why_interpreter_ended(info: SandboxInfo, exit_status: int | None) -> str:
+        if exit_status in (137, -9):
+            memory = info.limits.get("memory") or 0
+            limit = f"the memory limit of {memory / 2**30:g} GiB" if memory else "a limit"
+            return (
+                f"the interpreter in {info.id} was killed, most likely by {limit} "
+                f"(flavor {info.flavor or '?'}; SANDBOX_KERNEL_FLAVOR picks a larger one): {LOST_NOTICE}"
+            )
+        hint = too_few_pids(info)
+        if hint:
+            return f"the interpreter in {info.id} ended: {hint}"
+        return f"the interpreter in {info.id} ended: {LOST_NOTICE}; the next cell starts a new one"
+
+    # -- ending ------------------------------------------------------------------------------
+    def copy_back(self) -> list[str]:
+        """What the cells wrote beside the notebook goes back beside it (copied sandboxes)."""
+        if self.folder_copy is None or not self.sandbox_id:
+            return []
+        return sync.pull(self.backend, self.sandbox_id, self.folder_copy)
+
+
+def too_few_pids(info: SandboxInfo) -> str:
+    """How to recover from a sandbox whose process limit cannot hold an interpreter (made
+    before the setting was checked, or by hand), or "" when that is not the trouble."""
+    pids = int(info.limits.get("pids") or 0)
+    if not 0 < pids < MIN_PIDS:
+        return ""
+    return (
+        f"the sandbox {info.id} allows only {pids} processes, too few for an interpreter: destroy it "
+        f"(`sandbox-kernel destroy {info.id}`, your workspace is kept) and set SANDBOX_KERNEL_PIDS_LIMIT "
+        f"to {MIN_PIDS} or more"
+    )
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error, for a cell or a log line that must stay one line."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
