@@ -11,22 +11,6 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-# The start program, small enough for argv: first make this process non-dumpable (other
-# processes of the sandbox, same uid, can then neither ptrace it nor open its
-# /proc/<pid>/fd and mem), then read the agent's source (N bytes) from stdin and run it.
-# The agent itself decides between taking a warm spare and a cold start (see agent.main).
-_BOOT = (
-    "import os,sys\n"
-    "try:\n import ctypes;ctypes.CDLL(None).prctl(4,0,0,0,0)\n"
-    "except Exception:pass\n"
-    "n=int(sys.argv[1]);b=b''\n"
-    "while len(b)<n:\n"
-    " c=os.read(0,n-len(b))\n"
-    " if not c:sys.exit('sandbox agent: source cut short')\n"
-    " b+=c\n"
-    "exec(compile(b,'sandbox_agent.py','exec'),{'__name__':'__main__'})\n"
-)
-
 # Where the warm spare interpreter of a sandbox (started by the host) waits for a kernel.
 SPARE_SOCKET = "@sandbox-kernel-spare"  # "@": an abstract unix socket, no file
 
@@ -48,6 +32,12 @@ def restricted(command: list[str], folders: list[str]) -> list[str]:
 
 
 @lru_cache(maxsize=1)
+def boot_source() -> str:
+    """The start program (:mod:`.boot`), passed with ``python3 -c``."""
+    return (Path(__file__).parent / "boot.py").read_text()
+
+
+@lru_cache(maxsize=1)
 def fs_helper_source() -> str:
     """The in-sandbox file helper (:mod:`.fs_helper`), passed with ``python3 -c``."""
     return (Path(__file__).parent / "fs_helper.py").read_text()
@@ -60,5 +50,5 @@ def bootstrap_command(python: str = "python3", spare: tuple[str, int, str] | Non
     and recorded: the agent hands the channel to it only if the listener at that path
     is that very process, else it starts cold.
     """
-    cmd = [python, "-u", "-c", _BOOT, str(len(agent_source()))]
+    cmd = [python, "-u", "-c", boot_source(), str(len(agent_source()))]
     return [*cmd, spare[0], str(spare[1]), spare[2]] if spare else cmd
