@@ -85,6 +85,10 @@ class DockerChannel(Channel):
                 continue
             self._remaining = length
 
+    def set_timeout(self, seconds: float | None) -> None:
+        """Bound each read and write (None: wait for ever), so a silent process cannot hang us."""
+        self._sock.settimeout(seconds)
+
     def close_input(self) -> None:
         """End the process's stdin (EOF) and keep reading its output."""
         try:

@@ -24,10 +24,17 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
+import os
 import shutil
 import subprocess
 from functools import lru_cache
 from typing import Any
+
+from .base import LABEL_MANAGED, Conflict, SandboxFailed, SandboxNotFound
+from .docker_errors import engine_errors
+
+log = logging.getLogger("sandbox_kernel")
 
 NETWORK = "sandbox-kernel"
 BRIDGE = "sk-br0"
@@ -91,6 +98,36 @@ def seccomp_profile() -> str:
     return json.dumps(profile, separators=(",", ":"))
 
 
+def shared_network(client: Any) -> str:
+    """The name of our shared network, made on first use; one of that name that we did
+    not make is refused (its containers could reach each other)."""
+    try:
+        with engine_errors(f"look up the network {NETWORK}", refused=SandboxFailed):
+            network = client.networks.get(NETWORK)
+    except SandboxNotFound:
+        network = _create_network(client)
+    if network.attrs.get("Labels", {}).get(LABEL_MANAGED) != "1":
+        raise SandboxFailed(
+            f"a Docker network named {NETWORK} exists but was not made by sandbox-kernel; "
+            "remove or rename it (its sandboxes could reach each other)"
+        )
+    if os.geteuid() == 0:
+        problem = block_link_local()
+        if problem:
+            log.warning("sandboxes may reach link-local addresses (cloud metadata): %s", problem)
+    return NETWORK
+
+
+def _create_network(client: Any) -> Any:
+    """Make the shared network; another process making it at the same moment is fine."""
+    try:
+        with engine_errors(f"create the network {NETWORK}", refused=SandboxFailed):
+            return client.networks.create(NETWORK, check_duplicate=True, **network_options())
+    except Conflict:
+        with engine_errors(f"look up the network {NETWORK}", refused=SandboxFailed):
+            return client.networks.get(NETWORK)
+
+
 def network_options() -> dict[str, Any]:
     """How our shared network is made: a bridge on which containers cannot reach each other."""
     return {
@@ -99,7 +136,7 @@ def network_options() -> dict[str, Any]:
             "com.docker.network.bridge.enable_icc": "false",
             "com.docker.network.bridge.name": BRIDGE,
         },
-        "labels": {"sandbox-kernel.managed": "1"},
+        "labels": {LABEL_MANAGED: "1"},
     }
 
 

@@ -1,0 +1,174 @@
+"""What our containers carry (Docker-only labels) and how one reads as a :class:`SandboxInfo`.
+
+Two sources, kept apart because they cost differently: a listing entry (one engine
+call for every container, limits read back from our labels, uptime from the rounded
+"Up 5 minutes") and a full inspect (exit reason, exact start and stop times, the
+limits the container has now, which a resize changes and labels cannot).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime
+from typing import Any
+
+from ..config import FLAVORS
+from .base import (
+    LABEL_FLAVOR,
+    LABEL_IMAGE,
+    LABEL_INSTALLATION,
+    LABEL_PREFIX,
+    LABEL_SCOPE,
+    LABEL_SNAPSHOT_OF,
+    LABEL_SPEC,
+    LABEL_THREAD,
+    LABEL_USER,
+    LABEL_WORK_FOLDER,
+    LABEL_WORKSPACE,
+    SandboxInfo,
+    sandbox_id_of,
+)
+
+BACKEND = "docker"
+# Labels only the Docker backend writes (beside base.py's): the limits a container was
+# made with, how it runs, and what of the host it holds.
+LABEL_RUNTIME = LABEL_PREFIX + "runtime"
+LABEL_CPUS = LABEL_PREFIX + "cpus"
+LABEL_MEMORY = LABEL_PREFIX + "memory"
+LABEL_PIDS = LABEL_PREFIX + "pids"
+LABEL_UID = LABEL_PREFIX + "uid"  # "uid:gid" the sandbox runs as
+LABEL_OWNERSHIP = LABEL_PREFIX + "ownership"  # same-user | idmap | chown (see docker_mounts)
+LABEL_MOUNT = LABEL_PREFIX + "workspace-mount"  # the idmapped mount given to Docker, if any
+LABEL_WORK_MOUNT = LABEL_PREFIX + "work-mount"  # the same for the work folder
+LABEL_SNAPSHOT_REF = LABEL_PREFIX + "snapshot-ref"  # on snapshots and the sandboxes made from them
+
+# Docker's container states, as the rest of sandbox-kernel names them.
+STATES = {
+    "running": "running",
+    "created": "creating",
+    "restarting": "creating",
+    "paused": "stopped",
+    "exited": "stopped",
+    "dead": "error",
+    "removing": "error",
+}
+
+
+def container_info(installation: str, container: Any) -> SandboxInfo:
+    """Everything about one container, from a full inspect (``container.attrs``)."""
+    attrs = container.attrs
+    state = attrs.get("State", {})
+    host = attrs.get("HostConfig", {})
+    info = summary_info(
+        installation,
+        {
+            "Names": ["/" + container.name],
+            "Id": container.id,
+            "State": state.get("Status", ""),
+            "Labels": container.labels,
+            "Image": attrs.get("Config", {}).get("Image", ""),
+            "Created": parse_time(attrs.get("Created", "")),
+            "HostConfig": {"NetworkMode": host.get("NetworkMode", "")},
+        },
+    )
+    info.limits = {
+        "cpus": (host.get("NanoCpus") or 0) / 1e9,
+        "memory": host.get("Memory") or 0,
+        "pids": host.get("PidsLimit") or 0,
+        "network": host.get("NetworkMode") != "none",
+    }
+    info.flavor = _flavor_of(info.limits) or info.flavor
+    info.exit_reason = _exit_reason(state, host)
+    if state.get("Status") != "running":
+        info.finished = parse_time(state.get("FinishedAt", ""))
+    else:
+        info.started = parse_time(state.get("StartedAt", ""))
+    return info
+
+
+def summary_info(installation: str, summary: dict[str, Any]) -> SandboxInfo:
+    """A listing entry: built from one list call, with limits read from our labels."""
+    labels = summary.get("Labels") or {}
+    runtime = labels.get(LABEL_RUNTIME, "")
+    return SandboxInfo(
+        id=sandbox_id_of(installation, (summary.get("Names") or ["/?"])[0].lstrip("/")),
+        backend=BACKEND,
+        scope=labels.get(LABEL_SCOPE, "user"),
+        user=labels.get(LABEL_USER, ""),
+        thread=labels.get(LABEL_THREAD, ""),
+        state=STATES.get(summary.get("State", ""), "error"),
+        image=labels.get(LABEL_IMAGE) or summary.get("Image", ""),
+        created=float(summary.get("Created") or 0),
+        engine_id=summary.get("Id", ""),
+        flavor=labels.get(LABEL_FLAVOR, ""),
+        isolation=(
+            "container (non-root, no capabilities, seccomp, pids/memory/CPU limits"
+            + (f", runtime {runtime})" if runtime else ")")
+        ),
+        workspace=labels.get(LABEL_WORKSPACE, ""),
+        limits={
+            "cpus": float(labels.get(LABEL_CPUS) or 0),
+            "memory": int(labels.get(LABEL_MEMORY) or 0),
+            "pids": int(labels.get(LABEL_PIDS) or 0),
+            "network": (summary.get("HostConfig") or {}).get("NetworkMode") != "none",
+        },
+        snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
+        spec=labels.get(LABEL_SPEC, ""),
+        installation=labels.get(LABEL_INSTALLATION, ""),
+        started=_started_from_status(summary.get("Status", "")) if summary.get("State") == "running" else 0.0,
+        file_owner=labels.get(LABEL_UID, "") if labels.get(LABEL_OWNERSHIP) == "chown" else "",
+        work_folder=labels.get(LABEL_WORK_FOLDER, ""),
+    )
+
+
+def _exit_reason(state: dict[str, Any], host: dict[str, Any]) -> str:
+    """Why a container is not running, in the words a user needs (the limit it hit)."""
+    if state.get("OOMKilled"):
+        return f"out of memory (limit {_human_bytes(host.get('Memory') or 0)})"
+    if state.get("Status") == "exited":
+        return f"exited with code {state.get('ExitCode')}"
+    return ""
+
+
+def _flavor_of(limits: dict[str, Any]) -> str:
+    """The flavor whose memory a container has now (a resize changes it; labels cannot)."""
+    return next((name for name, size in FLAVORS.items() if size["memory"] == limits.get("memory")), "")
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}".replace(".0 ", " ")
+        n /= 1024
+    return f"{n} B"
+
+
+_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400, "month": 30 * 86400, "year": 365 * 86400}
+
+
+def _started_from_status(status: str) -> float:
+    """When a listed container started, from the list call's "Up 5 minutes" (the engine's
+    rounding, at most a unit off): listings stay one engine call; a full inspect is exact."""
+    match = re.match(r"Up (Less than a second|About an? (\w+)|(\d+) (\w+?)s?)(?: \(|$)", status)
+    if not match:
+        return 0.0
+    if match.group(1) == "Less than a second":
+        seconds = 0.0
+    elif match.group(2):
+        seconds = _UNITS.get(match.group(2), 0)
+    else:
+        seconds = int(match.group(3)) * _UNITS.get(match.group(4), 0)
+    return time.time() - seconds
+
+
+def parse_time(value: str) -> float:
+    """Docker's RFC 3339 timestamps (nanoseconds) to epoch seconds."""
+    if not value:
+        return 0.0
+    main, _, frac = value.rstrip("Z").partition(".")
+    try:
+        stamp = datetime.fromisoformat(main + "+00:00").timestamp()
+    except ValueError:
+        return 0.0
+    return stamp + (float("0." + frac[:6]) if frac[:6].isdigit() else 0.0)

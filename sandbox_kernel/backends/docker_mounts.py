@@ -1,0 +1,144 @@
+"""Who a Docker sandbox runs as, and how host folders (the workspace, the notebook's
+work folder) are mounted in it so that it can write them and no host file changes owner.
+
+* ``same-user``: a server that is not root runs sandboxes as its own uid: files the
+  sandbox writes belong to the host user, and nothing changes owner.
+* ``idmap``: a root server runs them as the image's non-root user (or 1000) and mounts
+  the folders idmapped (:mod:`.idmap`), so root's files look like the sandbox user's
+  inside and what the sandbox writes is root's on the host.
+* ``chown``: a root server where idmapped mounts do not work hands the workspace to the
+  sandbox uid; then that uid is one no host account has, so no host user gains files.
+
+Idmapped mounts live on the host, not in the engine: they are remade before each start
+(a reboot drops them) and released when their container goes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+from pathlib import Path
+from typing import Any
+
+from docker.types import Mount
+
+from ..identity import ScopeKey
+from ..safefs import make_folder
+from . import idmap
+from .base import LABEL_WORK_FOLDER, LABEL_WORKSPACE, EngineSettings, SandboxFailed, Spec
+from .docker_info import LABEL_MOUNT, LABEL_OWNERSHIP, LABEL_UID, LABEL_WORK_MOUNT
+
+DEFAULT_UID = 1000
+
+
+class WorkspaceMounts:
+    """The host side of one installation's sandbox folders: ownership and idmapped mounts."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+
+    def ownership(self, image: Any) -> tuple[int, int, str]:
+        """(uid, gid, how): the sandbox's user, and how its folders become writable to it."""
+        if os.geteuid() != 0:
+            return os.geteuid(), os.getegid(), "same-user"
+        configured = (image.attrs.get("Config", {}) or {}).get("User") or ""
+        uid = gid = DEFAULT_UID
+        if configured and configured.split(":")[0] not in ("root", "0"):
+            parts = configured.split(":")
+            uid = int(parts[0]) if parts[0].isdigit() else DEFAULT_UID
+            gid = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else uid
+            if idmap.supported(str(self._base())):
+                return uid, gid, "idmap"
+            return uid, gid, "chown"
+        if idmap.supported(str(self._base())):
+            return uid, gid, "idmap"
+        uid = gid = _unused_host_uid()
+        return uid, gid, "chown"
+
+    def _base(self) -> Path:
+        """Where idmapped mounts live: /run (root-only, emptied at boot like the mounts
+        themselves), never under a folder a user might delete with ``rm -rf``, which
+        would walk into the mount and delete the workspace."""
+        if Path("/run").is_dir():
+            return Path("/run/sandbox-kernel") / self.settings.installation[:8]
+        return Path(self.settings.state_dir) / "mounts"
+
+    def _point(self, name: str, what: str = "workspace") -> Path:
+        return self._base() / name / what
+
+    def workspace(self, key: ScopeKey, name: str, uid: int, gid: int, how: str) -> tuple[Path, Path]:
+        """(the user's workspace folder, the host path to bind at /workspace)."""
+        root = Path(self.settings.workspace_root)
+        workspace = make_folder(root, key.user_id, owner=(uid, gid) if how == "chown" else None)
+        if how != "idmap":
+            return workspace, workspace
+        point = self._point(name)
+        self._idmap(workspace, point, uid, gid)
+        return workspace, point
+
+    def work_folder(self, name: str, spec: Spec, uid: int, gid: int, how: str) -> tuple[list[Mount], str]:
+        """The work folder at its own path, and its masks; (mounts, idmapped point or "")."""
+        if not spec.work_folder:
+            return [], ""
+        source, point = spec.work_folder, ""
+        if how == "idmap":
+            point = str(self._point(name, "work"))
+            self._idmap(Path(spec.work_folder), Path(point), uid, gid)
+            source = point
+        mounts = [Mount(spec.work_folder, source, type="bind", read_only=False)]
+        for path, kind in spec.masks:
+            inside = source + path[len(spec.work_folder) :]
+            if kind == "read-only":
+                mounts.append(Mount(path, inside, type="bind", read_only=True))
+            elif Path(path).is_dir():
+                mounts.append(Mount(path, None, type="tmpfs", tmpfs_size=1 << 20))
+            else:
+                mounts.append(Mount(path, "/dev/null", type="bind", read_only=True))
+        return mounts, point
+
+    def _idmap(self, folder: Path, point: Path, uid: int, gid: int) -> None:
+        """Make (or keep) the idmapped mount; one process at a time per sandbox."""
+        point.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(point.parent / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                idmap.mount(folder, point, uid, gid)
+            except OSError as exc:
+                raise SandboxFailed(f"cannot present the workspace {folder} to the sandbox: {exc}") from None
+
+    def remount(self, labels: dict[str, str]) -> None:
+        """Before a start: idmapped mounts do not survive a reboot, so remake them."""
+        if labels.get(LABEL_OWNERSHIP) != "idmap":
+            return
+        uid, _, gid = labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
+        for source, point in ((LABEL_WORKSPACE, LABEL_MOUNT), (LABEL_WORK_FOLDER, LABEL_WORK_MOUNT)):
+            if labels.get(source) and labels.get(point):
+                self._idmap(Path(labels[source]), Path(labels[point]), int(uid), int(gid or uid))
+
+    def release(self, name: str) -> None:
+        """Unmount what container ``name`` had (it is gone, or was never made)."""
+        for what in ("work", "workspace"):
+            point = self._point(name, what)
+            if point.parent.exists():
+                idmap.unmount(point)
+
+    def sweep(self, live: set[str]) -> None:
+        """Release the mounts of every container not in ``live`` (removed with `docker rm`)."""
+        base = self._base()
+        if not base.is_dir():
+            return
+        for folder in base.iterdir():
+            if folder.is_dir() and not folder.name.startswith(".") and folder.name not in live:
+                self.release(folder.name)
+
+
+def _unused_host_uid() -> int:
+    """1000 when no host account has it, else the first uid from 100000 that none has:
+    what a sandbox writes must never belong to a real host user."""
+    for uid in (DEFAULT_UID, *range(100_000, 165_536)):
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            return uid
+    return 165_536
