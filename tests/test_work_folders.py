@@ -240,3 +240,19 @@ async def test_jupyterlab_sees_what_cells_write(jp_fetch: Any, jp_serverapp: Any
     assert said == f"{server_env / 'projects' / 'b'} True\n"
     sandboxes = json.loads((await jp_fetch("api", "sandboxes")).body)
     assert [s["id"] for s in sandboxes] == [f"sk-{test_user}"]  # the server's root: the plain id
+
+
+def test_readme_quick_start_shows_the_counter(kenv: KernelEnv, tmp_path: Path) -> None:
+    """The README's quick start as written (examples/hello.ipynb by `jupyter execute`, then
+    `cat examples/runs.txt`), twice: one line per run, kept between kernels."""
+    checkout = tmp_path / "clone"
+    (checkout / "examples").mkdir(parents=True)
+    source = Path(__file__).resolve().parent.parent / "examples" / "hello.ipynb"
+    (checkout / "examples" / "hello.ipynb").write_bytes(source.read_bytes())
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "jupyter execute --kernel_name=sandbox examples/hello.ipynb && cat examples/runs.txt" in readme
+    for run in (1, 2):
+        run_tool(kenv, checkout, sys.executable, "-m", "jupyter", "execute", "--kernel_name=sandbox", "examples/hello.ipynb")
+        lines = (checkout / "examples" / "runs.txt").read_text().splitlines()
+        assert len(lines) == run and all("uid 1000" in line and "sandbox " in line for line in lines), lines
+    assert len({line.split("sandbox ")[1] for line in lines}) == 1  # the same sandbox both times

@@ -1,0 +1,82 @@
+"""Building and installing from source, as a newcomer does it: one version, and one line
+(not a yarn traceback) when Node.js is missing. No engine needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sandbox_kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fake_node(folder: Path, version: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    node = folder / "node"
+    node.write_text(f"#!/bin/sh\necho {version}\n")
+    node.chmod(0o755)
+    return folder
+
+
+def test_one_version() -> None:
+    """The package, its metadata and the lab extension say the same version."""
+    npm = json.loads((ROOT / "labextension" / "package.json").read_text())["version"]
+    assert sandbox_kernel.__version__ == npm
+    assert 'dynamic = ["version"]' in (ROOT / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("node_version", "expected"),
+    [(None, "`node` is not on PATH"), ("v12.22.9", "is v12.22.9"), ("v20.11.1", None)],
+)
+def test_node_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_version: str | None, expected: str | None) -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from hatch_build import node_problem
+    finally:
+        sys.path.remove(str(ROOT))
+    bin_dir = _fake_node(tmp_path / "bin", node_version) if node_version else tmp_path / "empty"
+    bin_dir.mkdir(exist_ok=True)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    source = tmp_path / "src"
+    source.mkdir()
+    problem = node_problem(source)
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem is not None and expected in problem and "Node.js 18 or newer" in problem
+    # A tree whose panel is built needs no node at all.
+    built = source / "jupyter_ext" / "labextension" / "static"
+    built.mkdir(parents=True)
+    (built / "style.js").write_text("")
+    assert node_problem(source) is None
+
+
+def test_pip_install_without_node_says_so_in_one_line(tmp_path: Path) -> None:
+    """The real build (pip, hatchling, the jupyter-builder hook) on a clean copy of the
+    sources, with no `node` on PATH: the failure names Node.js and no traceback shows."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    source = tmp_path / "src"
+    for name in tracked:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    no_node = tmp_path / "bin"
+    no_node.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
+    env["PATH"] = str(no_node)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(tmp_path / "out"), str(source)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "needs Node.js 18 or newer" in output and "apt-get install nodejs" in output, output
+    assert "Traceback" not in output, output
