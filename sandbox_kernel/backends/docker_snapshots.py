@@ -94,9 +94,19 @@ class DockerSnapshots:
 
     def _images(self, labels: list[str]) -> list[dict[str, Any]]:
         """Listing entries of our snapshot images with ``labels`` (summaries: no inspect
-        each, so an image removed meanwhile cannot fail the listing)."""
+        each, so an image removed meanwhile cannot fail the listing).
+
+        An image built from a snapshot inherits its labels; one tagged outside our
+        repository is such a child, not a snapshot. A snapshot with no tag left (untagged
+        while a sandbox still uses it) is still one.
+        """
         with engine_errors("list snapshots"):
-            return self._client().api.images(filters={"label": [*labels, f"{LABEL_INSTALLATION}={self._installation}"]})
+            found = self._client().api.images(filters={"label": [*labels, f"{LABEL_INSTALLATION}={self._installation}"]})
+        return [image for image in found if self._in_repository(image)]
+
+    def _in_repository(self, image: dict[str, Any]) -> bool:
+        tags = [tag for tag in image.get("RepoTags") or [] if tag != "<none>:<none>"]
+        return not tags or any(tag.startswith(f"{self.repository}:") for tag in tags)
 
     def _in_use(self, ref: str, name: str) -> Conflict | None:
         """The refusal to delete snapshot ``ref`` while sandboxes made from it exist."""
