@@ -269,7 +269,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     shipped = Path(__file__).parent / "resources"
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")
-        for logo in shipped.glob("logo-*.png"):
+        for logo in shipped.glob("logo-*"):  # the launcher's icon (32, 64 and SVG)
             shutil.copy(logo, tmp)
         dest = KernelSpecManager().install_kernel_spec(
             tmp, args.name, user=args.user, prefix=sys.prefix if args.sys_prefix else args.prefix

@@ -415,8 +415,10 @@ def test_install_kernelspec_variant(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    spec = json.loads((tmp_path / "share" / "jupyter" / "kernels" / "sandbox-big" / "kernel.json").read_text())
+    installed = tmp_path / "share" / "jupyter" / "kernels" / "sandbox-big"
+    spec = json.loads((installed / "kernel.json").read_text())
     assert spec["display_name"] == "Python 3 (sandbox, large)"
+    assert sorted(p.name for p in installed.glob("logo-*")) == ["logo-32x32.png", "logo-64x64.png", "logo-svg.svg"]
     assert spec["interrupt_mode"] == "message"
     assert spec["argv"][1:3] == ["-m", "sandbox_kernel"]
     # Another image: the variant's sandboxes are its own (a flavor alone would resize).

@@ -59,15 +59,24 @@ def test_node_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_versio
     assert node_problem(source) is None
 
 
+def _clean_copy(dest: Path, with_built_panel: bool = False) -> Path:
+    """The sources as a fresh clone has them (optionally with the panel already built,
+    which saves a node build): nothing of a developer's tree besides."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    built = ROOT / "jupyter_ext" / "labextension"
+    if with_built_panel and (built / "static" / "style.js").exists():
+        shutil.copytree(built, dest / "jupyter_ext" / "labextension", ignore=shutil.ignore_patterns("install.json", "build_log.json"))
+    return dest
+
+
 def test_pip_install_without_node_says_so_in_one_line(tmp_path: Path) -> None:
     """The real build (pip, hatchling, the jupyter-builder hook) on a clean copy of the
     sources, with no `node` on PATH: the failure names Node.js and no traceback shows."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    source = tmp_path / "src"
-    for name in tracked:
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
+    source = _clean_copy(tmp_path / "src")
     no_node = tmp_path / "bin"
     no_node.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
@@ -80,3 +89,34 @@ def test_pip_install_without_node_says_so_in_one_line(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "needs Node.js 18 or newer" in output and "apt-get install nodejs" in output, output
     assert "Traceback" not in output, output
+
+
+def test_wheel_ships_what_an_installation_needs(tmp_path: Path) -> None:
+    """The wheel as pip builds it: the kernelspec with its logos, the server extension's
+    config, the built panel with its settings schema, the programs sent into sandboxes."""
+    import zipfile
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(tmp_path), str(_clean_copy(tmp_path / "src", with_built_panel=True))],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (wheel,) = tmp_path.glob("sandbox_kernel-*.whl")
+    assert wheel.name.startswith(f"sandbox_kernel-{sandbox_kernel.__version__}-")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = f"sandbox_kernel-{sandbox_kernel.__version__}.data/data/share/jupyter"
+    for needed in [
+        f"{data}/kernels/sandbox/kernel.json",
+        f"{data}/kernels/sandbox/logo-32x32.png",
+        f"{data}/kernels/sandbox/logo-64x64.png",
+        f"{data}/kernels/sandbox/logo-svg.svg",
+        f"{data}/labextensions/sandbox-kernel-labextension/package.json",
+        f"{data}/labextensions/sandbox-kernel-labextension/install.json",
+        "sandbox_kernel/agent/agent.py",
+        "sandbox_kernel/agent/boot.py",
+        "sandbox_kernel/resources/logo-64x64.png",
+    ]:
+        assert needed in names, needed
+    assert any(n.startswith(f"{data}/labextensions/sandbox-kernel-labextension/static/") for n in names)
+    assert any(n.endswith("jupyter_server_config.d/jupyter_ext.json") for n in names)
