@@ -10,16 +10,17 @@ every SDK call in the Docker backend runs inside :func:`engine_errors`, and
 * 404 -> :class:`SandboxNotFound`, naming the sandbox when the call was about one
   (it was removed behind our back: ``docker rm -f`` while we worked on it);
 * 409 -> :class:`Conflict` (removal already in progress, not running, image in use);
-* 400 and the SDK's own argument checks -> :class:`BadRequest` with Docker's reason;
-* the engine does not answer -> :class:`EngineUnavailable` saying how to start it;
-  an engine that answers 5xx is unwell -> :class:`EngineUnavailable` too, as Daytona's
-  5xx are (the operation, not the request, failed);
-* anything else the engine refuses -> the caller's ``refused`` class (creating and
-  starting say :class:`SandboxFailed`, as the backend interface promises).
+* no answer (no socket, a refused connection, a timeout) -> :class:`EngineUnavailable`
+  saying what to do: the message the kernel's first cell shows;
+* any other refusal -> the class the caller names for it, when it names one (creating
+  and starting name :class:`SandboxFailed`, as the backend interface promises);
+  else 400 and the SDK's own argument checks -> :class:`BadRequest`, 5xx ->
+  :class:`EngineUnavailable` (the engine is unwell, as Daytona's 5xx are), and any
+  other status -> :class:`SandboxError`.
 
-Docker's explanation is kept but cleaned to one line: it can hold newlines, a
-64-digit container id and a runtime's stack of "caused by" parts, and every message
-here ends up as one line in a cell, a CLI error or a JSON ``message``.
+Docker's explanation is kept but cleaned to one line (it can hold newlines and
+64-digit ids), because every message here ends up as one line in a cell, a CLI error
+or a JSON ``message``.
 
 Also here: :func:`exec_failure`, for the one engine failure that arrives as process
 output rather than an exception (``docker exec`` of a missing command).
