@@ -43,6 +43,7 @@ class SandboxExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         # Kernels and terminals this server starts inherit its environment: tell them the
         # server's root folder, the primary work folder mounted into sandboxes.
+        assert self.serverapp is not None  # set before extensions initialize
         os.environ.setdefault("SANDBOX_KERNEL_SERVER_ROOT", str(Path(self.serverapp.root_dir).resolve()))
         try:
             config = load_config(config=self.config)

@@ -17,6 +17,7 @@ from typing import Any
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
+from tornado.http1connection import HTTP1Connection
 
 from sandbox_kernel.errors import (
     BadRequest,
@@ -167,7 +168,7 @@ class FileHandler(BaseHandler):
     _upload: Upload | RemoteUpload | None = None
     _refused: web.HTTPError | None = None
 
-    async def prepare(self) -> None:
+    async def prepare(self) -> None:  # type: ignore[override]  # APIHandler's takes no arguments
         # With a streamed body, put() runs only after the body arrived: check who is
         # asking and how much before a byte is written.
         await super().prepare()
@@ -186,7 +187,8 @@ class FileHandler(BaseHandler):
             raise web.HTTPError(413, log_message=f"the file is {length} bytes; the limit is {limit} bytes")
         # Bodies of unknown length (chunked) are checked as they come; a body far past
         # the limit is cut off rather than read forever.
-        self.request.connection.set_max_body_size(2 * limit + DISCARD_SLACK)
+        if isinstance(self.request.connection, HTTP1Connection):
+            self.request.connection.set_max_body_size(2 * limit + DISCARD_SLACK)
         workspace = await self.call(self.service.workspace, self.owner, self.path_kwargs["sandbox_id"])
         self._upload = await self.call(workspace.start_upload, self.path_kwargs["path"])
 
@@ -249,7 +251,8 @@ class FileHandler(BaseHandler):
         except SandboxError as exc:
             # Headers (and the length) are sent: the only honest end is a cut connection.
             self.log.warning("download of %s cut short: %s", shorten(path), exc)
-            self.request.connection.close()
+            if isinstance(self.request.connection, HTTP1Connection):
+                self.request.connection.close()
             return
         finally:
             chunks.close()  # the file's descriptor, also when the client went away

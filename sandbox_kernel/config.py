@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ def parse_size(text: str | int) -> int:
     return int(value)
 
 
-class ByteSize(Int):  # type: ignore[type-arg]
+class ByteSize(Int):
     """An Int of bytes that also takes sizes with units, from files and the environment."""
 
     def validate(self, obj: Any, value: Any) -> int:
@@ -326,7 +327,7 @@ def _file_config(paths: list[str]) -> Config:
     return merged
 
 
-def _env_overrides(trait_names: list[str], environ: dict[str, str] | os._Environ) -> dict[str, str]:
+def _env_overrides(trait_names: list[str], environ: Mapping[str, str]) -> dict[str, str]:
     return {
         name: environ[ENV_PREFIX + name.upper()]
         for name in trait_names
@@ -340,7 +341,7 @@ OTHER_ENV = frozenset({"SERVER_ROOT", "LOCAL_NO_BWRAP"})
 TEST_ENV_PREFIXES = ("TEST_", "REQUIRE_")
 
 
-def unknown_env_names(environ: dict[str, str] | os._Environ) -> list[str]:
+def unknown_env_names(environ: Mapping[str, str]) -> list[str]:
     """``SANDBOX_KERNEL_*`` variables that name no setting (a misspelt one is ignored
     otherwise: the user would wonder why their flavor did not apply)."""
     known = {name.upper() for name in SandboxConfig.class_trait_names(config=True)} | OTHER_ENV
@@ -371,8 +372,8 @@ def load_config(
 
     Raises :class:`ConfigError` naming the bad setting instead of a traitlets traceback.
     """
-    environ = os.environ if environ is None else environ
-    unknown_env = unknown_env_names(environ)
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    unknown_env = unknown_env_names(env)
     if unknown_env:
         _warn_unknown_env(tuple(unknown_env))
     merged = _file_config(jupyter_config_path())
@@ -391,7 +392,7 @@ def load_config(
     # that personal choices (variants) are told apart from.
     cfg.file_values = {name: getattr(cfg, name) for name in section}
     later: list[tuple[str, Any, str]] = []
-    for name, raw in _env_overrides(trait_names, environ).items():
+    for name, raw in _env_overrides(trait_names, env).items():
         later.append((name, raw, ENV_PREFIX + name.upper()))
     later.extend((k, v, k) for k, v in overrides.items() if v is not None)
     for name, value, source in later:

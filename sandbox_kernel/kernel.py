@@ -92,7 +92,7 @@ class SandboxKernel(Kernel):
         return self.sandbox.open()
 
     @property
-    def execution_count(self) -> int:  # type: ignore[override]
+    def execution_count(self) -> int:
         """The number the next stored cell gets: the sandbox interpreter's, as ipykernel
         reports its shell's, so execute_input, Out[n] and the reply agree. KernelBase's
         own increments are ignored."""
@@ -176,7 +176,7 @@ class SandboxKernel(Kernel):
         return self._agent
 
     # -- execute ---------------------------------------------------------------------
-    async def do_execute(  # type: ignore[override]
+    async def do_execute(
         self,
         code: str,
         silent: bool,
@@ -258,6 +258,7 @@ class SandboxKernel(Kernel):
     def _send(self, parent: dict[str, Any], msg_type: str, content: dict[str, Any], **kwargs: Any) -> None:
         """Publish on IOPub as a reply to ``parent`` (not to whatever ipykernel handles now:
         it hands over comm messages while a cell runs)."""
+        assert self.session is not None  # set by the kernel app before any request
         self.session.send(self.iopub_socket, msg_type, content, parent=parent, ident=self._topic(msg_type), **kwargs)
 
     def _publish_comm(self, parent: dict[str, Any], msg: dict[str, Any]) -> None:
@@ -292,6 +293,7 @@ class SandboxKernel(Kernel):
     async def comm_info_request(self, stream: Any, ident: Any, parent: Any) -> None:
         reply = await self._ask("comm_info", target_name=(parent.get("content") or {}).get("target_name"))
         content = {"status": "ok", "comms": reply.get("comms", {}) if reply.get("status") == "ok" else {}}
+        assert self.session is not None
         self.session.send(stream, "comm_info_reply", content, parent, ident)
 
     async def _answer_input(self, agent: AgentConnection, msg: dict[str, Any], stdin_parent: Any) -> None:
@@ -334,23 +336,23 @@ class SandboxKernel(Kernel):
         except Exception as exc:
             return {"status": "error", "ename": type(exc).__name__, "evalue": one_line(exc), "traceback": []}
 
-    async def do_complete(self, code: str, cursor_pos: int) -> dict[str, Any]:  # type: ignore[override]
+    async def do_complete(self, code: str, cursor_pos: int) -> dict[str, Any]:
         reply = await self._ask("complete", code=code, cursor_pos=cursor_pos)
         if reply.get("status") != "ok":
             return {"status": "ok", "matches": [], "cursor_start": cursor_pos, "cursor_end": cursor_pos, "metadata": {}}
         return reply
 
-    async def do_inspect(self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()) -> dict[str, Any]:  # type: ignore[override]
+    async def do_inspect(self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()) -> dict[str, Any]:
         reply = await self._ask("inspect", code=code, cursor_pos=cursor_pos, detail_level=detail_level)
         if reply.get("status") != "ok":
             return {"status": "ok", "found": False, "data": {}, "metadata": {}}
         return reply
 
-    async def do_is_complete(self, code: str) -> dict[str, Any]:  # type: ignore[override]
+    async def do_is_complete(self, code: str) -> dict[str, Any]:
         reply = await self._ask("is_complete", code=code)
         return reply if reply.get("status") in ("complete", "incomplete", "invalid") else {"status": "unknown"}
 
-    async def do_history(  # type: ignore[override]
+    async def do_history(
         self,
         hist_access_type: str,
         output: bool,
@@ -368,7 +370,7 @@ class SandboxKernel(Kernel):
         )
         return reply if reply.get("status") == "ok" else {"status": "ok", "history": []}
 
-    async def do_shutdown(self, restart: bool) -> dict[str, Any]:  # type: ignore[override]
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         """End the interpreter; the sandbox stays for the next kernel."""
         agent, self._agent = self._agent, None
         if self.sandbox is not None:
@@ -396,6 +398,7 @@ class SandboxKernel(Kernel):
                 agent.send(op="interrupt")
             except SandboxError as exc:
                 content = {"status": "error", "ename": "SandboxError", "evalue": str(exc), "traceback": []}
+        assert self.session is not None
         self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
 

@@ -52,7 +52,7 @@ def private_socket_folder() -> str:
     )
 
 
-class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
+class SandboxProvisioner(LocalProvisioner):
     """A local provisioner that switches the kernel's transport from TCP to IPC."""
 
     transport = Unicode(

@@ -22,6 +22,7 @@ and carry them out; none of them imports this module, the store or the lifecycle
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import re
 import time
@@ -378,7 +379,7 @@ class SandboxService:
             totals["yours"] = len(self.backend.list(user))
         return totals
 
-    def exec(self, info: SandboxInfo, cmd: list[str], timeout: float | None = None, cwd: str = "") -> Any:
+    def exec(self, info: SandboxInfo, cmd: builtins.list[str], timeout: float | None = None, cwd: str = "") -> Any:
         """Run a command in a sandbox as the kernel's interpreter would be run: beneath its
         host work folder, no links, FIFOs or sockets may be made."""
         self.store.touch(self.backend.name, info.id)
@@ -401,7 +402,7 @@ class SandboxService:
         return RemoteWorkspace(self.backend, sandbox_id)
 
     # -- snapshots ------------------------------------------------------------------
-    def snapshots(self, user: str | None) -> list[dict[str, Any]]:
+    def snapshots(self, user: str | None) -> builtins.list[dict[str, Any]]:
         """``user``'s snapshots (None: everyone's, for administrators)."""
         found = self.backend.list_snapshots()
         if user is not None:

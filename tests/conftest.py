@@ -50,6 +50,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def require_bwrap() -> None:
+    """For tests of bubblewrap isolation: skip with the reason where it cannot create
+    namespaces, or fail with ``SANDBOX_KERNEL_REQUIRE_BWRAP=1`` (set by .ci/run), so CI
+    never passes by skipping the isolation it claims to test."""
+    from sandbox_kernel.backends.local import bwrap_works
+
+    bwrap_works.cache_clear()
+    if bwrap_works():
+        return
+    problem = "bubblewrap cannot create namespaces here (apt-get install bubblewrap; unprivileged user namespaces)"
+    if os.environ.get("SANDBOX_KERNEL_REQUIRE_BWRAP") == "1":
+        pytest.fail(f"bubblewrap tests are required here but cannot run: {problem}")
+    pytest.skip(problem)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """No test may pick up the developer's own settings or sandboxes."""
@@ -57,6 +72,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[N
         if name.startswith("SANDBOX_KERNEL_") and name not in (
             "SANDBOX_KERNEL_TEST_IMAGE",
             "SANDBOX_KERNEL_REQUIRE_DOCKER",
+            "SANDBOX_KERNEL_REQUIRE_BWRAP",
         ):
             monkeypatch.delenv(name)
     monkeypatch.delenv("JUPYTERHUB_USER", raising=False)

@@ -9,6 +9,8 @@ import pytest
 from sandbox_kernel.config import ConfigError, load_config
 from sandbox_kernel.identity import ScopeKey, notebook_thread, resolve_user, safe_id, scope_key
 
+pytestmark = pytest.mark.fast
+
 
 def test_defaults_and_env_override() -> None:
     cfg = load_config(environ={})

@@ -26,7 +26,7 @@ from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.kernelspec import kernelspec
 from sandbox_kernel.service import SandboxService
 
-needs_bwrap = pytest.mark.skipif(not bwrap_works(), reason="bubblewrap cannot create namespaces here")
+from .conftest import require_bwrap
 
 
 def config(tmp_path: Path, **extra: object) -> SandboxConfig:
@@ -38,8 +38,8 @@ def config(tmp_path: Path, **extra: object) -> SandboxConfig:
 @pytest.fixture(params=["bwrap", "plain"])
 def service(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxService]:
     """The orchestrator over the local backend, with and without bubblewrap."""
-    if request.param == "bwrap" and not bwrap_works():
-        pytest.skip("bubblewrap cannot create namespaces here")
+    if request.param == "bwrap":
+        require_bwrap()
     if request.param == "plain":
         monkeypatch.setenv("SANDBOX_KERNEL_LOCAL_NO_BWRAP", "1")
     bwrap_works.cache_clear()
@@ -147,8 +147,8 @@ def test_files_confined(backend: LocalBackend, service: SandboxService, tmp_path
     assert secret.read_text() == "host"
 
 
-@needs_bwrap
 def test_bubblewrap_hides_the_host(tmp_path: Path) -> None:
+    require_bwrap()
     bwrap_works.cache_clear()
     service = SandboxService(config(tmp_path))
     backend = service.backend

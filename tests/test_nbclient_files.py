@@ -133,6 +133,7 @@ def run_with(kernel: str, path: Path) -> list[list[dict[str, Any]]]:
     return normalized(nb)
 
 
+@pytest.mark.timeout(900)  # some 30 notebooks, each run by two kernels: a hang guard, not a speed test
 def test_nbclient_notebooks_match_ipykernel(nbclient_files: Path, kenv: KernelEnv) -> None:
     """Every notebook not in DIFFERENT: same outputs, cell by cell, as ipykernel's."""
     checked, mismatched = [], {}

@@ -25,6 +25,7 @@ def _fake_node(folder: Path, version: str) -> Path:
     return folder
 
 
+@pytest.mark.fast
 def test_one_version() -> None:
     """The package, its metadata and the lab extension say the same version."""
     npm = json.loads((ROOT / "labextension" / "package.json").read_text())["version"]
@@ -32,6 +33,7 @@ def test_one_version() -> None:
     assert 'dynamic = ["version"]' in (ROOT / "pyproject.toml").read_text()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("node_version", "expected"),
     [(None, "`node` is not on PATH"), ("v12.22.9", "is v12.22.9"), ("v20.11.1", None)],
@@ -73,6 +75,7 @@ def _clean_copy(dest: Path, with_built_panel: bool = False) -> Path:
     return dest
 
 
+@pytest.mark.fast
 def test_pip_install_without_node_says_so_in_one_line(tmp_path: Path) -> None:
     """The real build (pip, hatchling, the jupyter-builder hook) on a clean copy of the
     sources, with no `node` on PATH: the failure names Node.js and no traceback shows."""

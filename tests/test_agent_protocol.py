@@ -1,0 +1,140 @@
+"""The agent's protocol end to end over the local backend's plain processes: the real
+agent, bootstrap and kernel-side connection, with no engine (part of the fast layer).
+
+One agent per module: starting the interpreter is the slow part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox_kernel.agent import agent_source, bootstrap_command
+from sandbox_kernel.config import load_config
+from sandbox_kernel.connection import AgentConnection, AgentGone
+from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.service import SandboxService
+
+pytestmark = pytest.mark.fast
+
+
+class Agent:
+    """An agent in a plain local sandbox, driven from a private event loop."""
+
+    def __init__(self, root: Path) -> None:
+        cfg = load_config(environ={}, backend="local", workspace_root=str(root / "ws"), state_dir=str(root / "st"))
+        self.service = SandboxService(cfg)
+        self.info = self.service.ensure(ScopeKey("proto")).info
+        channel = self.service.backend.open_channel(self.info.id, bootstrap_command(), cwd="/", env={})
+        self.conn = AgentConnection(channel, max_line=1 << 20)
+        self.conn.start(agent_source())
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._attach(), self.loop).result(10)
+
+    async def _attach(self) -> None:
+        self.conn.attach(asyncio.get_running_loop())
+
+    def ask(self, op: str, timeout: float = 30, during: Any = None, **fields: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Send one request; its (reply, events). ``during`` runs once the request is sent."""
+        events: list[dict[str, Any]] = []
+
+        async def go() -> dict[str, Any]:
+            req = self.conn.request(op, lambda msg, _size: events.append(msg), **fields)
+            return await asyncio.wait_for(req.reply, timeout)
+
+        future = asyncio.run_coroutine_threadsafe(go(), self.loop)
+        if during is not None:
+            during()
+        return future.result(timeout + 5), events
+
+    def execute(self, code: str, **fields: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        defaults = {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False}
+        return self.ask("execute", **{**defaults, **fields})
+
+    def close(self) -> None:
+        self.conn.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.service.backend.stop(self.info.id)
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SANDBOX_KERNEL_LOCAL_NO_BWRAP", "1")  # plain processes: the protocol, not the isolation
+        running = Agent(tmp_path_factory.mktemp("proto"))
+        yield running
+        running.close()
+
+
+def streams(events: list[dict[str, Any]], name: str = "stdout") -> str:
+    return "".join(e["text"] for e in events if e.get("ev") == "stream" and e.get("name") == name)
+
+
+def test_ready_says_what_runs(agent: Agent) -> None:
+    assert agent.conn.ready["ev"] == "ready" and agent.conn.ready["python_version"].count(".") == 2
+
+
+def test_execute_streams_results_and_counts(agent: Agent) -> None:
+    reply, events = agent.execute("x = 6\nprint('hi')\nx * 7")
+    assert reply["status"] == "ok" and streams(events) == "hi\n"
+    (result,) = [e for e in events if e["ev"] == "result"]
+    assert result["data"]["text/plain"] == "42" and result["execution_count"] == reply["execution_count"]
+    again, _ = agent.execute("x")
+    assert again["execution_count"] == reply["execution_count"] + 1  # the interpreter kept x and counted
+
+
+def test_errors_are_replies_not_crashes(agent: Agent) -> None:
+    reply, events = agent.execute("1/0")
+    assert (reply["status"], reply["ename"]) == ("error", "ZeroDivisionError")
+    assert any(e["ev"] == "error" and e["ename"] == "ZeroDivisionError" for e in events)
+    assert agent.execute("print('still here')")[1][-1]["text"] == "still here\n"
+
+
+def test_interrupt_keeps_the_interpreter(agent: Agent) -> None:
+    agent.execute("kept = 'yes'")
+
+    def interrupt() -> None:
+        time.sleep(1.0)
+        agent.conn.send(op="interrupt")
+
+    reply, _ = agent.ask("execute", during=interrupt, code="import time\nfor _ in range(300): time.sleep(0.1)",
+                         silent=False, store_history=True, user_expressions={}, allow_stdin=False)
+    assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
+    assert streams(agent.execute("print(kept)")[1]) == "yes\n"
+
+
+def test_input_without_stdin_is_refused_in_one_line(agent: Agent) -> None:
+    reply, events = agent.execute("input('name? ')")
+    assert reply["status"] == "error"
+    assert not any(e["ev"] == "input_request" for e in events)  # never asks a frontend that cannot answer
+
+
+def test_complete_inspect_is_complete(agent: Agent) -> None:
+    agent.execute("import json")
+    complete, _ = agent.ask("complete", code="json.du", cursor_pos=7)
+    spliced = {"json.du"[: complete["cursor_start"]] + m + "json.du"[complete["cursor_end"]:] for m in complete["matches"]}
+    assert "json.dumps" in spliced
+    inspect, _ = agent.ask("inspect", code="json.dumps", cursor_pos=10, detail_level=0)
+    assert inspect["found"] is True
+    assert agent.ask("is_complete", code="for i in range(3):")[0]["status"] == "incomplete"
+
+
+def test_the_end_of_the_channel_ends_every_request(agent: Agent, tmp_path: Path) -> None:
+    """A second agent whose interpreter exits mid-cell: the request fails with AgentGone
+    at once, no hang, and later requests fail the same way."""
+    other = Agent(tmp_path)
+    try:
+        with pytest.raises(AgentGone):
+            other.execute("import os, sys\nprint('bye', flush=True)\nos._exit(3)")
+        with pytest.raises(AgentGone):
+            other.execute("1")
+        assert other.conn.alive is False
+    finally:
+        other.close()
