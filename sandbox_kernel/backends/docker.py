@@ -210,23 +210,26 @@ class DockerBackend(Backend):
     def _lost_race(self, name: str, sandbox_id: str) -> SandboxError:
         """Why the name was taken: by the winner of a create race (take its container), or
         by a container that is not ours (never touched)."""
-        deadline = time.monotonic() + 5  # the winner's name is taken before it can be looked up
-        while True:
-            try:
-                with engine_errors(f"look up {sandbox_id}"):
-                    labels = self.client.containers.get(name).labels
-                break
-            except SandboxNotFound:
-                if time.monotonic() > deadline:
-                    labels = None
-                    break
-                time.sleep(0.05)
+        labels = self._labels_when_visible(name, sandbox_id)
         if labels is not None and not self._ours(labels):
             return SandboxFailed(
                 f"a container named {name} exists but was not made by this sandbox-kernel "
                 "installation; rename or remove it (we never touch containers that are not ours)"
             )
         return AlreadyExists(f"{sandbox_id} was made by another process")
+
+    def _labels_when_visible(self, name: str, sandbox_id: str) -> dict[str, str] | None:
+        """The labels of container ``name``, waiting a little for it: the winner of a
+        create race takes the name before it can be looked up. None if it never shows."""
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                with engine_errors(f"look up {sandbox_id}"):
+                    return self.client.containers.get(name).labels or {}
+            except SandboxNotFound:
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.05)
 
     def _ensure_image(self, name: str, say: Progress) -> Any:
         """Image ``name``, pulled when it is not here."""
@@ -582,7 +585,7 @@ def _create_failed(sandbox_id: str, runtime: str, error: SandboxError) -> Sandbo
 @cache
 def _program(name: str) -> str:
     """The source of a program of ``programs/`` that runs inside the sandbox (``python3 -c``)."""
-    return files(__package__).joinpath("programs", f"{name}.py").read_text(encoding="utf-8")
+    return (files(__package__) / "programs" / f"{name}.py").read_text(encoding="utf-8")
 
 
 def _process_identity(host_pid: int) -> tuple[int, str] | None:
