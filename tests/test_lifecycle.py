@@ -19,7 +19,6 @@ import docker
 import pytest
 
 from sandbox_kernel.backends.base import (
-    LABEL_MANAGED,
     BadRequest,
     Conflict,
     QuotaExceeded,
@@ -134,7 +133,8 @@ def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConf
             with pytest.raises(docker.errors.NotFound):
                 client.containers.get(engine_name(service.installation, gone))
         assert backend.get(resized.id).limits["memory"] == 1 << 30
-        assert half.id  # created above
+        with pytest.raises(docker.errors.NotFound):  # the half-created container itself
+            client.containers.get(half.id)
         assert client.containers.get(foreign.id).status == "running"
         assert client.containers.get(labelled_foreign.id).status == "created"
     finally:
@@ -172,12 +172,11 @@ def test_quotas(make_config: Callable[..., SandboxConfig], test_user: str) -> No
     if len(mine) >= 2:
         pytest.skip("other sandboxes on this engine exceed the test quota")
     created = [service.ensure(ScopeKey(f"{test_user}-{i}")).info.id for i in range(2 - len(mine))]
-    started = time.monotonic()
     with pytest.raises(QuotaExceeded) as err:
         service.ensure(ScopeKey(f"{test_user}-over"))
-    assert time.monotonic() - started < 10
     assert "max_sandboxes=2" in str(err.value) and "sandbox-kernel destroy" in str(err.value)
-    assert created
+    listed = {i.id for i in backend.list()}
+    assert set(created) <= listed and service.sandbox_id(ScopeKey(f"{test_user}-over")) not in listed  # refused: nothing made
     service.ensure(ScopeKey(f"{test_user}-0"))  # an existing one is still reachable
     mem_cfg = make_config(max_sandboxes=0, max_total_memory="1m")
     with pytest.raises(QuotaExceeded, match="max_total_memory=1m"):
@@ -271,4 +270,3 @@ def test_cli_gc_stats_snapshot(make_config: Callable[..., SandboxConfig], test_u
         assert "deleted" in cli("snapshot", "delete", name).stdout
     finally:
         remove_user_snapshots(test_user)
-    assert LABEL_MANAGED
