@@ -250,7 +250,9 @@ export class SandboxAPI {
     return new Promise((resolve, reject) => {
       const xhr = new XMLHttpRequest();
       xhr.open('PUT', this.url(route));
-      for (const [name, value] of Object.entries(authHeaders(this.serverSettings))) {
+      for (const [name, value] of Object.entries(
+        authHeaders(this.serverSettings)
+      )) {
         xhr.setRequestHeader(name, value);
       }
       xhr.setRequestHeader('Content-Type', 'application/octet-stream');
@@ -264,18 +266,27 @@ export class SandboxAPI {
           onProgress(1);
           resolve(JSON.parse(xhr.responseText));
         } else {
-          reject(new ApiError(xhr.status, messageOf(xhr.responseText, xhr.statusText)));
+          reject(
+            new ApiError(
+              xhr.status,
+              messageOf(xhr.responseText, xhr.statusText)
+            )
+          );
         }
       };
       xhr.onerror = () =>
-        reject(new ApiError(0, 'the Jupyter server does not answer (upload failed)'));
+        reject(
+          new ApiError(0, 'the Jupyter server does not answer (upload failed)')
+        );
       xhr.send(data);
     });
   }
 }
 
 /** The headers makeRequest would add: the token and the XSRF cookie. */
-export function authHeaders(settings: ServerConnection.ISettings): Record<string, string> {
+export function authHeaders(
+  settings: ServerConnection.ISettings
+): Record<string, string> {
   const headers: Record<string, string> = {};
   if (settings.token) {
     headers['Authorization'] = `token ${settings.token}`;

@@ -1,5 +1,10 @@
 /** React views of the panel's sections; every action goes through the models. */
-import { Dialog, InputDialog, Notification, showDialog } from '@jupyterlab/apputils';
+import {
+  Dialog,
+  InputDialog,
+  Notification,
+  showDialog
+} from '@jupyterlab/apputils';
 import {
   deleteIcon,
   downloadIcon,
@@ -13,7 +18,13 @@ import {
 } from '@jupyterlab/ui-components';
 import * as React from 'react';
 
-import { ApiError, describeStatus, IFileEntry, ISandbox, ISnapshot } from './api';
+import {
+  ApiError,
+  describeStatus,
+  IFileEntry,
+  ISandbox,
+  ISnapshot
+} from './api';
 import {
   lifetime,
   formatAgo,
@@ -32,16 +43,25 @@ import { FilesModel, SandboxesModel } from './model';
 /** Show an API error as a JupyterLab notification, with the server's message. */
 export function notifyError(what: string, error: unknown): void {
   const apiError =
-    error instanceof ApiError ? error : new ApiError(-1, String((error as Error)?.message ?? error));
-  const prefix = apiError.status >= 0 ? `${describeStatus(apiError.status)}: ` : '';
-  Notification.error(`${what} failed. ${prefix}${apiError.message}`, { autoClose: 8000 });
+    error instanceof ApiError
+      ? error
+      : new ApiError(-1, String((error as Error)?.message ?? error));
+  const prefix =
+    apiError.status >= 0 ? `${describeStatus(apiError.status)}: ` : '';
+  Notification.error(`${what} failed. ${prefix}${apiError.message}`, {
+    autoClose: 8000
+  });
 }
 
-export async function askSnapshot(model: SandboxesModel, sandbox: ISandbox): Promise<void> {
+export async function askSnapshot(
+  model: SandboxesModel,
+  sandbox: ISandbox
+): Promise<void> {
   const stamp = new Date().toISOString().slice(0, 16).replace(/[-:T]/g, '');
   const result = await InputDialog.getText({
     title: `Snapshot ${sandbox.id}`,
-    label: 'Snapshot name (lowercase letters, digits, ".", "_" or "-"). The workspace is not included.',
+    label:
+      'Snapshot name (lowercase letters, digits, ".", "_" or "-"). The workspace is not included.',
     text: `${sandbox.id.replace(/^sk-/, '').slice(0, 40)}-${stamp}`.toLowerCase(),
     okLabel: 'Snapshot'
   });
@@ -51,13 +71,19 @@ export async function askSnapshot(model: SandboxesModel, sandbox: ISandbox): Pro
   const name = result.value.trim();
   try {
     const snap = await model.snapshot(sandbox.id, name);
-    Notification.success(`Snapshot ${snap.name} saved (${formatBytes(snap.size)})`, { autoClose: 4000 });
+    Notification.success(
+      `Snapshot ${snap.name} saved (${formatBytes(snap.size)})`,
+      { autoClose: 4000 }
+    );
   } catch (error) {
     notifyError(`Snapshot of ${sandbox.id}`, error);
   }
 }
 
-export async function confirmDestroy(model: SandboxesModel, sandbox: ISandbox): Promise<void> {
+export async function confirmDestroy(
+  model: SandboxesModel,
+  sandbox: ISandbox
+): Promise<void> {
   const kernels = sandbox.kernels
     ? ` ${sandbox.kernels} kernel(s) using it will lose their variables.`
     : '';
@@ -73,7 +99,9 @@ export async function confirmDestroy(model: SandboxesModel, sandbox: ISandbox): 
   }
   try {
     await model.destroy(sandbox.id);
-    Notification.success(`Destroyed ${sandbox.id}; its workspace is kept`, { autoClose: 4000 });
+    Notification.success(`Destroyed ${sandbox.id}; its workspace is kept`, {
+      autoClose: 4000
+    });
   } catch (error) {
     notifyError(`Destroying ${sandbox.id}`, error);
   }
@@ -136,7 +164,9 @@ function SandboxCard(props: {
         <span className="jp-SandboxPanel-name" title={s.id}>
           {s.id}
         </span>
-        <span className="jp-SandboxPanel-state">{busy ? 'working…' : s.state}</span>
+        <span className="jp-SandboxPanel-state">
+          {busy ? 'working…' : s.state}
+        </span>
       </div>
       <dl className="jp-SandboxPanel-facts">
         <dt>Scope</dt>
@@ -189,11 +219,25 @@ function SandboxCard(props: {
       </dl>
       <div className="jp-SandboxPanel-actions">
         {s.state === 'running' ? (
-          <ActionButton icon={stopIcon} label={`Stop ${s.id}`} disabled={busy} onClick={act('Stopping', () => model.stop(s.id))} />
+          <ActionButton
+            icon={stopIcon}
+            label={`Stop ${s.id}`}
+            disabled={busy}
+            onClick={act('Stopping', () => model.stop(s.id))}
+          />
         ) : (
-          <ActionButton icon={runIcon} label={`Start ${s.id}`} disabled={busy} onClick={act('Starting', () => model.start(s.id))} />
+          <ActionButton
+            icon={runIcon}
+            label={`Start ${s.id}`}
+            disabled={busy}
+            onClick={act('Starting', () => model.start(s.id))}
+          />
         )}
-        <ActionButton icon={filesIcon} label={`Browse files of ${s.id}`} onClick={() => props.onBrowse(s.id)} />
+        <ActionButton
+          icon={filesIcon}
+          label={`Browse files of ${s.id}`}
+          onClick={() => props.onBrowse(s.id)}
+        />
         <ActionButton
           icon={cameraIcon}
           label={`Snapshot ${s.id}`}
@@ -215,9 +259,15 @@ function SandboxCard(props: {
 function ErrorBanner({ error }: { error: ApiError }): JSX.Element {
   return (
     <div className="jp-SandboxPanel-error" role="alert">
-      <strong>{error.unreachable ? 'Server unreachable' : describeStatus(error.status)}</strong>
+      <strong>
+        {error.unreachable
+          ? 'Server unreachable'
+          : describeStatus(error.status)}
+      </strong>
       <span>{error.message}</span>
-      <span className="jp-SandboxPanel-hint">Retrying with backoff; the list is hidden until it answers.</span>
+      <span className="jp-SandboxPanel-hint">
+        Retrying with backoff; the list is hidden until it answers.
+      </span>
     </div>
   );
 }
@@ -232,7 +282,9 @@ export class SandboxesView extends ReactWidget {
     this.addClass('jp-SandboxPanel-sandboxes');
     model.revealRequested.connect((_, id) => {
       requestAnimationFrame(() => {
-        const card = this.node.querySelector(`[data-sandbox-id="${CSS.escape(id)}"]`) as HTMLElement | null;
+        const card = this.node.querySelector(
+          `[data-sandbox-id="${CSS.escape(id)}"]`
+        ) as HTMLElement | null;
         card?.scrollIntoView({ block: 'nearest' });
         card?.focus();
       });
@@ -253,14 +305,21 @@ export class SandboxesView extends ReactWidget {
           if (m.sandboxes.length === 0) {
             return (
               <div className="jp-SandboxPanel-empty">
-                No sandboxes. Run a cell in a notebook with the “Python 3 (sandbox)” kernel to make one.
+                No sandboxes. Run a cell in a notebook with the “Python 3
+                (sandbox)” kernel to make one.
               </div>
             );
           }
           return (
             <ul className="jp-SandboxPanel-list" aria-label="Sandboxes">
               {m.sandboxes.map(s => (
-                <SandboxCard key={s.id} sandbox={s} model={m} files={this.files} onBrowse={this.onBrowse} />
+                <SandboxCard
+                  key={s.id}
+                  sandbox={s}
+                  model={m}
+                  files={this.files}
+                  onBrowse={this.onBrowse}
+                />
               ))}
             </ul>
           );
@@ -270,17 +329,24 @@ export class SandboxesView extends ReactWidget {
   }
 }
 
-function SnapshotRow(props: { snapshot: ISnapshot; model: SandboxesModel }): JSX.Element {
+function SnapshotRow(props: {
+  snapshot: ISnapshot;
+  model: SandboxesModel;
+}): JSX.Element {
   const { snapshot: snap, model } = props;
   const busy = model.isBusy(`snapshot:${snap.name}`);
   const start = () => {
     model
       .startFromSnapshot(snap.name)
       .then(s => {
-        Notification.success(`Started ${s.id} from snapshot ${snap.name}`, { autoClose: 4000 });
+        Notification.success(`Started ${s.id} from snapshot ${snap.name}`, {
+          autoClose: 4000
+        });
         model.reveal(s.id);
       })
-      .catch(error => notifyError(`Starting a sandbox from ${snap.name}`, error));
+      .catch(error =>
+        notifyError(`Starting a sandbox from ${snap.name}`, error)
+      );
   };
   const remove = async () => {
     const result = await showDialog({
@@ -289,20 +355,38 @@ function SnapshotRow(props: { snapshot: ISnapshot; model: SandboxesModel }): JSX
       buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
     });
     if (result.button.accept) {
-      model.deleteSnapshot(snap.name).catch(error => notifyError(`Deleting snapshot ${snap.name}`, error));
+      model
+        .deleteSnapshot(snap.name)
+        .catch(error => notifyError(`Deleting snapshot ${snap.name}`, error));
     }
   };
   return (
-    <li className={`jp-SandboxPanel-snapshot${busy ? ' jp-mod-busy' : ''}`} data-snapshot={snap.name} tabIndex={0}>
+    <li
+      className={`jp-SandboxPanel-snapshot${busy ? ' jp-mod-busy' : ''}`}
+      data-snapshot={snap.name}
+      tabIndex={0}
+    >
       <div className="jp-SandboxPanel-snapshotText">
         <span className="jp-SandboxPanel-name">{snap.name}</span>
         <span className="jp-SandboxPanel-sub">
-          from {snap.source || '?'} · {formatBytes(snap.size)} · {formatAgo(snap.created)}
+          from {snap.source || '?'} · {formatBytes(snap.size)} ·{' '}
+          {formatAgo(snap.created)}
         </span>
       </div>
       <div className="jp-SandboxPanel-actions">
-        <ActionButton icon={runIcon} label={`Start a new sandbox from ${snap.name}`} disabled={busy} onClick={start} />
-        <ActionButton icon={deleteIcon} label={`Delete snapshot ${snap.name}`} disabled={busy} className="jp-mod-danger" onClick={() => void remove()} />
+        <ActionButton
+          icon={runIcon}
+          label={`Start a new sandbox from ${snap.name}`}
+          disabled={busy}
+          onClick={start}
+        />
+        <ActionButton
+          icon={deleteIcon}
+          label={`Delete snapshot ${snap.name}`}
+          disabled={busy}
+          className="jp-mod-danger"
+          onClick={() => void remove()}
+        />
       </div>
     </li>
   );
@@ -323,10 +407,18 @@ export class SnapshotsView extends ReactWidget {
             return <div className="jp-SandboxPanel-empty">–</div>;
           }
           if (m.snapshotsError) {
-            return <div className="jp-SandboxPanel-empty">{m.snapshotsError.message}</div>;
+            return (
+              <div className="jp-SandboxPanel-empty">
+                {m.snapshotsError.message}
+              </div>
+            );
           }
           if (m.snapshots.length === 0) {
-            return <div className="jp-SandboxPanel-empty">No snapshots. Use the camera button of a sandbox.</div>;
+            return (
+              <div className="jp-SandboxPanel-empty">
+                No snapshots. Use the camera button of a sandbox.
+              </div>
+            );
           }
           return (
             <ul className="jp-SandboxPanel-list" aria-label="Snapshots">
@@ -351,13 +443,19 @@ function FileRow(props: { entry: IFileEntry; files: FilesModel }): JSX.Element {
       buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
     });
     if (result.button.accept) {
-      files.delete(entry).catch(error => notifyError(`Deleting ${entry.path}`, error));
+      files
+        .delete(entry)
+        .catch(error => notifyError(`Deleting ${entry.path}`, error));
     }
   };
   return (
     <li className="jp-SandboxPanel-file" data-path={entry.path}>
       {isDir ? (
-        <button type="button" className="jp-SandboxPanel-fileName jp-SandboxPanel-linkButton" onClick={() => void files.open(files.sandboxId, entry.path)}>
+        <button
+          type="button"
+          className="jp-SandboxPanel-fileName jp-SandboxPanel-linkButton"
+          onClick={() => void files.open(files.sandboxId, entry.path)}
+        >
           <folderIcon.react tag="span" className="jp-SandboxPanel-fileIcon" />
           {entry.name}/
         </button>
@@ -367,7 +465,9 @@ function FileRow(props: { entry: IFileEntry; files: FilesModel }): JSX.Element {
           {entry.name}
         </span>
       )}
-      <span className="jp-SandboxPanel-sub">{isDir ? '' : formatBytes(entry.size)}</span>
+      <span className="jp-SandboxPanel-sub">
+        {isDir ? '' : formatBytes(entry.size)}
+      </span>
       {!isDir && (
         <a
           className="jp-SandboxPanel-action jp-mod-styled"
@@ -376,10 +476,20 @@ function FileRow(props: { entry: IFileEntry; files: FilesModel }): JSX.Element {
           title={`Download ${entry.name}`}
           aria-label={`Download ${entry.name}`}
         >
-          <downloadIcon.react tag="span" className="jp-SandboxPanel-actionIcon" />
+          <downloadIcon.react
+            tag="span"
+            className="jp-SandboxPanel-actionIcon"
+          />
         </a>
       )}
-      {!isDir && <ActionButton icon={deleteIcon} label={`Delete ${entry.name}`} className="jp-mod-danger" onClick={() => void remove()} />}
+      {!isDir && (
+        <ActionButton
+          icon={deleteIcon}
+          label={`Delete ${entry.name}`}
+          className="jp-mod-danger"
+          onClick={() => void remove()}
+        />
+      )}
     </li>
   );
 }
@@ -404,7 +514,9 @@ export class FilesView extends ReactWidget {
   }
 
   upload(list: FileList | File[]): void {
-    this.files.upload(Array.from(list)).catch(error => notifyError('Upload', error));
+    this.files
+      .upload(Array.from(list))
+      .catch(error => notifyError('Upload', error));
   }
 
   render(): JSX.Element {
@@ -420,7 +532,11 @@ function FilesBody({ view }: { view: FilesView }): JSX.Element {
   const files = view.files;
   const [over, setOver] = React.useState(false);
   if (!files.sandboxId) {
-    return <div className="jp-SandboxPanel-empty">Choose “Browse files” on a sandbox.</div>;
+    return (
+      <div className="jp-SandboxPanel-empty">
+        Choose “Browse files” on a sandbox.
+      </div>
+    );
   }
   const crumbs = files.path ? files.path.split('/') : [];
   return (
@@ -443,7 +559,11 @@ function FilesBody({ view }: { view: FilesView }): JSX.Element {
       }}
     >
       <div className="jp-SandboxPanel-crumbs">
-        <button type="button" className="jp-SandboxPanel-linkButton" onClick={() => void files.open(files.sandboxId, '')}>
+        <button
+          type="button"
+          className="jp-SandboxPanel-linkButton"
+          onClick={() => void files.open(files.sandboxId, '')}
+        >
           {files.sandboxId}:/workspace
         </button>
         {crumbs.map((part, i) => (
@@ -452,18 +572,40 @@ function FilesBody({ view }: { view: FilesView }): JSX.Element {
             <button
               type="button"
               className="jp-SandboxPanel-linkButton"
-              onClick={() => void files.open(files.sandboxId, crumbs.slice(0, i + 1).join('/'))}
+              onClick={() =>
+                void files.open(
+                  files.sandboxId,
+                  crumbs.slice(0, i + 1).join('/')
+                )
+              }
             >
               {part}
             </button>
           </React.Fragment>
         ))}
-        <button type="button" className="jp-SandboxPanel-upload jp-mod-styled" onClick={() => view.pickFiles()} aria-label="Upload files">
-          <fileUploadIcon.react tag="span" className="jp-SandboxPanel-actionIcon" /> Upload
+        <button
+          type="button"
+          className="jp-SandboxPanel-upload jp-mod-styled"
+          onClick={() => view.pickFiles()}
+          aria-label="Upload files"
+        >
+          <fileUploadIcon.react
+            tag="span"
+            className="jp-SandboxPanel-actionIcon"
+          />{' '}
+          Upload
         </button>
       </div>
       {files.uploads.map((u, i) => (
-        <div className="jp-SandboxPanel-progress" key={`${u.name}-${i}`} role="progressbar" aria-valuenow={Math.round(u.fraction * 100)} aria-valuemin={0} aria-valuemax={100} aria-label={`Uploading ${u.name}`}>
+        <div
+          className="jp-SandboxPanel-progress"
+          key={`${u.name}-${i}`}
+          role="progressbar"
+          aria-valuenow={Math.round(u.fraction * 100)}
+          aria-valuemin={0}
+          aria-valuemax={100}
+          aria-label={`Uploading ${u.name}`}
+        >
           <span className="jp-SandboxPanel-progressLabel">
             {u.name} · {formatBytes(u.size)} · {Math.round(u.fraction * 100)}%
           </span>
@@ -479,7 +621,11 @@ function FilesBody({ view }: { view: FilesView }): JSX.Element {
         </div>
       ) : (
         <ul className="jp-SandboxPanel-list" aria-label="Files">
-          {files.entries.length === 0 && <li className="jp-SandboxPanel-empty">Empty folder. Drop files here to upload.</li>}
+          {files.entries.length === 0 && (
+            <li className="jp-SandboxPanel-empty">
+              Empty folder. Drop files here to upload.
+            </li>
+          )}
           {files.entries.map(e => (
             <FileRow key={e.path} entry={e} files={files} />
           ))}

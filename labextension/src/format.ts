@@ -133,5 +133,7 @@ export function nextLabel(sandbox: ISandbox, nowMs = Date.now()): string {
   }
   const verb = next.action === 'stop' ? 'stops' : 'removed (workspace kept)';
   const left = next.at - nowMs / 1000;
-  return left <= 0 ? `${verb} at the next cleanup` : `${verb} in ${formatDuration(left)}`;
+  return left <= 0
+    ? `${verb} at the next cleanup`
+    : `${verb} in ${formatDuration(left)}`;
 }

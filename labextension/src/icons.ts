@@ -19,6 +19,15 @@ const filesSvg = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16"
   </g>
 </svg>`;
 
-export const sandboxIcon = new LabIcon({ name: 'sandbox-kernel:sandbox', svgstr: sandboxSvg });
-export const cameraIcon = new LabIcon({ name: 'sandbox-kernel:camera', svgstr: cameraSvg });
-export const filesIcon = new LabIcon({ name: 'sandbox-kernel:files', svgstr: filesSvg });
+export const sandboxIcon = new LabIcon({
+  name: 'sandbox-kernel:sandbox',
+  svgstr: sandboxSvg
+});
+export const cameraIcon = new LabIcon({
+  name: 'sandbox-kernel:camera',
+  svgstr: cameraSvg
+});
+export const filesIcon = new LabIcon({
+  name: 'sandbox-kernel:files',
+  svgstr: filesSvg
+});

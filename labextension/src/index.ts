@@ -60,7 +60,10 @@ class SandboxSidePanel extends SidePanel {
   }
 }
 
-function section(title: string, body: SandboxesView | SnapshotsView | FilesView): PanelWithToolbar {
+function section(
+  title: string,
+  body: SandboxesView | SnapshotsView | FilesView
+): PanelWithToolbar {
   const panel = new PanelWithToolbar();
   panel.title.label = title;
   panel.addClass('jp-SandboxPanel-section');
@@ -70,7 +73,8 @@ function section(title: string, body: SandboxesView | SnapshotsView | FilesView)
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'sandbox-kernel-labextension:plugin',
-  description: 'Side panel for the sandboxes of sandbox-kernel: state, use, files, snapshots.',
+  description:
+    'Side panel for the sandboxes of sandbox-kernel: state, use, files, snapshots.',
   autoStart: true,
   optional: [ILayoutRestorer, ICommandPalette, INotebookTracker, IStatusBar],
   activate: (
@@ -126,7 +130,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     // The files of a destroyed sandbox are gone from view with it.
     model.changed.connect(() => {
-      if (files.sandboxId && model.loaded && !model.error && !model.find(files.sandboxId)) {
+      if (
+        files.sandboxId &&
+        model.loaded &&
+        !model.error &&
+        !model.find(files.sandboxId)
+      ) {
         void files.open(null);
       }
     });
@@ -169,7 +178,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (sandbox) {
           model.reveal(sandbox.id);
         } else {
-          notifyError('Finding the notebook’s sandbox', new Error('this notebook’s kernel has no sandbox yet (run a cell first)'));
+          notifyError(
+            'Finding the notebook’s sandbox',
+            new Error(
+              'this notebook’s kernel has no sandbox yet (run a cell first)'
+            )
+          );
         }
       }
     });
@@ -179,7 +193,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: async () => {
         const sandbox = await currentSandbox();
         if (!sandbox) {
-          notifyError('Destroying the notebook’s sandbox', new Error('this notebook’s kernel has no sandbox yet'));
+          notifyError(
+            'Destroying the notebook’s sandbox',
+            new Error('this notebook’s kernel has no sandbox yet')
+          );
           return;
         }
         await confirmDestroy(model, sandbox);
@@ -191,7 +208,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: async () => {
         const sandbox = await currentSandbox();
         if (!sandbox) {
-          notifyError('Snapshot of the notebook’s sandbox', new Error('this notebook’s kernel has no sandbox yet'));
+          notifyError(
+            'Snapshot of the notebook’s sandbox',
+            new Error('this notebook’s kernel has no sandbox yet')
+          );
           return;
         }
         await askSnapshot(model, sandbox);
@@ -204,8 +224,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
 
     if (statusBar && notebooks) {
-      const status = new SandboxStatus(model, notebooks, () =>
-        void app.commands.execute(CommandIDs.reveal)
+      const status = new SandboxStatus(
+        model,
+        notebooks,
+        () => void app.commands.execute(CommandIDs.reveal)
       );
       statusBar.registerStatusItem('sandbox-kernel:status', {
         item: status,

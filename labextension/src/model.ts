@@ -7,13 +7,7 @@ import { IDisposable } from '@lumino/disposable';
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import {
-  ApiError,
-  IFileEntry,
-  ISandbox,
-  ISnapshot,
-  SandboxAPI
-} from './api';
+import { ApiError, IFileEntry, ISandbox, ISnapshot, SandboxAPI } from './api';
 
 export interface IModelOptions {
   api: SandboxAPI;
@@ -343,16 +337,25 @@ export class FilesModel implements IDisposable {
       throw new ApiError(400, 'open a sandbox first');
     }
     const list = Array.from(files);
-    const entries = list.map(f => ({ name: f.name, size: f.size, fraction: 0 }));
+    const entries = list.map(f => ({
+      name: f.name,
+      size: f.size,
+      fraction: 0
+    }));
     this._uploads = [...this._uploads, ...entries];
     this._changed.emit();
     try {
       for (let i = 0; i < list.length; i++) {
         const entry = entries[i];
-        await this.api.upload(sandboxId, this.join(list[i].name), list[i], f => {
-          entry.fraction = f;
-          this._changed.emit();
-        });
+        await this.api.upload(
+          sandboxId,
+          this.join(list[i].name),
+          list[i],
+          f => {
+            entry.fraction = f;
+            this._changed.emit();
+          }
+        );
       }
     } finally {
       this._uploads = this._uploads.filter(u => !entries.includes(u));

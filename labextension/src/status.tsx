@@ -26,7 +26,9 @@ export class SandboxStatus extends ReactWidget {
     if (!kernel) {
       return false;
     }
-    return kernel.name.startsWith('sandbox') || !!this.model.findByKernel(kernel.id);
+    return (
+      kernel.name.startsWith('sandbox') || !!this.model.findByKernel(kernel.id)
+    );
   }
 
   get relevanceChanged(): ISignal<this, void> {
@@ -65,7 +67,12 @@ export class SandboxStatus extends ReactWidget {
 
   private _lookup(): void {
     const kernel = this._panel?.sessionContext.session?.kernel;
-    if (!kernel || !this.isRelevant || this.model.findByKernel(kernel.id) || this._pending) {
+    if (
+      !kernel ||
+      !this.isRelevant ||
+      this.model.findByKernel(kernel.id) ||
+      this._pending
+    ) {
       return;
     }
     this._pending = true;
@@ -79,18 +86,27 @@ export class SandboxStatus extends ReactWidget {
     return (
       <UseSignal signal={this._changed}>
         {() => {
-          const kernelId = this.notebooks.currentWidget?.sessionContext.session?.kernel?.id;
+          const kernelId =
+            this.notebooks.currentWidget?.sessionContext.session?.kernel?.id;
           const sandbox = this.model.findByKernel(kernelId);
           const label = sandbox ? sandbox.id : 'sandbox: not started';
           return (
             <button
               type="button"
               className="jp-SandboxStatus-button"
-              title={sandbox ? `This notebook runs in sandbox ${sandbox.id} (${sandbox.state}); click to show it` : 'The sandbox is made by the first cell; click to open the Sandboxes panel'}
+              title={
+                sandbox
+                  ? `This notebook runs in sandbox ${sandbox.id} (${sandbox.state}); click to show it`
+                  : 'The sandbox is made by the first cell; click to open the Sandboxes panel'
+              }
               onClick={this.onReveal}
             >
               <sandboxIcon.react tag="span" className="jp-SandboxStatus-icon" />
-              {sandbox && <span className={`jp-SandboxPanel-dot jp-SandboxPanel-dot-${sandbox.state}`} />}
+              {sandbox && (
+                <span
+                  className={`jp-SandboxPanel-dot jp-SandboxPanel-dot-${sandbox.state}`}
+                />
+              )}
               <span className="jp-SandboxStatus-label">{label}</span>
             </button>
           );

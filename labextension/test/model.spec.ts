@@ -8,13 +8,19 @@ function setup(sandboxes: unknown[] = [sandbox()], snapshots: unknown = []) {
   const server = new FakeServer()
     .json('GET', '/base/api/sandboxes', sandboxes)
     .json('GET', '/base/api/snapshots', snapshots);
-  const model = new SandboxesModel({ api: new SandboxAPI(server.settings()), poll: false });
+  const model = new SandboxesModel({
+    api: new SandboxAPI(server.settings()),
+    poll: false
+  });
   return { server, model };
 }
 
 describe('SandboxesModel', () => {
   it('loads sandboxes and snapshots and signals the change', async () => {
-    const { model } = setup([sandbox()], [{ name: 's1', source: 'sk-alice', size: 10, created: 5 }]);
+    const { model } = setup(
+      [sandbox()],
+      [{ name: 's1', source: 'sk-alice', size: 10, created: 5 }]
+    );
     let changes = 0;
     model.changed.connect(() => changes++);
     expect(model.loaded).toBe(false);
@@ -27,7 +33,10 @@ describe('SandboxesModel', () => {
   });
 
   it('finds the sandbox of a kernel', async () => {
-    const { model } = setup([sandbox(), sandbox({ id: 'sk-alice--t1', kernel_ids: ['k-2', 'k-3'] })]);
+    const { model } = setup([
+      sandbox(),
+      sandbox({ id: 'sk-alice--t1', kernel_ids: ['k-2', 'k-3'] })
+    ]);
     await model.update();
     expect(model.findByKernel('k-3')?.id).toBe('sk-alice--t1');
     expect(model.findByKernel('k-1')?.id).toBe('sk-alice');
@@ -52,12 +61,22 @@ describe('SandboxesModel', () => {
   it('treats a backend without snapshots (501) as a note, not a failure', async () => {
     const server = new FakeServer()
       .json('GET', '/base/api/sandboxes', [sandbox({ backend: 'local' })])
-      .json('GET', '/base/api/snapshots', { message: 'the local backend has no snapshots' }, 501);
-    const model = new SandboxesModel({ api: new SandboxAPI(server.settings()), poll: false });
+      .json(
+        'GET',
+        '/base/api/snapshots',
+        { message: 'the local backend has no snapshots' },
+        501
+      );
+    const model = new SandboxesModel({
+      api: new SandboxAPI(server.settings()),
+      poll: false
+    });
     await model.update();
     expect(model.error).toBeNull();
     expect(model.sandboxes.length).toBe(1);
-    expect(model.snapshotsError?.message).toBe('the local backend has no snapshots');
+    expect(model.snapshotsError?.message).toBe(
+      'the local backend has no snapshots'
+    );
   });
 
   it('marks a sandbox busy during an action, refreshes after, and passes errors on', async () => {
@@ -73,8 +92,15 @@ describe('SandboxesModel', () => {
     expect(busyDuring).toBe(true);
     expect(model.isBusy('sk-alice')).toBe(false);
     expect(model.sandboxes[0].state).toBe('stopped');
-    server.json('DELETE', '/base/api/sandboxes/sk-alice', { message: 'sandbox sk-alice belongs to another user' }, 403);
-    await expect(model.destroy('sk-alice')).rejects.toMatchObject({ status: 403 });
+    server.json(
+      'DELETE',
+      '/base/api/sandboxes/sk-alice',
+      { message: 'sandbox sk-alice belongs to another user' },
+      403
+    );
+    await expect(model.destroy('sk-alice')).rejects.toMatchObject({
+      status: 403
+    });
     expect(model.isBusy('sk-alice')).toBe(false);
   });
 
@@ -83,7 +109,11 @@ describe('SandboxesModel', () => {
       .json('GET', '/base/api/sandboxes', [sandbox()])
       .json('GET', '/base/api/snapshots', []);
     server.down = true;
-    const model = new SandboxesModel({ api: new SandboxAPI(server.settings()), interval: 20, maxInterval: 400 });
+    const model = new SandboxesModel({
+      api: new SandboxAPI(server.settings()),
+      interval: 20,
+      maxInterval: 400
+    });
     await new Promise(resolve => setTimeout(resolve, 300));
     const failures = server.requests.length / 2;
     // 20 ms apart without backoff would be ~15 rounds in 300 ms; backoff makes it fewer.
@@ -120,11 +150,22 @@ describe('FilesModel', () => {
         path: '',
         entries: [
           { name: 'b.txt', path: 'b.txt', type: 'file', size: 3, modified: 1 },
-          { name: 'data', path: 'data', type: 'directory', size: 0, modified: 1 },
+          {
+            name: 'data',
+            path: 'data',
+            type: 'directory',
+            size: 0,
+            modified: 1
+          },
           { name: 'a.txt', path: 'a.txt', type: 'file', size: 3, modified: 1 }
         ]
       })
-      .json('PUT', '/base/api/sandboxes/sk-alice/files/data/new.csv', { path: 'data/new.csv', size: 4 }, 201);
+      .json(
+        'PUT',
+        '/base/api/sandboxes/sk-alice/files/data/new.csv',
+        { path: 'data/new.csv', size: 4 },
+        201
+      );
     const files = new FilesModel(new SandboxAPI(server.settings()));
     await files.open('sk-alice');
     expect(files.entries.map(e => e.name)).toEqual(['data', 'a.txt', 'b.txt']);
@@ -134,13 +175,20 @@ describe('FilesModel', () => {
     const file = new File(['x,y\n'], 'new.csv');
     await files.upload([file]);
     const put = server.requests.find(r => r.method === 'PUT');
-    expect(put?.url).toBe('http://lab.test/base/api/sandboxes/sk-alice/files/data/new.csv');
+    expect(put?.url).toBe(
+      'http://lab.test/base/api/sandboxes/sk-alice/files/data/new.csv'
+    );
     expect(put?.body).toBe('x,y\n');
     expect(files.uploads).toEqual([]);
   });
 
   it('keeps the error of a folder it cannot list', async () => {
-    const server = new FakeServer().json('GET', '/base/api/sandboxes/sk-alice/files', { message: "bad path '../x': it resolves outside the workspace" }, 400);
+    const server = new FakeServer().json(
+      'GET',
+      '/base/api/sandboxes/sk-alice/files',
+      { message: "bad path '../x': it resolves outside the workspace" },
+      400
+    );
     const files = new FilesModel(new SandboxAPI(server.settings()));
     await files.open('sk-alice', '../x');
     expect(files.error?.status).toBe(400);

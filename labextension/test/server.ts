@@ -31,11 +31,15 @@ export class FakeServer {
     return ServerConnection.makeSettings({
       baseUrl: 'http://lab.test/base/',
       token: 'secret-token',
-      fetch: (input: RequestInfo, init?: RequestInit) => this.handle(input, init)
+      fetch: (input: RequestInfo, init?: RequestInit) =>
+        this.handle(input, init)
     });
   }
 
-  private async handle(input: RequestInfo, init?: RequestInit): Promise<Response> {
+  private async handle(
+    input: RequestInfo,
+    init?: RequestInit
+  ): Promise<Response> {
     const request = new Request(input, init);
     const recorded: IRecorded = {
       method: request.method,
@@ -51,7 +55,10 @@ export class FakeServer {
     const url = new URL(request.url);
     const route = this.routes.get(`${request.method} ${url.pathname}`);
     if (!route) {
-      return jsonResponse({ message: `no route ${request.method} ${url.pathname}` }, 404);
+      return jsonResponse(
+        { message: `no route ${request.method} ${url.pathname}` },
+        404
+      );
     }
     return route(recorded);
   }
