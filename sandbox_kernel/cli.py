@@ -25,6 +25,7 @@ from .errors import SandboxError, SandboxNotFound
 from .identity import scope_key
 from .kernelspec import DISPLAY_NAME, kernelspec
 from .service import SandboxService
+from .units import format_size
 
 KERNEL_NAME = "sandbox"
 
@@ -197,12 +198,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(totals, indent=2))
         return 0
-    gib = 2**30
-    print(f"backend: {totals['backend']}   sandboxes: {totals['sandboxes']} (yours: {totals['yours']})")
+    print(f"backend: {totals['backend']}   sandboxes of this installation, all users: {totals['sandboxes']} (yours: {totals['yours']})")
     print("by state: " + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_state"].items())) or "-"))
     print("by flavor: " + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_flavor"].items())) or "-"))
     mem = totals["memory"]
-    print(f"memory: {mem['reserved'] / gib:.1f} GiB reserved, {mem['used'] / gib:.2f} GiB used")
+    print(f"memory: {format_size(mem['reserved'])} reserved, {format_size(mem['used'])} used")
     print(f"cpus reserved: {totals['cpus']['reserved']:g}")
     quota = totals["quota"]
     left = quota["sandboxes_left"]
@@ -221,14 +221,14 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         if not args.id or not args.name:
             raise _UsageError("usage: sandbox-kernel snapshot create ID NAME")
         snap = service.create_snapshot(_user(cfg, args), args.id, args.name)
-        print(json.dumps(snap, indent=2) if args.json else f"snapshot {snap['name']} of {snap['source']} ({snap['size'] / 2**20:.0f} MiB)")
+        print(json.dumps(snap, indent=2) if args.json else f"snapshot {snap['name']} of {snap['source']} ({format_size(snap['size'])})")
     elif args.action == "list":
         snaps = service.snapshots(_user(cfg, args))
         if args.json:
             print(json.dumps(snaps, indent=2))
         for s in snaps if not args.json else []:
             owner = f"  ({s['user']})" if args.all else ""
-            print(f"{s['name']}  from {s['source']}  {s['size'] / 2**20:.0f} MiB  {_age(time.time() - s['created'])} ago{owner}")
+            print(f"{s['name']}  from {s['source']}  {format_size(s['size'])}  {_age(time.time() - s['created'])} ago{owner}")
         if not snaps and not args.json:
             print("no snapshots")
     else:

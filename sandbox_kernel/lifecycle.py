@@ -26,6 +26,7 @@ from .backends.base import Backend, SandboxInfo
 from .config import SandboxConfig, setting_names
 from .errors import QuotaExceeded, SandboxNotFound
 from .store import Record, Reservation, Store
+from .units import format_size
 
 MINUTE = 60.0
 
@@ -226,16 +227,12 @@ def quota_check(
         reserved = sum(running.values()) + sum(r.memory for r in others if r.sandbox_id not in running)
         if limit_memory and reserved + memory > limit_memory:
             raise QuotaExceeded(
-                f"quota max_total_memory={config.max_total_memory} reached ({_gib(reserved)} reserved by "
-                f"running sandboxes of this installation, {_gib(memory)} more asked); stop or destroy one "
+                f"quota max_total_memory={config.max_total_memory} reached ({format_size(reserved)} reserved by "
+                f"running sandboxes of this installation, {format_size(memory)} more asked); stop or destroy one "
                 "(`sandbox-kernel stop ID`) or pick a smaller flavor"
             )
 
     return check
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
 
 
 def stats(backend: Backend, config: SandboxConfig) -> dict[str, Any]:

@@ -67,6 +67,7 @@ from .folders import (
 from .identity import ScopeKey
 from .lifecycle import decide, quota_check, stats
 from .store import Store
+from .units import format_size
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 VARIANT = "--v"
@@ -262,7 +263,7 @@ class SandboxService:
         extra = max(0, spec.memory - int(info.limits.get("memory") or 0)) if info.state == "running" else 0
         with self._reservation(info.id, int(info.limits.get("memory") or 0) + extra, new=False):
             self.backend.resize(info.id, spec)
-        return f"sandbox {info.id} now has flavor {asked} ({spec.cpus:g} CPUs, {spec.memory / 2**30:g} GiB; it had {had})"
+        return f"sandbox {info.id} now has flavor {asked} ({spec.cpus:g} CPUs, {format_size(spec.memory)}; it had {had})"
 
     def _outdated_note(self, info: SandboxInfo, spec: Spec) -> str:
         if spec.work_folder and info.work_folder != spec.work_folder:

@@ -27,6 +27,7 @@ from .folders import usable
 from .housekeeping import Housekeeping
 from .identity import ScopeKey
 from .service import SandboxService, workspace_dir
+from .units import format_size
 
 
 class SandboxSession:
@@ -204,7 +205,7 @@ class SandboxSession:
     def _why_interpreter_ended(info: SandboxInfo, exit_status: int | None) -> str:
         if exit_status in (137, -9):
             memory = info.limits.get("memory") or 0
-            limit = f"the memory limit of {memory / 2**30:g} GiB" if memory else "a limit"
+            limit = f"the memory limit of {format_size(memory)}" if memory else "a limit"
             return (
                 f"the interpreter in {info.id} was killed, most likely by {limit} "
                 f"(flavor {info.flavor or '?'}; SANDBOX_KERNEL_FLAVOR picks a larger one): {LOST_NOTICE}"

@@ -8,6 +8,7 @@ import pytest
 
 from sandbox_kernel.config import ConfigError, load_config
 from sandbox_kernel.identity import ScopeKey, notebook_thread, resolve_user, safe_id, scope_key
+from sandbox_kernel.units import format_size
 
 pytestmark = pytest.mark.fast
 
@@ -203,3 +204,12 @@ def test_a_misspelt_variable_is_named_with_its_likely_meaning(caplog: pytest.Log
     assert [r.getMessage() for r in caplog.records] == [
         "ignoring SANDBOX_KERNEL_FLAVR: no such setting; did you mean SANDBOX_KERNEL_FLAVOR?"
     ]
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (512 << 20, "512 MiB"), (1 << 30, "1 GiB"), (3 << 29, "1.5 GiB"),
+     (12 << 30, "12 GiB"), (-5, "0 B"), (5 << 40, "5 TiB")],
+)
+def test_sizes_read_the_same_everywhere(size: int, text: str) -> None:
+    assert format_size(size) == text

@@ -257,7 +257,7 @@ def test_cli_gc_stats_snapshot(make_config: Callable[..., SandboxConfig], test_u
     assert cli("exec", "--", "true").returncode == 0
     totals = json.loads(cli("stats", "--json").stdout)
     assert totals["sandboxes"] >= 1 and "by_state" in totals
-    assert "sandboxes:" in cli("stats").stdout
+    assert "sandboxes of this installation, all users: 1 (yours: 1)" in cli("stats").stdout
     assert json.loads(cli("gc", "--dry-run", "--json").stdout) == []
     name = f"{test_user}-cli"
     made = cli("snapshot", "create", f"sk-{test_user}", name, "--json")
