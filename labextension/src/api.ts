@@ -7,6 +7,7 @@
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
+import { nullTranslator, TranslationBundle } from '@jupyterlab/translation';
 
 export type SandboxState = 'creating' | 'running' | 'stopped' | 'error';
 
@@ -82,26 +83,29 @@ export class ApiError extends Error {
 }
 
 /** What a status means to a user, prefixed to the server's message. */
-export function describeStatus(status: number): string {
+export function describeStatus(
+  status: number,
+  trans: TranslationBundle = nullTranslator.load('sandbox_kernel')
+): string {
   switch (status) {
     case 0:
-      return 'Server unreachable';
+      return trans.__('Server unreachable');
     case 400:
-      return 'Bad request';
+      return trans.__('Bad request');
     case 403:
-      return 'Not allowed';
+      return trans.__('Not allowed');
     case 404:
-      return 'Not found';
+      return trans.__('Not found');
     case 409:
-      return 'Quota reached';
+      return trans.__('Quota reached');
     case 413:
-      return 'File too large';
+      return trans.__('File too large');
     case 501:
-      return 'Not supported by this backend';
+      return trans.__('Not supported by this backend');
     case 503:
-      return 'Sandbox engine unavailable';
+      return trans.__('Sandbox engine unavailable');
     default:
-      return `Error ${status}`;
+      return trans.__('Error %1', status);
   }
 }
 

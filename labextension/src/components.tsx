@@ -5,11 +5,11 @@ import {
   Notification,
   showDialog
 } from '@jupyterlab/apputils';
+import { TranslationBundle } from '@jupyterlab/translation';
 import {
   deleteIcon,
   downloadIcon,
   fileIcon,
-  fileUploadIcon,
   folderIcon,
   ReactWidget,
   runIcon,
@@ -26,12 +26,12 @@ import {
   ISnapshot
 } from './api';
 import {
-  lifetime,
   formatAgo,
   formatBytes,
   formatCpu,
   formatMemory,
   kernelsLabel,
+  lifetime,
   memoryFraction,
   nextLabel,
   originLabel,
@@ -41,29 +41,41 @@ import { cameraIcon, filesIcon, sandboxIcon } from './icons';
 import { FilesModel, SandboxesModel } from './model';
 
 /** Show an API error as a JupyterLab notification, with the server's message. */
-export function notifyError(what: string, error: unknown): void {
+export function notifyError(
+  trans: TranslationBundle,
+  what: string,
+  error: unknown
+): void {
   const apiError =
     error instanceof ApiError
       ? error
       : new ApiError(-1, String((error as Error)?.message ?? error));
-  const prefix =
-    apiError.status >= 0 ? `${describeStatus(apiError.status)}: ` : '';
-  Notification.error(`${what} failed. ${prefix}${apiError.message}`, {
-    autoClose: 8000
-  });
+  const message =
+    apiError.status >= 0
+      ? trans.__(
+          '%1 failed. %2: %3',
+          what,
+          describeStatus(apiError.status, trans),
+          apiError.message
+        )
+      : trans.__('%1 failed. %2', what, apiError.message);
+  Notification.error(message, { autoClose: 8000 });
 }
 
 export async function askSnapshot(
+  trans: TranslationBundle,
   model: SandboxesModel,
   sandbox: ISandbox
 ): Promise<void> {
   const stamp = new Date().toISOString().slice(0, 16).replace(/[-:T]/g, '');
   const result = await InputDialog.getText({
-    title: `Snapshot ${sandbox.id}`,
-    label:
-      'Snapshot name (lowercase letters, digits, ".", "_" or "-"). The workspace is not included.',
+    title: trans.__('Snapshot %1', sandbox.id),
+    label: trans.__(
+      'Snapshot name (lowercase letters, digits, ".", "_" or "-"). The workspace is not included.'
+    ),
     text: `${sandbox.id.replace(/^sk-/, '').slice(0, 40)}-${stamp}`.toLowerCase(),
-    okLabel: 'Snapshot'
+    okLabel: trans.__('Snapshot'),
+    cancelLabel: trans.__('Cancel')
   });
   if (!result.button.accept || !result.value) {
     return;
@@ -72,38 +84,49 @@ export async function askSnapshot(
   try {
     const snap = await model.snapshot(sandbox.id, name);
     Notification.success(
-      `Snapshot ${snap.name} saved (${formatBytes(snap.size)})`,
+      trans.__('Snapshot %1 saved (%2)', snap.name, formatBytes(snap.size)),
       { autoClose: 4000 }
     );
   } catch (error) {
-    notifyError(`Snapshot of ${sandbox.id}`, error);
+    notifyError(trans, trans.__('Snapshot of %1', sandbox.id), error);
   }
 }
 
 export async function confirmDestroy(
+  trans: TranslationBundle,
   model: SandboxesModel,
   sandbox: ISandbox
 ): Promise<void> {
   const kernels = sandbox.kernels
-    ? ` ${sandbox.kernels} kernel(s) using it will lose their variables.`
+    ? ' ' +
+      trans._n(
+        '%1 kernel using it will lose its variables.',
+        '%1 kernels using it will lose their variables.',
+        sandbox.kernels
+      )
     : '';
   const result = await showDialog({
-    title: `Destroy ${sandbox.id}?`,
+    title: trans.__('Destroy %1?', sandbox.id),
     body:
-      'The sandbox and what was installed in it outside /workspace are removed. ' +
-      `Your files in /workspace are kept.${kernels}`,
-    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Destroy' })]
+      trans.__(
+        'The sandbox and what was installed in it outside /workspace are removed. Your files in /workspace are kept.'
+      ) + kernels,
+    buttons: [
+      Dialog.cancelButton({ label: trans.__('Cancel') }),
+      Dialog.warnButton({ label: trans.__('Destroy') })
+    ]
   });
   if (!result.button.accept) {
     return;
   }
   try {
     await model.destroy(sandbox.id);
-    Notification.success(`Destroyed ${sandbox.id}; its workspace is kept`, {
-      autoClose: 4000
-    });
+    Notification.success(
+      trans.__('Destroyed %1; its workspace is kept', sandbox.id),
+      { autoClose: 4000 }
+    );
   } catch (error) {
-    notifyError(`Destroying ${sandbox.id}`, error);
+    notifyError(trans, trans.__('Destroying %1', sandbox.id), error);
   }
 }
 
@@ -128,63 +151,87 @@ function ActionButton(props: {
   );
 }
 
-function StateDot({ state }: { state: string }): JSX.Element {
+function StateDot(props: { state: string; label: string }): JSX.Element {
   return (
     <span
-      className={`jp-SandboxPanel-dot jp-SandboxPanel-dot-${state}`}
+      className={`jp-SandboxPanel-dot jp-SandboxPanel-dot-${props.state}`}
       role="img"
-      aria-label={state}
-      title={state}
+      aria-label={props.label}
+      title={props.label}
     />
   );
+}
+
+/** The words for a sandbox state (the state itself stays the CSS class). */
+export function stateLabel(trans: TranslationBundle, state: string): string {
+  switch (state) {
+    case 'running':
+      return trans.__('running');
+    case 'stopped':
+      return trans.__('stopped');
+    case 'creating':
+      return trans.__('creating');
+    case 'error':
+      return trans.__('error');
+    default:
+      return state;
+  }
 }
 
 function SandboxCard(props: {
   sandbox: ISandbox;
   model: SandboxesModel;
-  files: FilesModel;
+  trans: TranslationBundle;
   onBrowse: (id: string) => void;
 }): JSX.Element {
-  const { sandbox: s, model } = props;
+  const { sandbox: s, model, trans } = props;
   const busy = model.isBusy(s.id);
   const highlighted = model.highlighted === s.id;
   const fraction = memoryFraction(s);
+  const now = Date.now();
+  const next = nextLabel(s, now, trans);
+  const state = stateLabel(trans, s.state);
   const act = (what: string, fn: () => Promise<unknown>) => () => {
-    fn().catch(error => notifyError(`${what} ${s.id}`, error));
+    fn().catch(error => notifyError(trans, what, error));
   };
+  const time = trans.__(
+    '%1 · active %2',
+    lifetime(s, now, trans),
+    formatAgo(s.last_activity, now, trans)
+  );
   return (
     <li
-      className={`jp-SandboxPanel-card${highlighted ? ' jp-mod-highlighted' : ''}${busy ? ' jp-mod-busy' : ''}`}
+      className={`jp-SandboxPanel-card${highlighted ? ' jp-SandboxPanel-revealed' : ''}${busy ? ' jp-mod-busy' : ''}`}
       data-sandbox-id={s.id}
       tabIndex={0}
-      aria-label={`sandbox ${s.id}, ${s.state}`}
+      aria-label={trans.__('sandbox %1, %2', s.id, state)}
     >
       <div className="jp-SandboxPanel-cardHeader">
-        <StateDot state={s.state} />
+        <StateDot state={s.state} label={state} />
         <span className="jp-SandboxPanel-name" title={s.id}>
           {s.id}
         </span>
         <span className="jp-SandboxPanel-state">
-          {busy ? 'working…' : s.state}
+          {busy ? trans.__('working…') : state}
         </span>
       </div>
       <dl className="jp-SandboxPanel-facts">
-        <dt>Scope</dt>
-        <dd title={s.thread || s.user}>{scopeLabel(s)}</dd>
-        <dt>From</dt>
-        <dd title={originLabel(s)}>{originLabel(s)}</dd>
-        <dt>Flavor</dt>
+        <dt>{trans.__('Scope')}</dt>
+        <dd title={s.thread || s.user}>{scopeLabel(s, trans)}</dd>
+        <dt>{trans.__('From')}</dt>
+        <dd title={originLabel(s, trans)}>{originLabel(s, trans)}</dd>
+        <dt>{trans.__('Flavor')}</dt>
         <dd>
           {s.flavor || '–'} · {s.backend}
         </dd>
-        <dt>Time</dt>
-        <dd title={`created ${formatAgo(s.created)}`}>
-          {lifetime(s)} · active {formatAgo(s.last_activity)}
+        <dt>{trans.__('Time')}</dt>
+        <dd title={trans.__('created %1', formatAgo(s.created, now, trans))}>
+          {time}
         </dd>
-        <dt>CPU</dt>
-        <dd className="jp-SandboxPanel-cpu">{formatCpu(s)}</dd>
-        <dt>Memory</dt>
-        <dd className="jp-SandboxPanel-memory">
+        <dt>{trans.__('CPU')}</dt>
+        <dd className="jp-SandboxPanel-cpu">{formatCpu(s, trans)}</dd>
+        <dt>{trans.__('Memory')}</dt>
+        <dd className="jp-SandboxPanel-memory" title={formatMemory(s)}>
           {formatMemory(s)}
           {fraction !== null && (
             <span className="jp-SandboxPanel-meter" aria-hidden="true">
@@ -192,28 +239,31 @@ function SandboxCard(props: {
             </span>
           )}
         </dd>
-        <dt>Kernels</dt>
-        <dd className="jp-SandboxPanel-kernels">{kernelsLabel(s)}</dd>
-        {nextLabel(s) && (
+        <dt>{trans.__('Kernels')}</dt>
+        <dd className="jp-SandboxPanel-kernels">{kernelsLabel(s, trans)}</dd>
+        {next && (
           <>
-            <dt>Next</dt>
+            <dt>{trans.__('Next')}</dt>
             <dd className="jp-SandboxPanel-next" title={s.next?.reason}>
-              {nextLabel(s)}
+              {next}
             </dd>
           </>
         )}
         {s.outdated && (
           <>
-            <dt>Outdated</dt>
+            <dt>{trans.__('Outdated')}</dt>
             <dd className="jp-SandboxPanel-outdated" title={s.outdated}>
-              {s.outdated}; destroy it to remake it (the workspace is kept)
+              {trans.__(
+                '%1; destroy it to remake it (the workspace is kept)',
+                s.outdated
+              )}
             </dd>
           </>
         )}
         {s.exit_reason && (
           <>
-            <dt>Stopped</dt>
-            <dd>{s.exit_reason}</dd>
+            <dt>{trans.__('Stopped')}</dt>
+            <dd title={s.exit_reason}>{s.exit_reason}</dd>
           </>
         )}
       </dl>
@@ -221,52 +271,58 @@ function SandboxCard(props: {
         {s.state === 'running' ? (
           <ActionButton
             icon={stopIcon}
-            label={`Stop ${s.id}`}
+            label={trans.__('Stop %1', s.id)}
             disabled={busy}
-            onClick={act('Stopping', () => model.stop(s.id))}
+            onClick={act(trans.__('Stopping %1', s.id), () => model.stop(s.id))}
           />
         ) : (
           <ActionButton
             icon={runIcon}
-            label={`Start ${s.id}`}
+            label={trans.__('Start %1', s.id)}
             disabled={busy}
-            onClick={act('Starting', () => model.start(s.id))}
+            onClick={act(trans.__('Starting %1', s.id), () =>
+              model.start(s.id)
+            )}
           />
         )}
         <ActionButton
           icon={filesIcon}
-          label={`Browse files of ${s.id}`}
+          label={trans.__('Browse files of %1', s.id)}
           onClick={() => props.onBrowse(s.id)}
         />
         <ActionButton
           icon={cameraIcon}
-          label={`Snapshot ${s.id}`}
+          label={trans.__('Snapshot %1', s.id)}
           disabled={busy}
-          onClick={() => void askSnapshot(model, s)}
+          onClick={() => void askSnapshot(trans, model, s)}
         />
         <ActionButton
           icon={deleteIcon}
-          label={`Destroy ${s.id}`}
+          label={trans.__('Destroy %1', s.id)}
           disabled={busy}
           className="jp-mod-danger"
-          onClick={() => void confirmDestroy(model, s)}
+          onClick={() => void confirmDestroy(trans, model, s)}
         />
       </div>
     </li>
   );
 }
 
-function ErrorBanner({ error }: { error: ApiError }): JSX.Element {
+function ErrorBanner(props: {
+  error: ApiError;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { error, trans } = props;
   return (
     <div className="jp-SandboxPanel-error" role="alert">
       <strong>
-        {error.unreachable
-          ? 'Server unreachable'
-          : describeStatus(error.status)}
+        {describeStatus(error.unreachable ? 0 : error.status, trans)}
       </strong>
       <span>{error.message}</span>
       <span className="jp-SandboxPanel-hint">
-        Retrying with backoff; the list is hidden until it answers.
+        {trans.__(
+          'Retrying with backoff; the list is hidden until it answers.'
+        )}
       </span>
     </div>
   );
@@ -275,11 +331,12 @@ function ErrorBanner({ error }: { error: ApiError }): JSX.Element {
 export class SandboxesView extends ReactWidget {
   constructor(
     readonly model: SandboxesModel,
-    readonly files: FilesModel,
+    readonly trans: TranslationBundle,
     readonly onBrowse: (id: string) => void
   ) {
     super();
     this.addClass('jp-SandboxPanel-sandboxes');
+    this.addClass('jp-SandboxPanel-body');
     model.revealRequested.connect((_, id) => {
       requestAnimationFrame(() => {
         const card = this.node.querySelector(
@@ -292,32 +349,41 @@ export class SandboxesView extends ReactWidget {
   }
 
   render(): JSX.Element {
+    const trans = this.trans;
     return (
       <UseSignal signal={this.model.changed}>
         {() => {
           const m = this.model;
           if (m.error) {
-            return <ErrorBanner error={m.error} />;
+            return <ErrorBanner error={m.error} trans={trans} />;
           }
           if (!m.loaded) {
-            return <div className="jp-SandboxPanel-empty">Loading…</div>;
+            return (
+              <div className="jp-SandboxPanel-empty">
+                {trans.__('Loading…')}
+              </div>
+            );
           }
           if (m.sandboxes.length === 0) {
             return (
               <div className="jp-SandboxPanel-empty">
-                No sandboxes. Run a cell in a notebook with the “Python 3
-                (sandbox)” kernel to make one.
+                {trans.__(
+                  'No sandboxes. Run a cell in a notebook with the “Python 3 (sandbox)” kernel to make one.'
+                )}
               </div>
             );
           }
           return (
-            <ul className="jp-SandboxPanel-list" aria-label="Sandboxes">
+            <ul
+              className="jp-SandboxPanel-list"
+              aria-label={trans.__('Sandboxes')}
+            >
               {m.sandboxes.map(s => (
                 <SandboxCard
                   key={s.id}
                   sandbox={s}
                   model={m}
-                  files={this.files}
+                  trans={trans}
                   onBrowse={this.onBrowse}
                 />
               ))}
@@ -332,32 +398,43 @@ export class SandboxesView extends ReactWidget {
 function SnapshotRow(props: {
   snapshot: ISnapshot;
   model: SandboxesModel;
+  trans: TranslationBundle;
 }): JSX.Element {
-  const { snapshot: snap, model } = props;
+  const { snapshot: snap, model, trans } = props;
   const busy = model.isBusy(`snapshot:${snap.name}`);
   const start = () => {
     model
       .startFromSnapshot(snap.name)
       .then(s => {
-        Notification.success(`Started ${s.id} from snapshot ${snap.name}`, {
-          autoClose: 4000
-        });
+        Notification.success(
+          trans.__('Started %1 from snapshot %2', s.id, snap.name),
+          { autoClose: 4000 }
+        );
         model.reveal(s.id);
       })
       .catch(error =>
-        notifyError(`Starting a sandbox from ${snap.name}`, error)
+        notifyError(
+          trans,
+          trans.__('Starting a sandbox from %1', snap.name),
+          error
+        )
       );
   };
   const remove = async () => {
     const result = await showDialog({
-      title: `Delete snapshot ${snap.name}?`,
-      body: 'Sandboxes started from it must be destroyed first.',
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+      title: trans.__('Delete snapshot %1?', snap.name),
+      body: trans.__('Sandboxes started from it must be destroyed first.'),
+      buttons: [
+        Dialog.cancelButton({ label: trans.__('Cancel') }),
+        Dialog.warnButton({ label: trans.__('Delete') })
+      ]
     });
     if (result.button.accept) {
       model
         .deleteSnapshot(snap.name)
-        .catch(error => notifyError(`Deleting snapshot ${snap.name}`, error));
+        .catch(error =>
+          notifyError(trans, trans.__('Deleting snapshot %1', snap.name), error)
+        );
     }
   };
   return (
@@ -367,22 +444,28 @@ function SnapshotRow(props: {
       tabIndex={0}
     >
       <div className="jp-SandboxPanel-snapshotText">
-        <span className="jp-SandboxPanel-name">{snap.name}</span>
+        <span className="jp-SandboxPanel-name" title={snap.name}>
+          {snap.name}
+        </span>
         <span className="jp-SandboxPanel-sub">
-          from {snap.source || '?'} · {formatBytes(snap.size)} ·{' '}
-          {formatAgo(snap.created)}
+          {trans.__(
+            'from %1 · %2 · %3',
+            snap.source || '?',
+            formatBytes(snap.size),
+            formatAgo(snap.created, Date.now(), trans)
+          )}
         </span>
       </div>
       <div className="jp-SandboxPanel-actions">
         <ActionButton
           icon={runIcon}
-          label={`Start a new sandbox from ${snap.name}`}
+          label={trans.__('Start a new sandbox from %1', snap.name)}
           disabled={busy}
           onClick={start}
         />
         <ActionButton
           icon={deleteIcon}
-          label={`Delete snapshot ${snap.name}`}
+          label={trans.__('Delete snapshot %1', snap.name)}
           disabled={busy}
           className="jp-mod-danger"
           onClick={() => void remove()}
@@ -393,12 +476,17 @@ function SnapshotRow(props: {
 }
 
 export class SnapshotsView extends ReactWidget {
-  constructor(readonly model: SandboxesModel) {
+  constructor(
+    readonly model: SandboxesModel,
+    readonly trans: TranslationBundle
+  ) {
     super();
     this.addClass('jp-SandboxPanel-snapshots');
+    this.addClass('jp-SandboxPanel-body');
   }
 
   render(): JSX.Element {
+    const trans = this.trans;
     return (
       <UseSignal signal={this.model.changed}>
         {() => {
@@ -416,14 +504,22 @@ export class SnapshotsView extends ReactWidget {
           if (m.snapshots.length === 0) {
             return (
               <div className="jp-SandboxPanel-empty">
-                No snapshots. Use the camera button of a sandbox.
+                {trans.__('No snapshots. Use the camera button of a sandbox.')}
               </div>
             );
           }
           return (
-            <ul className="jp-SandboxPanel-list" aria-label="Snapshots">
+            <ul
+              className="jp-SandboxPanel-list"
+              aria-label={trans.__('Snapshots')}
+            >
               {m.snapshots.map(s => (
-                <SnapshotRow key={s.name} snapshot={s} model={m} />
+                <SnapshotRow
+                  key={s.name}
+                  snapshot={s}
+                  model={m}
+                  trans={trans}
+                />
               ))}
             </ul>
           );
@@ -433,19 +529,28 @@ export class SnapshotsView extends ReactWidget {
   }
 }
 
-function FileRow(props: { entry: IFileEntry; files: FilesModel }): JSX.Element {
-  const { entry, files } = props;
+function FileRow(props: {
+  entry: IFileEntry;
+  files: FilesModel;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { entry, files, trans } = props;
   const isDir = entry.type === 'directory';
   const remove = async () => {
     const result = await showDialog({
-      title: `Delete ${entry.path}?`,
-      body: 'The file is removed from the workspace.',
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+      title: trans.__('Delete %1?', entry.path),
+      body: trans.__('The file is removed from the workspace.'),
+      buttons: [
+        Dialog.cancelButton({ label: trans.__('Cancel') }),
+        Dialog.warnButton({ label: trans.__('Delete') })
+      ]
     });
     if (result.button.accept) {
       files
         .delete(entry)
-        .catch(error => notifyError(`Deleting ${entry.path}`, error));
+        .catch(error =>
+          notifyError(trans, trans.__('Deleting %1', entry.path), error)
+        );
     }
   };
   return (
@@ -454,27 +559,30 @@ function FileRow(props: { entry: IFileEntry; files: FilesModel }): JSX.Element {
         <button
           type="button"
           className="jp-SandboxPanel-fileName jp-SandboxPanel-linkButton"
+          title={entry.path}
           onClick={() => void files.open(files.sandboxId, entry.path)}
         >
           <folderIcon.react tag="span" className="jp-SandboxPanel-fileIcon" />
-          {entry.name}/
+          <span className="jp-SandboxPanel-fileText">{entry.name}/</span>
         </button>
       ) : (
-        <span className="jp-SandboxPanel-fileName">
+        <span className="jp-SandboxPanel-fileName" title={entry.path}>
           <fileIcon.react tag="span" className="jp-SandboxPanel-fileIcon" />
-          {entry.name}
+          <span className="jp-SandboxPanel-fileText">{entry.name}</span>
         </span>
       )}
-      <span className="jp-SandboxPanel-sub">
-        {isDir ? '' : formatBytes(entry.size)}
-      </span>
+      {!isDir && (
+        <span className="jp-SandboxPanel-sub jp-SandboxPanel-size">
+          {formatBytes(entry.size)}
+        </span>
+      )}
       {!isDir && (
         <a
           className="jp-SandboxPanel-action jp-mod-styled"
           href={files.downloadUrl(entry)}
           download={entry.name}
-          title={`Download ${entry.name}`}
-          aria-label={`Download ${entry.name}`}
+          title={trans.__('Download %1', entry.name)}
+          aria-label={trans.__('Download %1', entry.name)}
         >
           <downloadIcon.react
             tag="span"
@@ -485,7 +593,7 @@ function FileRow(props: { entry: IFileEntry; files: FilesModel }): JSX.Element {
       {!isDir && (
         <ActionButton
           icon={deleteIcon}
-          label={`Delete ${entry.name}`}
+          label={trans.__('Delete %1', entry.name)}
           className="jp-mod-danger"
           onClick={() => void remove()}
         />
@@ -495,13 +603,20 @@ function FileRow(props: { entry: IFileEntry; files: FilesModel }): JSX.Element {
 }
 
 export class FilesView extends ReactWidget {
-  constructor(readonly files: FilesModel) {
+  constructor(
+    readonly files: FilesModel,
+    readonly trans: TranslationBundle
+  ) {
     super();
     this.addClass('jp-SandboxPanel-files');
+    this.addClass('jp-SandboxPanel-body');
   }
 
-  /** Open the system file picker and upload what is chosen. */
+  /** Open the system file picker and upload what is chosen (only with a sandbox chosen). */
   pickFiles(): void {
+    if (!this.files.sandboxId) {
+      return;
+    }
     const input = document.createElement('input');
     input.type = 'file';
     input.multiple = true;
@@ -516,7 +631,7 @@ export class FilesView extends ReactWidget {
   upload(list: FileList | File[]): void {
     this.files
       .upload(Array.from(list))
-      .catch(error => notifyError('Upload', error));
+      .catch(error => notifyError(this.trans, this.trans.__('Upload'), error));
   }
 
   render(): JSX.Element {
@@ -528,17 +643,57 @@ export class FilesView extends ReactWidget {
   }
 }
 
+/** The folder shown, one line: the outer parts shrink first (ellipsis), the last last. */
+function Breadcrumbs(props: {
+  files: FilesModel;
+  trans: TranslationBundle;
+}): JSX.Element {
+  const { files, trans } = props;
+  const crumbs = files.path ? files.path.split('/') : [];
+  const root = `${files.sandboxId}:/workspace`;
+  return (
+    <nav className="jp-SandboxPanel-crumbs" aria-label={trans.__('Folder')}>
+      <button
+        type="button"
+        className="jp-SandboxPanel-linkButton jp-SandboxPanel-crumb"
+        title={root}
+        onClick={() => void files.open(files.sandboxId, '')}
+      >
+        {root}
+      </button>
+      {crumbs.map((part, i) => {
+        const path = crumbs.slice(0, i + 1).join('/');
+        return (
+          <React.Fragment key={i}>
+            <span className="jp-SandboxPanel-crumbSep" aria-hidden="true">
+              /
+            </span>
+            <button
+              type="button"
+              className="jp-SandboxPanel-linkButton jp-SandboxPanel-crumb"
+              title={`/workspace/${path}`}
+              onClick={() => void files.open(files.sandboxId, path)}
+            >
+              {part}
+            </button>
+          </React.Fragment>
+        );
+      })}
+    </nav>
+  );
+}
+
 function FilesBody({ view }: { view: FilesView }): JSX.Element {
-  const files = view.files;
+  const { files, trans } = view;
   const [over, setOver] = React.useState(false);
   if (!files.sandboxId) {
     return (
       <div className="jp-SandboxPanel-empty">
-        Choose “Browse files” on a sandbox.
+        {trans.__('Choose “Browse files” on a sandbox.')}
       </div>
     );
   }
-  const crumbs = files.path ? files.path.split('/') : [];
+  const hidden = files.hiddenCount;
   return (
     <div
       className={`jp-SandboxPanel-dropzone${over ? ' jp-mod-dropTarget' : ''}`}
@@ -558,44 +713,7 @@ function FilesBody({ view }: { view: FilesView }): JSX.Element {
         }
       }}
     >
-      <div className="jp-SandboxPanel-crumbs">
-        <button
-          type="button"
-          className="jp-SandboxPanel-linkButton"
-          onClick={() => void files.open(files.sandboxId, '')}
-        >
-          {files.sandboxId}:/workspace
-        </button>
-        {crumbs.map((part, i) => (
-          <React.Fragment key={i}>
-            <span>/</span>
-            <button
-              type="button"
-              className="jp-SandboxPanel-linkButton"
-              onClick={() =>
-                void files.open(
-                  files.sandboxId,
-                  crumbs.slice(0, i + 1).join('/')
-                )
-              }
-            >
-              {part}
-            </button>
-          </React.Fragment>
-        ))}
-        <button
-          type="button"
-          className="jp-SandboxPanel-upload jp-mod-styled"
-          onClick={() => view.pickFiles()}
-          aria-label="Upload files"
-        >
-          <fileUploadIcon.react
-            tag="span"
-            className="jp-SandboxPanel-actionIcon"
-          />{' '}
-          Upload
-        </button>
-      </div>
+      <Breadcrumbs files={files} trans={trans} />
       {files.uploads.map((u, i) => (
         <div
           className="jp-SandboxPanel-progress"
@@ -604,7 +722,7 @@ function FilesBody({ view }: { view: FilesView }): JSX.Element {
           aria-valuenow={Math.round(u.fraction * 100)}
           aria-valuemin={0}
           aria-valuemax={100}
-          aria-label={`Uploading ${u.name}`}
+          aria-label={trans.__('Uploading %1', u.name)}
         >
           <span className="jp-SandboxPanel-progressLabel">
             {u.name} · {formatBytes(u.size)} · {Math.round(u.fraction * 100)}%
@@ -616,19 +734,31 @@ function FilesBody({ view }: { view: FilesView }): JSX.Element {
       ))}
       {files.error ? (
         <div className="jp-SandboxPanel-error" role="alert">
-          <strong>{describeStatus(files.error.status)}</strong>
+          <strong>{describeStatus(files.error.status, trans)}</strong>
           <span>{files.error.message}</span>
         </div>
       ) : (
-        <ul className="jp-SandboxPanel-list" aria-label="Files">
+        <ul className="jp-SandboxPanel-list" aria-label={trans.__('Files')}>
           {files.entries.length === 0 && (
             <li className="jp-SandboxPanel-empty">
-              Empty folder. Drop files here to upload.
+              {hidden
+                ? trans.__('Nothing to show. Drop files here to upload.')
+                : trans.__('Empty folder. Drop files here to upload.')}
             </li>
           )}
           {files.entries.map(e => (
-            <FileRow key={e.path} entry={e} files={files} />
+            <FileRow key={e.path} entry={e} files={files} trans={trans} />
           ))}
+          {hidden > 0 && (
+            <li
+              className="jp-SandboxPanel-hint jp-SandboxPanel-hiddenNote"
+              title={trans.__(
+                'Hidden names are set in Settings › Sandboxes (show hidden files, hidden file patterns).'
+              )}
+            >
+              {trans._n('%1 hidden item', '%1 hidden items', hidden)}
+            </li>
+          )}
         </ul>
       )}
     </div>

@@ -1,5 +1,23 @@
-/** How sandbox figures read in the panel. Pure functions, unit-tested. */
+/**
+ * How sandbox figures read in the panel. Pure functions, unit-tested.
+ *
+ * Every function that makes words takes the translation bundle last; without one it
+ * uses the null translator (English, with %1-style placeholders filled in).
+ */
+import { nullTranslator, TranslationBundle } from '@jupyterlab/translation';
+
 import { ISandbox } from './api';
+
+/** The translation domain of the panel's strings. */
+export const TRANSLATION_DOMAIN = 'sandbox_kernel';
+
+const NULL_TRANS: TranslationBundle = nullTranslator.load(TRANSLATION_DOMAIN);
+
+/**
+ * A no-break space: a number and its unit ("191 MiB", "3h 05m") never part at the
+ * end of a line.
+ */
+export const NBSP = '\u00a0';
 
 export function formatBytes(bytes: number | undefined | null): string {
   if (bytes === undefined || bytes === null || !isFinite(bytes) || bytes < 0) {
@@ -13,47 +31,61 @@ export function formatBytes(bytes: number | undefined | null): string {
     unit++;
   }
   const digits = unit === 0 || value >= 100 ? 0 : value >= 10 ? 1 : 2;
-  return `${value.toFixed(digits)} ${units[unit]}`;
+  return `${value.toFixed(digits)}${NBSP}${units[unit]}`;
 }
 
-/** A duration in seconds as "45s", "12m", "3h 05m", "2d 4h". */
-export function formatDuration(seconds: number): string {
+/** A duration in seconds as "45s", "12m", "3h 05m", "2d 4h" (no-break spaces). */
+export function formatDuration(
+  seconds: number,
+  trans: TranslationBundle = NULL_TRANS
+): string {
   if (!isFinite(seconds) || seconds < 0) {
     return '–';
   }
   const s = Math.floor(seconds);
   if (s < 60) {
-    return `${s}s`;
+    return trans.__('%1s', s);
   }
   const m = Math.floor(s / 60);
   if (m < 60) {
-    return `${m}m`;
+    return trans.__('%1m', m);
   }
   const h = Math.floor(m / 60);
   if (h < 24) {
-    return `${h}h ${String(m % 60).padStart(2, '0')}m`;
+    return `${trans.__('%1h', h)}${NBSP}${trans.__('%1m', String(m % 60).padStart(2, '0'))}`;
   }
-  return `${Math.floor(h / 24)}d ${h % 24}h`;
+  return `${trans.__('%1d', Math.floor(h / 24))}${NBSP}${trans.__('%1h', h % 24)}`;
 }
 
 /** "just now", "5m ago" for an epoch time in seconds. */
-export function formatAgo(epochSeconds: number, nowMs = Date.now()): string {
+export function formatAgo(
+  epochSeconds: number,
+  nowMs = Date.now(),
+  trans: TranslationBundle = NULL_TRANS
+): string {
   if (!epochSeconds) {
     return '–';
   }
   const delta = nowMs / 1000 - epochSeconds;
-  return delta < 10 ? 'just now' : `${formatDuration(delta)} ago`;
+  return delta < 10
+    ? trans.__('just now')
+    : trans.__('%1 ago', formatDuration(delta, trans));
 }
 
 /** CPU use as a percentage of one CPU, with the limit ("12% of 1 CPU"). */
-export function formatCpu(sandbox: ISandbox): string {
+export function formatCpu(
+  sandbox: ISandbox,
+  trans: TranslationBundle = NULL_TRANS
+): string {
   const limit = sandbox.limits?.cpus;
-  const limitText = limit ? ` of ${limit} CPU` : '';
   const cpu = sandbox.usage?.cpu;
-  if (cpu === undefined || cpu === null) {
-    return sandbox.state === 'running' ? `…${limitText}` : `–${limitText}`;
-  }
-  return `${Math.round(cpu * 100)}%${limitText}`;
+  const used =
+    cpu === undefined || cpu === null
+      ? sandbox.state === 'running'
+        ? '…'
+        : '–'
+      : `${Math.round(cpu * 100)}%`;
+  return limit ? trans.__('%1 of %2 CPU', used, limit) : used;
 }
 
 export function formatMemory(sandbox: ISandbox): string {
@@ -80,60 +112,92 @@ export function basename(path: string): string {
 }
 
 /** What a sandbox's scope reads as: "user", "thread · analysis.ipynb", "thread · from snapshot x". */
-export function scopeLabel(sandbox: ISandbox): string {
+export function scopeLabel(
+  sandbox: ISandbox,
+  trans: TranslationBundle = NULL_TRANS
+): string {
   if (sandbox.scope !== 'thread') {
-    return 'user';
+    return trans.__('user');
   }
   const thread = sandbox.thread || '';
   const fromSnapshot = thread.match(/^snapshot:([^:]+):/);
   if (fromSnapshot) {
-    return `thread · from snapshot ${fromSnapshot[1]}`;
+    return trans.__('thread · from snapshot %1', fromSnapshot[1]);
   }
-  return thread ? `thread · ${basename(thread)}` : 'thread';
+  return thread
+    ? trans.__('thread · %1', basename(thread))
+    : trans.__('thread');
 }
 
 /** Image or snapshot a sandbox was made from. */
-export function originLabel(sandbox: ISandbox): string {
+export function originLabel(
+  sandbox: ISandbox,
+  trans: TranslationBundle = NULL_TRANS
+): string {
   if (sandbox.snapshot) {
-    return `snapshot ${sandbox.snapshot}`;
+    return trans.__('snapshot %1', sandbox.snapshot);
   }
   return sandbox.image || '–';
 }
 
 /** How long ago the sandbox was created. */
-export function age(sandbox: ISandbox, nowMs = Date.now()): string {
+export function age(
+  sandbox: ISandbox,
+  nowMs = Date.now(),
+  trans: TranslationBundle = NULL_TRANS
+): string {
   if (!sandbox.created) {
     return '–';
   }
-  return formatDuration(nowMs / 1000 - sandbox.created);
+  return formatDuration(nowMs / 1000 - sandbox.created, trans);
 }
 
 /**
  * Uptime of a running sandbox ("up 5m"), else its age ("age 2d 3h"): a stopped one
  * has no uptime, and a backend that can't tell when it started gives 0.
  */
-export function lifetime(sandbox: ISandbox, nowMs = Date.now()): string {
+export function lifetime(
+  sandbox: ISandbox,
+  nowMs = Date.now(),
+  trans: TranslationBundle = NULL_TRANS
+): string {
   if (sandbox.state === 'running' && sandbox.started) {
-    return `up ${formatDuration(Math.max(0, nowMs / 1000 - sandbox.started))}`;
+    return trans.__(
+      'up %1',
+      formatDuration(Math.max(0, nowMs / 1000 - sandbox.started), trans)
+    );
   }
-  return `age ${age(sandbox, nowMs)}`;
+  return trans.__('age %1', age(sandbox, nowMs, trans));
 }
 
 /** Kernels using a sandbox, and how many run a cell ("2 (1 busy)"). */
-export function kernelsLabel(sandbox: ISandbox): string {
+export function kernelsLabel(
+  sandbox: ISandbox,
+  trans: TranslationBundle = NULL_TRANS
+): string {
   const busy = sandbox.busy_kernel_ids?.length ?? 0;
-  return busy ? `${sandbox.kernels} (${busy} busy)` : `${sandbox.kernels}`;
+  return busy
+    ? trans.__('%1 (%2 busy)', sandbox.kernels, busy)
+    : `${sandbox.kernels}`;
 }
 
 /** What the lifecycle will do next ("stops in 12m", "removed in 1h 30m"), or "" for nothing planned. */
-export function nextLabel(sandbox: ISandbox, nowMs = Date.now()): string {
+export function nextLabel(
+  sandbox: ISandbox,
+  nowMs = Date.now(),
+  trans: TranslationBundle = NULL_TRANS
+): string {
   const next = sandbox.next;
   if (!next || !next.action) {
     return '';
   }
-  const verb = next.action === 'stop' ? 'stops' : 'removed (workspace kept)';
   const left = next.at - nowMs / 1000;
+  if (next.action === 'stop') {
+    return left <= 0
+      ? trans.__('stops at the next cleanup')
+      : trans.__('stops in %1', formatDuration(left, trans));
+  }
   return left <= 0
-    ? `${verb} at the next cleanup`
-    : `${verb} in ${formatDuration(left)}`;
+    ? trans.__('removed (workspace kept) at the next cleanup')
+    : trans.__('removed (workspace kept) in %1', formatDuration(left, trans));
 }

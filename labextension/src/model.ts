@@ -8,6 +8,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { ApiError, IFileEntry, ISandbox, ISnapshot, SandboxAPI } from './api';
+import { hiddenNameFilter, IHiddenOptions } from './hidden';
 
 export interface IModelOptions {
   api: SandboxAPI;
@@ -28,15 +29,13 @@ function asApiError(error: unknown): ApiError {
 export class SandboxesModel implements IDisposable {
   constructor(options: IModelOptions) {
     this.api = options.api;
+    this._interval = Math.max(0, Math.round(options.interval ?? 5000));
+    this._maxInterval = options.maxInterval ?? 60000;
     if (options.poll !== false) {
-      this._poll = new Poll({
+      this._poll = new Poll<void, unknown, 'rescheduled'>({
         auto: true,
         factory: () => this.update(true),
-        frequency: {
-          interval: options.interval ?? 5000,
-          backoff: true,
-          max: options.maxInterval ?? 60000
-        },
+        frequency: this._frequency(),
         name: 'sandbox-kernel:sandboxes',
         standby: () => !this._visible || 'when-hidden'
       });
@@ -44,6 +43,27 @@ export class SandboxesModel implements IDisposable {
   }
 
   readonly api: SandboxAPI;
+
+  /** Milliseconds between refreshes while all is well. */
+  get interval(): number {
+    return this._interval;
+  }
+
+  /**
+   * A new interval applies at once: the next refresh is one new interval from now,
+   * not after what is left of the old one (a setting changed from 1 h to 5 s works now).
+   */
+  set interval(ms: number) {
+    const value = Math.max(0, Math.round(ms));
+    if (value === this._interval || this._isDisposed || !isFinite(value)) {
+      return;
+    }
+    this._interval = value;
+    if (this._poll) {
+      this._poll.frequency = this._frequency();
+      void this._poll.schedule({ interval: value, phase: 'rescheduled' });
+    }
+  }
 
   get changed(): ISignal<this, void> {
     return this._changed;
@@ -223,7 +243,18 @@ export class SandboxesModel implements IDisposable {
     Signal.clearData(this);
   }
 
-  private _poll: Poll | null = null;
+  /** The poll's frequency: backoff after failures up to the longer of the ceiling and the interval. */
+  private _frequency(): { interval: number; backoff: boolean; max: number } {
+    return {
+      interval: this._interval,
+      backoff: true,
+      max: Math.max(this._maxInterval, this._interval)
+    };
+  }
+
+  private _poll: Poll<void, unknown, 'rescheduled'> | null = null;
+  private _interval: number;
+  private _maxInterval: number;
   private _changed = new Signal<this, void>(this);
   private _revealRequested = new Signal<this, string>(this);
   private _sandboxes: ISandbox[] = [];
@@ -246,8 +277,9 @@ export interface IUpload {
 
 /** The files of one sandbox's workspace, one folder at a time. */
 export class FilesModel implements IDisposable {
-  constructor(api: SandboxAPI) {
+  constructor(api: SandboxAPI, hidden: IHiddenOptions = {}) {
     this.api = api;
+    this._isHidden = hiddenNameFilter(hidden);
   }
 
   readonly api: SandboxAPI;
@@ -264,8 +296,21 @@ export class FilesModel implements IDisposable {
     return this._path;
   }
 
+  /** The folder's entries, directories first, without the hidden names. */
   get entries(): ReadonlyArray<IFileEntry> {
-    return this._entries;
+    return this._shown;
+  }
+
+  /** How many entries of the folder are left out (hidden names). */
+  get hiddenCount(): number {
+    return this._entries.length - this._shown.length;
+  }
+
+  /** Which names are left out (the settings' hidden files); applies to the folder shown. */
+  setHidden(options: IHiddenOptions): void {
+    this._isHidden = hiddenNameFilter(options);
+    this._filter();
+    this._changed.emit();
   }
 
   get error(): ApiError | null {
@@ -290,6 +335,7 @@ export class FilesModel implements IDisposable {
   async reload(): Promise<void> {
     if (!this._sandboxId) {
       this._entries = [];
+      this._shown = [];
       this._error = null;
       this._changed.emit();
       return;
@@ -312,7 +358,12 @@ export class FilesModel implements IDisposable {
       this._entries = [];
       this._error = asApiError(error);
     }
+    this._filter();
     this._changed.emit();
+  }
+
+  private _filter(): void {
+    this._shown = this._entries.filter(e => !this._isHidden(e.name));
   }
 
   /** The folder above the current one ('' at the top). */
@@ -382,6 +433,8 @@ export class FilesModel implements IDisposable {
   private _sandboxId: string | null = null;
   private _path = '';
   private _entries: IFileEntry[] = [];
+  private _shown: IFileEntry[] = [];
+  private _isHidden: (name: string) => boolean;
   private _error: ApiError | null = null;
   private _uploads: IUpload[] = [];
   private _changed = new Signal<this, void>(this);

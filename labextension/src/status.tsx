@@ -1,9 +1,11 @@
 /** Status bar item: which sandbox the current notebook's kernel uses; a click reveals it. */
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { TranslationBundle } from '@jupyterlab/translation';
 import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
 import { ISignal, Signal } from '@lumino/signaling';
 import * as React from 'react';
 
+import { stateLabel } from './components';
 import { sandboxIcon } from './icons';
 import { SandboxesModel } from './model';
 
@@ -11,6 +13,7 @@ export class SandboxStatus extends ReactWidget {
   constructor(
     readonly model: SandboxesModel,
     readonly notebooks: INotebookTracker,
+    readonly trans: TranslationBundle,
     readonly onReveal: () => void
   ) {
     super();
@@ -89,15 +92,22 @@ export class SandboxStatus extends ReactWidget {
           const kernelId =
             this.notebooks.currentWidget?.sessionContext.session?.kernel?.id;
           const sandbox = this.model.findByKernel(kernelId);
-          const label = sandbox ? sandbox.id : 'sandbox: not started';
+          const trans = this.trans;
+          const label = sandbox ? sandbox.id : trans.__('sandbox: not started');
           return (
             <button
               type="button"
               className="jp-SandboxStatus-button"
               title={
                 sandbox
-                  ? `This notebook runs in sandbox ${sandbox.id} (${sandbox.state}); click to show it`
-                  : 'The sandbox is made by the first cell; click to open the Sandboxes panel'
+                  ? trans.__(
+                      'This notebook runs in sandbox %1 (%2); click to show it',
+                      sandbox.id,
+                      stateLabel(trans, sandbox.state)
+                    )
+                  : trans.__(
+                      'The sandbox is made by the first cell; click to open the Sandboxes panel'
+                    )
               }
               onClick={this.onReveal}
             >

@@ -1,44 +1,66 @@
+import type { TranslationBundle } from '@jupyterlab/translation';
+import { nullTranslator } from '@jupyterlab/translation';
 import { describe, expect, it } from 'vitest';
 
 import type { ISandbox } from '../src/api';
 import {
   age,
   formatAgo,
-  lifetime,
   formatBytes,
   formatCpu,
   formatDuration,
   formatMemory,
   kernelsLabel,
+  lifetime,
   memoryFraction,
+  NBSP,
   nextLabel,
   originLabel,
   scopeLabel
 } from '../src/format';
 import { sandbox } from './server';
 
+/** Expected text: "_" stands for the no-break space that keeps a number with its unit. */
+const nb = (text: string) => text.replace(/_/g, NBSP);
+
 describe('format', () => {
   it('formats sizes and durations', () => {
-    expect(formatBytes(0)).toBe('0 B');
-    expect(formatBytes(1536)).toBe('1.50 KiB');
-    expect(formatBytes(1 << 30)).toBe('1.00 GiB');
+    expect(formatBytes(0)).toBe(nb('0_B'));
+    expect(formatBytes(1536)).toBe(nb('1.50_KiB'));
+    expect(formatBytes(191 * 1024 * 1024)).toBe(nb('191_MiB'));
+    expect(formatBytes(1 << 30)).toBe(nb('1.00_GiB'));
     expect(formatBytes(undefined)).toBe('–');
     expect(formatDuration(42)).toBe('42s');
-    expect(formatDuration(3 * 3600 + 5 * 60)).toBe('3h 05m');
-    expect(formatDuration(50 * 3600)).toBe('2d 2h');
+    expect(formatDuration(3 * 3600 + 5 * 60)).toBe(nb('3h_05m'));
+    expect(formatDuration(50 * 3600)).toBe(nb('2d_2h'));
     expect(formatAgo(1000, 1000 * 1000 + 5000)).toBe('just now');
     expect(formatAgo(1000, (1000 + 600) * 1000)).toBe('10m ago');
+  });
+
+  it('never puts a breakable space between a number and its unit', () => {
+    for (const bytes of [0, 1, 1023, 1024, 5e6, 191 * 2 ** 20, 3e9, 2 ** 42]) {
+      // The only spaces in a size are no-break spaces; \s would match them too.
+      expect(formatBytes(bytes)).not.toMatch(/[ \t\n]/);
+      expect(formatBytes(bytes)).toMatch(/^[\d.]+\u00a0[KMGT]?i?B$/);
+    }
+    for (const seconds of [5, 90, 3700, 90000, 10 ** 7]) {
+      expect(formatDuration(seconds)).not.toMatch(/[ \t\n]/);
+    }
+    // Between figures the words may wrap; inside one figure they may not.
+    expect(formatMemory(sandbox())).toBe(nb('256_MiB / 1.00_GiB'));
   });
 
   it('describes use against limits', () => {
     const s = sandbox();
     expect(formatCpu(s)).toBe('25% of 1 CPU');
-    expect(formatMemory(s)).toBe('256 MiB / 1.00 GiB');
     expect(memoryFraction(s)).toBe(0.25);
     expect(formatCpu(sandbox({ usage: {}, state: 'stopped' }))).toBe(
       '– of 1 CPU'
     );
-    expect(age(sandbox({ created: 100 }), 3700 * 1000)).toBe('1h 00m');
+    expect(formatCpu(sandbox({ usage: {}, state: 'running' }))).toBe(
+      '… of 1 CPU'
+    );
+    expect(age(sandbox({ created: 100 }), 3700 * 1000)).toBe(nb('1h_00m'));
     // Uptime counts from the last start while running; otherwise the age is shown.
     expect(
       lifetime(sandbox({ created: 100, started: 3400 }), 3700 * 1000)
@@ -48,9 +70,9 @@ describe('format', () => {
         sandbox({ created: 100, started: 3400, state: 'stopped' }),
         3700 * 1000
       )
-    ).toBe('age 1h 00m');
+    ).toBe(nb('age 1h_00m'));
     expect(lifetime(sandbox({ created: 100, started: 0 }), 3700 * 1000)).toBe(
-      'age 1h 00m'
+      nb('age 1h_00m')
     );
   });
 
@@ -98,5 +120,29 @@ describe('format', () => {
     expect(
       nextLabel({ ...base, next: { action: '', at: 0, reason: '' } }, now)
     ).toBe('');
+  });
+
+  it('passes every word through the translation bundle it is given', () => {
+    const plain = nullTranslator.load('sandbox_kernel');
+    // A "translation" that marks what went through it, placeholders filled as gettext does.
+    const marked = {
+      ...plain,
+      __: (msgid: string, ...args: unknown[]) =>
+        `«${plain.__(msgid, ...(args as string[]))}»`
+    } as TranslationBundle;
+    const now = 3700 * 1000;
+    expect(formatDuration(42, marked)).toBe('«42s»');
+    expect(formatAgo(1000, (1000 + 600) * 1000, marked)).toBe('««10m» ago»');
+    expect(
+      lifetime(sandbox({ created: 100, started: 3400 }), now, marked)
+    ).toBe('«up «5m»»');
+    expect(scopeLabel(sandbox(), marked)).toBe('«user»');
+    expect(formatCpu(sandbox(), marked)).toBe('«25% of 1 CPU»');
+    expect(
+      kernelsLabel(
+        { kernels: 2, busy_kernel_ids: ['k'] } as unknown as ISandbox,
+        marked
+      )
+    ).toBe('«2 (1 busy)»');
   });
 });

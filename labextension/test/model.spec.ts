@@ -133,6 +133,36 @@ describe('SandboxesModel', () => {
     model.dispose();
   });
 
+  it('honours a new refresh interval at once, both ways', async () => {
+    const server = new FakeServer()
+      .json('GET', '/base/api/sandboxes', [sandbox()])
+      .json('GET', '/base/api/snapshots', []);
+    const sleep = (ms: number) =>
+      new Promise(resolve => setTimeout(resolve, ms));
+    const rounds = () =>
+      server.requests.filter(r => r.url.endsWith('/api/sandboxes')).length;
+    // An hour apart: only the first refresh happens.
+    const model = new SandboxesModel({
+      api: new SandboxAPI(server.settings()),
+      interval: 3_600_000
+    });
+    await sleep(100);
+    expect(rounds()).toBe(1);
+    expect(model.interval).toBe(3_600_000);
+    // Down to 20 ms: the poll does not wait out the hour.
+    model.interval = 20;
+    expect(model.interval).toBe(20);
+    await sleep(400);
+    expect(rounds()).toBeGreaterThanOrEqual(4);
+    // Back up to an hour: it stops refreshing.
+    model.interval = 3_600_000;
+    await sleep(50);
+    const settled = rounds();
+    await sleep(300);
+    expect(rounds()).toBe(settled);
+    model.dispose();
+  });
+
   it('asks the panel to reveal a sandbox', () => {
     const { model } = setup();
     const revealed: string[] = [];
@@ -180,6 +210,50 @@ describe('FilesModel', () => {
     );
     expect(put?.body).toBe('x,y\n');
     expect(files.uploads).toEqual([]);
+  });
+
+  it('leaves out hidden names, as set, without asking the server again', async () => {
+    const entry = (name: string, type = 'file') => ({
+      name,
+      path: name,
+      type,
+      size: 1,
+      modified: 1
+    });
+    const server = new FakeServer().json(
+      'GET',
+      '/base/api/sandboxes/sk-alice/files',
+      {
+        path: '',
+        entries: [
+          entry('.ipynb_checkpoints', 'directory'),
+          entry('__pycache__', 'directory'),
+          entry('.bashrc'),
+          entry('notes.txt~'),
+          entry('hello.txt')
+        ]
+      }
+    );
+    const files = new FilesModel(new SandboxAPI(server.settings()));
+    await files.open('sk-alice');
+    expect(files.entries.map(e => e.name)).toEqual(['hello.txt']);
+    expect(files.hiddenCount).toBe(4);
+    let changes = 0;
+    files.changed.connect(() => changes++);
+    const before = server.requests.length;
+    files.setHidden({ showHidden: true });
+    expect(files.entries.map(e => e.name)).toEqual(['.bashrc', 'hello.txt']);
+    files.setHidden({ showHidden: true, patterns: [] });
+    expect(files.entries.map(e => e.name)).toEqual([
+      '__pycache__',
+      '.ipynb_checkpoints',
+      '.bashrc',
+      'hello.txt',
+      'notes.txt~'
+    ]);
+    expect(files.hiddenCount).toBe(0);
+    expect(changes).toBe(2);
+    expect(server.requests.length).toBe(before);
   });
 
   it('keeps the error of a folder it cannot list', async () => {
