@@ -67,7 +67,9 @@ def one_line(error: BaseException) -> str:
     return text
 
 
-def plant(service: SandboxService, user: str, sandbox_id: str, command: list[str], start: bool = True) -> Any:
+def plant(
+    service: SandboxService, user: str, sandbox_id: str, command: list[str], start: bool = True
+) -> Any:
     """A container the backend takes for sandbox ``sandbox_id`` of ``user``."""
     labels = {
         LABEL_MANAGED: "1",
@@ -83,7 +85,9 @@ def plant(service: SandboxService, user: str, sandbox_id: str, command: list[str
     return container
 
 
-def test_every_operation_on_a_removed_sandbox_says_which(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_every_operation_on_a_removed_sandbox_says_which(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     info = service.ensure(ScopeKey(test_user)).info
     docker.from_env().containers.get(info.engine_id).remove(force=True)
     operations: dict[str, Callable[[], object]] = {
@@ -102,7 +106,9 @@ def test_every_operation_on_a_removed_sandbox_says_which(backend: DockerBackend,
     assert backend.destroy(info.id) is False
 
 
-def test_removed_while_being_started(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_removed_while_being_started(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     """`docker rm -f` of a half-made sandbox (created, never started) while the backend
     waits for its maker to start it: the engine's 404 comes back as SandboxNotFound
     naming the sandbox, not as docker's NotFound."""
@@ -130,16 +136,22 @@ def test_removed_while_being_started(backend: DockerBackend, service: SandboxSer
     assert sandbox_id in one_line(error)
 
 
-def test_a_refused_resize_is_a_bad_request(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_a_refused_resize_is_a_bad_request(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     info = service.ensure(ScopeKey(test_user)).info
     with pytest.raises(BadRequest) as err:
         backend.resize(info.id, Spec(memory=1 << 20))  # Docker's floor is 6 MB
     message = one_line(err.value)
-    assert message.startswith(f"Docker refused to resize {info.id}: ") and "memory" in message.lower()
+    assert (
+        message.startswith(f"Docker refused to resize {info.id}: ") and "memory" in message.lower()
+    )
     assert backend.get(info.id).limits["memory"] == info.limits["memory"]
 
 
-def test_exec_failures_read_as_a_shell_says_them(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_exec_failures_read_as_a_shell_says_them(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     """With or without a time limit (the in-sandbox runner), a command that cannot run
     is said as a shell says it; a missing folder is not a missing command."""
     info = service.ensure(ScopeKey(test_user)).info
@@ -148,24 +160,40 @@ def test_exec_failures_read_as_a_shell_says_them(backend: DockerBackend, service
     assert folder.exit_code != 0
     for timeout in (None, 30.0):
         missing = backend.exec(info.id, ["nosuchcmd", "-x"], timeout=timeout)
-        assert (missing.exit_code, missing.output) == (127, b"nosuchcmd: command not found in the sandbox\n"), timeout
+        assert (missing.exit_code, missing.output) == (
+            127,
+            b"nosuchcmd: command not found in the sandbox\n",
+        ), timeout
         not_runnable = backend.exec(info.id, ["/etc/passwd"], timeout=timeout)
-        assert not_runnable.exit_code == 126 and b"permission denied" in not_runnable.output, timeout
-        killed = backend.exec(info.id, ["python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], timeout=timeout)
+        assert not_runnable.exit_code == 126 and b"permission denied" in not_runnable.output, (
+            timeout
+        )
+        killed = backend.exec(
+            info.id,
+            ["python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+            timeout=timeout,
+        )
         assert killed.exit_code == 137, (timeout, killed)
 
 
-def test_an_invalid_image_reference(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_an_invalid_image_reference(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     service = SandboxService(make_config(image="Not An/Image Name"))
     with pytest.raises(SandboxFailed) as err:
         service.ensure(ScopeKey(test_user))
     message = one_line(err.value)
-    assert message.startswith("bad image name 'Not An/Image Name': ") and "invalid reference format" in message
+    assert (
+        message.startswith("bad image name 'Not An/Image Name': ")
+        and "invalid reference format" in message
+    )
     assert "SANDBOX_KERNEL_IMAGE" in message
     assert service.backend.list(test_user) == []
 
 
-def test_snapshot_image_removed_behind_our_back(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_snapshot_image_removed_behind_our_back(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     info = service.ensure(ScopeKey(test_user)).info
     try:
         snap = service.create_snapshot(test_user, info.id, "gone")
@@ -173,7 +201,10 @@ def test_snapshot_image_removed_behind_our_back(backend: DockerBackend, service:
         assert "gone" not in [s["name"] for s in service.snapshots(test_user)]
         assert backend.delete_snapshot(snap["ref"]) is False
         with pytest.raises(SandboxFailed) as err:
-            service.ensure(ScopeKey(test_user, "thread", "from-gone"), config=service.config_with(snapshot="gone"))
+            service.ensure(
+                ScopeKey(test_user, "thread", "from-gone"),
+                config=service.config_with(snapshot="gone"),
+            )
         assert "no snapshot named 'gone'" in one_line(err.value)
     finally:
         remove_user_snapshots(test_user)
@@ -191,7 +222,9 @@ def child_image(snapshot_id: str, tag: str) -> str:
     return f"{CHILD_REPO}:{tag}"
 
 
-def test_snapshot_held_by_what_is_not_ours(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_snapshot_held_by_what_is_not_ours(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     """A snapshot in use cannot be deleted: a container made from it outside
     sandbox-kernel is named in our refusal; an image built from it makes Docker refuse
     (409), which is a Conflict too, never a 500. Neither is listed as a snapshot."""
@@ -204,14 +237,19 @@ def test_snapshot_held_by_what_is_not_ours(backend: DockerBackend, service: Sand
         try:
             with pytest.raises(Conflict) as err:
                 service.delete_snapshot(test_user, "held")
-            assert one_line(err.value) == f"snapshot 'held' is used by {foreign.name}; destroy those sandboxes first"
+            assert (
+                one_line(err.value)
+                == f"snapshot 'held' is used by {foreign.name}; destroy those sandboxes first"
+            )
         finally:
             foreign.remove(force=True)
         child = child_image(snap["id"], test_user)
         with pytest.raises(Conflict) as err:
             service.delete_snapshot(test_user, "held")
         message = one_line(err.value)
-        assert message.startswith("Docker could not delete snapshot 'held': ") and "child" in message
+        assert (
+            message.startswith("Docker could not delete snapshot 'held': ") and "child" in message
+        )
         assert [s["id"] for s in service.snapshots(test_user)] == [snap["id"]]
         with pytest.raises(Conflict, match="you already have a snapshot named 'held'"):
             service.create_snapshot(test_user, info.id, "held")
@@ -250,20 +288,34 @@ def test_engine_that_stops_answering(backend: DockerBackend, tmp_path: Path) -> 
 
 @pytest.fixture
 def jp_server_config(rest_env: dict[str, str]) -> dict[str, Any]:
-    return {"ServerApp": {"jpserver_extensions": {"jupyter_ext": True}}, "SandboxExtension": {"gc_interval": 0}}
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_ext": True}},
+        "SandboxExtension": {"gc_interval": 0},
+    }
 
 
-async def test_rest_snapshot_with_a_child_image_is_409(jp_fetch: Any, sandbox: dict[str, str], test_user: str) -> None:
+async def test_rest_snapshot_with_a_child_image_is_409(
+    jp_fetch: Any, sandbox: dict[str, str], test_user: str
+) -> None:
     client = docker.from_env()
     child = ""
     try:
-        made = await jp_fetch("api", "sandboxes", sandbox["id"], "snapshots", method="POST", body=json.dumps({"name": "held"}))
+        made = await jp_fetch(
+            "api",
+            "sandboxes",
+            sandbox["id"],
+            "snapshots",
+            method="POST",
+            body=json.dumps({"name": "held"}),
+        )
         child = child_image(json.loads(made.body)["id"], test_user)
         with pytest.raises(HTTPClientError) as err:
             await jp_fetch("api", "snapshots", "held", method="DELETE")
         assert err.value.code == 409
         message = json.loads(err.value.response.body)["message"]
-        assert message.startswith("Docker could not delete snapshot 'held': ") and "\n" not in message
+        assert (
+            message.startswith("Docker could not delete snapshot 'held': ") and "\n" not in message
+        )
         client.images.remove(child)
         child = ""
         deleted = await jp_fetch("api", "snapshots", "held", method="DELETE")

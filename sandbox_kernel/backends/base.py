@@ -15,6 +15,7 @@ tells two incarnations apart.
 from __future__ import annotations
 
 import abc
+import builtins
 import hashlib
 import json
 import re
@@ -347,7 +348,9 @@ class Backend(abc.ABC):
         """This installation's sandboxes, all or those of one user (the name, not the id)."""
 
     @abc.abstractmethod
-    def create(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress) -> SandboxInfo:
+    def create(
+        self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
+    ) -> SandboxInfo:
         """Make and start sandbox ``sandbox_id`` of ``key`` from ``spec``, carrying ``labels``.
 
         Raises :class:`AlreadyExists` when another process made it first (the caller
@@ -375,7 +378,7 @@ class Backend(abc.ABC):
     def exec(
         self,
         sandbox_id: str,
-        cmd: list[str],
+        cmd: builtins.list[str],
         *,
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
@@ -387,7 +390,7 @@ class Backend(abc.ABC):
     def open_channel(
         self,
         sandbox_id: str,
-        cmd: list[str],
+        cmd: builtins.list[str],
         *,
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
@@ -424,14 +427,18 @@ class Backend(abc.ABC):
         return False
 
     # -- activity, usage and snapshots: optional ------------------------------------------
-    keep_alive_interval: float = 0.0  # seconds between keep_alive calls while a cell runs; 0: never
+    @property
+    def keep_alive_interval(self) -> float:
+        """Seconds between keep_alive calls while a cell runs; 0: never (an engine may
+        work it out from its settings, hence a property)."""
+        return 0.0
 
     def keep_alive(self, sandbox_id: str) -> None:
         """Tell an engine with its own idle timer that a cell is running (Daytona counts
         only API use as activity, so a long silent cell would otherwise be stopped)."""
         return None  # engines that see processes run (Docker, local) need nothing
 
-    def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, float]]:
+    def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:
         """Live use per sandbox id ({"memory": bytes, ...}); empty when the engine can't tell."""
         return {}
 
@@ -441,7 +448,7 @@ class Backend(abc.ABC):
         """Save the sandbox's filesystem (never the workspace) as snapshot ``ref``."""
         raise NotSupported(f"the {self.name} backend cannot take snapshots")
 
-    def list_snapshots(self) -> list[SnapshotInfo]:
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
         """Every snapshot of this installation, each with its owner and ref."""
         raise NotSupported(f"the {self.name} backend has no snapshots")
 

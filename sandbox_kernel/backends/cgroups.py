@@ -25,7 +25,10 @@ def cgroup_usage(container_id: str) -> dict[str, float] | None:
             return found
         except (OSError, ValueError):
             continue
-    for base in (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope", f"/sys/fs/cgroup/docker/{container_id}"):
+    for base in (
+        f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope",
+        f"/sys/fs/cgroup/docker/{container_id}",
+    ):
         try:
             for line in Path(base, "cpu.stat").read_text().splitlines():
                 if line.startswith("usage_usec "):
@@ -39,9 +42,18 @@ def cgroup_usage(container_id: str) -> dict[str, float] | None:
 def cgroup_memory(container_id: str) -> int | None:
     """Memory use of a container from cgroup v1 or v2 files on this host, if visible."""
     candidates = [
-        (f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes", "total_inactive_file"),
-        (f"/sys/fs/cgroup/memory/system.slice/docker-{container_id}.scope/memory.usage_in_bytes", "total_inactive_file"),
-        (f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.current", "inactive_file"),
+        (
+            f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes",
+            "total_inactive_file",
+        ),
+        (
+            f"/sys/fs/cgroup/memory/system.slice/docker-{container_id}.scope/memory.usage_in_bytes",
+            "total_inactive_file",
+        ),
+        (
+            f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.current",
+            "inactive_file",
+        ),
         (f"/sys/fs/cgroup/docker/{container_id}/memory.current", "inactive_file"),
     ]
     for usage_file, inactive_key in candidates:

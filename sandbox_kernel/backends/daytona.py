@@ -22,6 +22,7 @@ backend is chosen.
 
 from __future__ import annotations
 
+import builtins
 import math
 import re
 import shlex
@@ -218,7 +219,9 @@ class DaytonaBackend(Backend):
     def client(self) -> Daytona:
         if self._client is None:
             try:
-                self._client = Daytona()  # key, URL and target from DAYTONA_* like every Daytona tool
+                self._client = (
+                    Daytona()
+                )  # key, URL and target from DAYTONA_* like every Daytona tool
             except DaytonaError as exc:
                 raise EngineUnavailable(
                     f"cannot reach Daytona: {exc}. Set DAYTONA_API_KEY (and DAYTONA_API_URL for a "
@@ -316,7 +319,11 @@ class DaytonaBackend(Backend):
             flavor=labels.get(LABEL_FLAVOR, ""),
             isolation="Daytona sandbox (remote, its own kernel)",
             workspace=f"daytona volume {_volume_name(labels.get(LABEL_USER, ''))}",
-            limits={"cpus": sandbox.cpu, "memory": int(sandbox.memory or 0) * 2**30, "disk": int(sandbox.disk or 0) * 2**30},
+            limits={
+                "cpus": sandbox.cpu,
+                "memory": int(sandbox.memory or 0) * 2**30,
+                "disk": int(sandbox.disk or 0) * 2**30,
+            },
             exit_reason=getattr(sandbox, "error_reason", None) or "",
             finished=_epoch(sandbox.updated_at) if _state(sandbox) == "stopped" else 0.0,
             # Daytona stamps updatedAt at each state change: for a running one, its start.
@@ -331,7 +338,9 @@ class DaytonaBackend(Backend):
         return None if sandbox is None else self._info(sandbox)
 
     # -- sandboxes -----------------------------------------------------------------------
-    def create(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress) -> SandboxInfo:
+    def create(
+        self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
+    ) -> SandboxInfo:
         volume = self._ensure_volume(key.user, progress)
         snapshot = f"sk-{spec.snapshot_ref}" if spec.snapshot_ref else spec.image
         progress(f"creating Daytona sandbox {sandbox_id} from {snapshot or 'the default snapshot'}")
@@ -342,12 +351,17 @@ class DaytonaBackend(Backend):
             env_vars={"PIP_BREAK_SYSTEM_PACKAGES": "1", "PYTHONUNBUFFERED": "1"},
             volumes=[VolumeMount(volume_id=volume.id, mount_path=WORKSPACE)],
             auto_stop_interval=math.ceil(self.settings.idle_stop) if self.settings.idle_stop else 0,
-            auto_delete_interval=math.ceil(self.settings.idle_delete) if self.settings.idle_delete else -1,
+            auto_delete_interval=math.ceil(self.settings.idle_delete)
+            if self.settings.idle_delete
+            else -1,
             network_block_all=not spec.network,
         )
         try:
             sandbox = self._call(
-                self.client.create, params, timeout=self.settings.start_timeout, what=f"create {sandbox_id}"
+                self.client.create,
+                params,
+                timeout=self.settings.start_timeout,
+                what=f"create {sandbox_id}",
             )
         except DaytonaConflictError:
             raise AlreadyExists(f"{sandbox_id} was made by another process") from None
@@ -362,7 +376,11 @@ class DaytonaBackend(Backend):
         state = _state(sandbox)
         if state == "creating":
             say(f"waiting for Daytona sandbox {sandbox_id} ({_raw_state(sandbox)})")
-            self._call(sandbox.wait_for_sandbox_start, timeout=self.settings.start_timeout, what=f"start {sandbox_id}")
+            self._call(
+                sandbox.wait_for_sandbox_start,
+                timeout=self.settings.start_timeout,
+                what=f"start {sandbox_id}",
+            )
         elif state == "error":
             reason = getattr(sandbox, "error_reason", None) or "in error"
             raise SandboxFailed(f"Daytona sandbox {sandbox_id} failed ({reason})")
@@ -370,10 +388,16 @@ class DaytonaBackend(Backend):
             raw = _raw_state(sandbox)
             say(
                 f"starting Daytona sandbox {sandbox_id} ({raw}"
-                + ("; restoring an archived sandbox can take a minute" if raw in ("archived", "archiving") else "")
+                + (
+                    "; restoring an archived sandbox can take a minute"
+                    if raw in ("archived", "archiving")
+                    else ""
+                )
                 + ")"
             )
-            self._call(sandbox.start, timeout=self.settings.start_timeout, what=f"start {sandbox_id}")
+            self._call(
+                sandbox.start, timeout=self.settings.start_timeout, what=f"start {sandbox_id}"
+            )
         return self._info(sandbox)
 
     def _ensure_volume(self, user: str, say: Progress) -> Any:
@@ -383,9 +407,13 @@ class DaytonaBackend(Backend):
         deadline = time.monotonic() + self.settings.start_timeout
         while _raw_state(volume) != "ready":
             if _raw_state(volume) == "error":
-                raise SandboxFailed(f"Daytona volume {name} is in error: {volume.error_reason or 'no reason given'}")
+                raise SandboxFailed(
+                    f"Daytona volume {name} is in error: {volume.error_reason or 'no reason given'}"
+                )
             if time.monotonic() > deadline:
-                raise SandboxFailed(f"Daytona volume {name} was not ready after {self.settings.start_timeout:.0f} s")
+                raise SandboxFailed(
+                    f"Daytona volume {name} was not ready after {self.settings.start_timeout:.0f} s"
+                )
             say(f"waiting for workspace volume {name}")
             time.sleep(0.5)
             volume = self._call(self.client.volume.get, name, what=f"get volume {name}")
@@ -429,7 +457,7 @@ class DaytonaBackend(Backend):
         # Three refreshes per auto-stop interval, so one lost request never stops a cell.
         return max(1.0, self.settings.idle_stop * 60 / 3) if self.settings.idle_stop else 0.0
 
-    def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, float]]:
+    def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:
         """Live use per running sandbox, as its daemon reports it (one toolbox call each).
 
         ``cpu`` is in cores (the daemon's percentage of the sandbox's CPUs, times their
@@ -451,7 +479,7 @@ class DaytonaBackend(Backend):
     def exec(
         self,
         sandbox_id: str,
-        cmd: list[str],
+        cmd: builtins.list[str],
         *,
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
@@ -474,7 +502,7 @@ class DaytonaBackend(Backend):
     def open_channel(
         self,
         sandbox_id: str,
-        cmd: list[str],
+        cmd: builtins.list[str],
         *,
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
@@ -493,9 +521,9 @@ class DaytonaBackend(Backend):
         channel = PtyChannel(
             handle,
             kill=lambda: sandbox.process.kill_pty_session(pty_id),
-            log=lambda: self.exec(sandbox_id, ["tail", "-c", "2000", AGENT_LOG], timeout=10).output.decode(
-                "utf-8", "replace"
-            ),
+            log=lambda: self.exec(
+                sandbox_id, ["tail", "-c", "2000", AGENT_LOG], timeout=10
+            ).output.decode("utf-8", "replace"),
         )
         assignments = " ".join(_bash_word(f"{k}={v}") for k, v in (env or {}).items())
         # Raw mode makes the terminal a plain byte pipe (no echo, no line editing, no
@@ -520,7 +548,9 @@ class DaytonaBackend(Backend):
 
     def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
         sandbox = self._running(sandbox_id)
-        stream = self._call(sandbox.fs.download_file_stream, _in_workspace(path), what=f"download {path}")
+        stream = self._call(
+            sandbox.fs.download_file_stream, _in_workspace(path), what=f"download {path}"
+        )
         return self._chunks(stream, path)
 
     def _chunks(self, stream: Iterator[bytes], path: str) -> Iterator[bytes]:
@@ -538,7 +568,10 @@ class DaytonaBackend(Backend):
         sandbox = self._sandbox(sandbox_id)
         try:
             self._call(
-                sandbox.create_snapshot, f"sk-{ref}", timeout=self.settings.start_timeout, what=f"snapshot {sandbox_id}"
+                sandbox.create_snapshot,
+                f"sk-{ref}",
+                timeout=self.settings.start_timeout,
+                what=f"snapshot {sandbox_id}",
             )
         except DaytonaConflictError:
             raise Conflict(
@@ -549,18 +582,20 @@ class DaytonaBackend(Backend):
                 return snap
         raise SandboxFailed(f"Daytona accepted snapshot {ref!r} but does not list it")
 
-    def _all_snapshots(self) -> list[Any]:
+    def _all_snapshots(self) -> builtins.list[Any]:
         """Every snapshot of the organization, page after page."""
-        found: list[Any] = []
+        found: builtins.list[Any] = []
         page = 1
         while True:
-            batch = self._call(self.client.snapshot.list, page=page, limit=100, what="list snapshots")
+            batch = self._call(
+                self.client.snapshot.list, page=page, limit=100, what="list snapshots"
+            )
             found.extend(batch.items)
             if page >= (batch.total_pages or 1) or not batch.items:
                 return found
             page += 1
 
-    def list_snapshots(self) -> list[SnapshotInfo]:
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
         ours = self.list()
         sources = {s.engine_id: s.id for s in ours}
         users = {safe_id(s.user): s.user for s in ours}

@@ -26,6 +26,7 @@ This module is the backend's life cycle and processes; the rest of it lives besi
 
 from __future__ import annotations
 
+import builtins
 import os
 import secrets
 import time
@@ -148,7 +149,10 @@ class DockerBackend(Backend):
     def _ours(self, labels: dict[str, str] | None) -> bool:
         """Made by sandbox-kernel, and by this installation (this state folder)."""
         labels = labels or {}
-        return labels.get(LABEL_MANAGED) == "1" and labels.get(LABEL_INSTALLATION) == self._installation
+        return (
+            labels.get(LABEL_MANAGED) == "1"
+            and labels.get(LABEL_INSTALLATION) == self._installation
+        )
 
     def _container(self, sandbox_id: str) -> Any:
         """Our container by sandbox id (or engine id), or None; others' are never ours."""
@@ -191,9 +195,15 @@ class DockerBackend(Backend):
         return sorted((summary_info(self._installation, s) for s in summaries), key=lambda i: i.id)
 
     # -- create ----------------------------------------------------------------
-    def create(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress) -> SandboxInfo:
+    def create(
+        self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
+    ) -> SandboxInfo:
         name = engine_name(self._installation, sandbox_id)
-        image = self._snapshots.image(spec) if spec.snapshot_ref else self._ensure_image(spec.image, progress)
+        image = (
+            self._snapshots.image(spec)
+            if spec.snapshot_ref
+            else self._ensure_image(spec.image, progress)
+        )
         args = self._create_args(sandbox_id, key, spec, labels, image)
         try:
             with engine_errors(f"create {sandbox_id}", refused=SandboxFailed):
@@ -239,9 +249,13 @@ class DockerBackend(Backend):
         except SandboxNotFound:
             pass
         except BadRequest as exc:  # not an image name at all (capitals, spaces...)
-            raise SandboxFailed(f"bad image name {name!r}: {engine_reason(exc)}; set SANDBOX_KERNEL_IMAGE to a valid one") from None
+            raise SandboxFailed(
+                f"bad image name {name!r}: {engine_reason(exc)}; set SANDBOX_KERNEL_IMAGE to a valid one"
+            ) from None
         say(f"image {name} is not here; pulling it")
-        repo, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "latest")
+        repo, _, tag = (
+            name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "latest")
+        )
         try:
             with engine_errors(f"pull {name}", refused=SandboxFailed):
                 self._pull(repo, tag, name, say)
@@ -269,13 +283,17 @@ class DockerBackend(Backend):
             self._network_checked = True
         return NETWORK
 
-    def _create_args(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], image: Any) -> dict[str, Any]:
+    def _create_args(
+        self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], image: Any
+    ) -> dict[str, Any]:
         """Everything ``containers.create`` is given: the hardening lives here."""
         name = engine_name(self._installation, sandbox_id)
         uid, gid, how = self._mounts.ownership(image)
         workspace, source = self._mounts.workspace(key, name, uid, gid, how)
         image_env = dict(
-            item.split("=", 1) for item in (image.attrs.get("Config", {}).get("Env") or []) if "=" in item
+            item.split("=", 1)
+            for item in (image.attrs.get("Config", {}).get("Env") or [])
+            if "=" in item
         )
         path = image_env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
         mounts = [Mount(WORKSPACE, str(source), type="bind", read_only=False)]
@@ -352,8 +370,14 @@ class DockerBackend(Backend):
         if container.status != "running":
             with engine_errors("read the output of", self._id(container)):
                 logs = container.logs(tail=5).decode("utf-8", "replace").strip()
-            hint = " (does the image have python3 on its PATH?)" if "python3" in logs or not logs else ""
-            raise SandboxFailed(f"sandbox {self._id(container)} stopped right after start{hint}: {logs[-300:]}")
+            hint = (
+                " (does the image have python3 on its PATH?)"
+                if "python3" in logs or not logs
+                else ""
+            )
+            raise SandboxFailed(
+                f"sandbox {self._id(container)} stopped right after start{hint}: {logs[-300:]}"
+            )
 
     # -- life ------------------------------------------------------------------
     def stop(self, sandbox_id: str) -> SandboxInfo:
@@ -389,9 +413,16 @@ class DockerBackend(Backend):
         container = self._require(sandbox_id)
         api = self.client.api
         # The SDK's update_container knows neither NanoCpus nor PidsLimit; the API does.
-        body = {"Memory": spec.memory, "MemorySwap": spec.memory, "NanoCpus": int(self._cpus(spec) * 1e9), "PidsLimit": spec.pids}
+        body = {
+            "Memory": spec.memory,
+            "MemorySwap": spec.memory,
+            "NanoCpus": int(self._cpus(spec) * 1e9),
+            "PidsLimit": spec.pids,
+        }
         with engine_errors("resize", sandbox_id):
-            api._raise_for_status(api._post_json(api._url("/containers/{0}/update", container.id), data=body))
+            api._raise_for_status(
+                api._post_json(api._url("/containers/{0}/update", container.id), data=body)
+            )
         return True
 
     def destroy(self, sandbox_id: str) -> bool:
@@ -430,7 +461,7 @@ class DockerBackend(Backend):
     def open_channel(
         self,
         sandbox_id: str,
-        cmd: list[str],
+        cmd: builtins.list[str],
         *,
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
@@ -440,7 +471,14 @@ class DockerBackend(Backend):
         api = self.client.api
         with engine_errors("run a process in", self._id(container)):
             exec_id = api.exec_create(
-                container.id, cmd, stdin=True, stdout=True, stderr=True, tty=False, workdir=cwd, environment=env or None
+                container.id,
+                cmd,
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                workdir=cwd,
+                environment=env or None,
             )["Id"]
             sock = api.exec_start(exec_id, socket=True, demux=False)
         raw = getattr(sock, "_sock", sock)
@@ -454,7 +492,7 @@ class DockerBackend(Backend):
     def exec(
         self,
         sandbox_id: str,
-        cmd: list[str],
+        cmd: builtins.list[str],
         *,
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
@@ -496,7 +534,10 @@ class DockerBackend(Backend):
         if not self._host_sees_processes(container):
             return None
         channel = self.open_channel(
-            sandbox_id, bootstrap_command(), cwd=WORKSPACE, env={"SANDBOX_AGENT_SPARE_LISTEN": SPARE_SOCKET}
+            sandbox_id,
+            bootstrap_command(),
+            cwd=WORKSPACE,
+            env={"SANDBOX_AGENT_SPARE_LISTEN": SPARE_SOCKET},
         )
         secret = secrets.token_hex(32)
         try:
@@ -512,7 +553,13 @@ class DockerBackend(Backend):
             channel.close()  # the spare no longer uses the exec's stdio
         if identity is None:
             return None
-        return Spare(engine_id=container.id, pid=identity[0], start_time=identity[1], host_pid=host_pid, secret=secret)
+        return Spare(
+            engine_id=container.id,
+            pid=identity[0],
+            start_time=identity[1],
+            host_pid=host_pid,
+            secret=secret,
+        )
 
     def spare_alive(self, spare: Spare) -> bool:
         """Whether a recorded spare still runs (the same process: pid and start time)."""
@@ -527,7 +574,7 @@ class DockerBackend(Backend):
         return self._proc_visible
 
     # -- usage -----------------------------------------------------------------------
-    def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, float]]:
+    def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:
         """Memory in use per running sandbox.
 
         Read from the engine host's cgroup files when they are here (no engine round
@@ -545,16 +592,21 @@ class DockerBackend(Backend):
             except SandboxError:
                 continue  # it stopped meanwhile: no figure rather than an error
             mem = raw.get("memory_stats") or {}
-            cache = (mem.get("stats") or {}).get("total_inactive_file", 0) or (mem.get("stats") or {}).get("cache", 0)
-            found[info.id] = {"memory": max(0, (mem.get("usage") or 0) - cache), "pids": (raw.get("pids_stats") or {}).get("current", 0)}
+            cache = (mem.get("stats") or {}).get("total_inactive_file", 0) or (
+                mem.get("stats") or {}
+            ).get("cache", 0)
+            found[info.id] = {
+                "memory": max(0, (mem.get("usage") or 0) - cache),
+                "pids": (raw.get("pids_stats") or {}).get("current", 0),
+            }
         return found
 
     # -- snapshots (docker_snapshots.py) ---------------------------------------------------
     def create_snapshot(self, sandbox_id: str, ref: str, labels: dict[str, str]) -> SnapshotInfo:
         return self._snapshots.create(self._require(sandbox_id), sandbox_id, ref, labels)
 
-    def list_snapshots(self) -> list[SnapshotInfo]:
-        return self._snapshots.list()
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        return self._snapshots.all()
 
     def delete_snapshot(self, ref: str) -> bool:
         return self._snapshots.delete(ref)
@@ -597,7 +649,9 @@ def _process_identity(host_pid: int) -> tuple[int, str] | None:
         stat = Path(f"/proc/{host_pid}/stat").read_bytes()
     except OSError:
         return None
-    nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+    nspid = next(
+        (line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), []
+    )
     if len(nspid) < 2:
         return None
     start = stat[stat.rfind(b")") + 2 :].split()[19].decode()

@@ -77,9 +77,16 @@ def translate(
     target = f"{what} {sandbox_id}" if sandbox_id else what
     if isinstance(exc, docker.errors.APIError):
         return _refusal(exc, what, target, sandbox_id, refused)
-    if isinstance(exc, docker.errors.NullResource | docker.errors.InvalidArgument | docker.errors.InvalidRepository):
+    if isinstance(
+        exc,
+        docker.errors.NullResource
+        | docker.errors.InvalidArgument
+        | docker.errors.InvalidRepository,
+    ):
         return BadRequest(f"cannot {target}: {one_line(str(exc))}")
-    if isinstance(exc, requests.exceptions.Timeout) and not isinstance(exc, requests.exceptions.ConnectionError):
+    if isinstance(exc, requests.exceptions.Timeout) and not isinstance(
+        exc, requests.exceptions.ConnectionError
+    ):
         return EngineUnavailable(
             f"the Docker engine did not answer in time when we tried to {target}; it may be "
             "overloaded: try again in a moment"
@@ -88,7 +95,11 @@ def translate(
 
 
 def _refusal(
-    exc: docker.errors.APIError, what: str, target: str, sandbox_id: str, refused: type[SandboxError] | None
+    exc: docker.errors.APIError,
+    what: str,
+    target: str,
+    sandbox_id: str,
+    refused: type[SandboxError] | None,
 ) -> SandboxError:
     """What an engine's HTTP error status means for the user."""
     status = exc.status_code or 0
@@ -155,10 +166,14 @@ def exec_failure(command: str, code: int, message: bytes) -> ExecResult:
     text = message.decode(errors="replace")
     folder = _CWD.search(text)
     if folder:
-        return ExecResult(code, f"{command}: cannot run it in {folder['cwd']}: {folder['why']}\n".encode())
+        return ExecResult(
+            code, f"{command}: cannot run it in {folder['cwd']}: {folder['why']}\n".encode()
+        )
     if "executable file not found" in text or "no such file or directory" in text:
         return ExecResult(127, f"{command}: command not found in the sandbox\n".encode())
     if "permission denied" in text:
         return ExecResult(126, f"{command}: permission denied (not an executable file?)\n".encode())
-    reason = text.rsplit("unable to start container process:", 1)[-1].strip().removesuffix(": unknown")
+    reason = (
+        text.rsplit("unable to start container process:", 1)[-1].strip().removesuffix(": unknown")
+    )
     return ExecResult(code, f"{command}: cannot run it: {one_line(reason)}\n".encode())

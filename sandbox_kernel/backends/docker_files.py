@@ -37,7 +37,9 @@ def helper_command(op: str, path: str, *extra: str) -> list[str]:
     return ["python3", "-c", fs_helper_source(), op, "/", str(target).lstrip("/"), *extra]
 
 
-def write_file(open_helper: HelperOpener, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
+def write_file(
+    open_helper: HelperOpener, sandbox_id: str, path: str, data: bytes | IO[bytes]
+) -> None:
     """Stream ``data`` to ``path`` in the sandbox; the helper confirms the size it wrote."""
     if isinstance(data, bytes | bytearray):
         data = io.BytesIO(data)
@@ -56,7 +58,9 @@ def write_file(open_helper: HelperOpener, sandbox_id: str, path: str, data: byte
     finally:
         channel.close()
     if "error" in answer or answer.get("size") != size:
-        raise SandboxError(f"could not write {path!r} in {sandbox_id}: {answer.get('error', 'no answer')}")
+        raise SandboxError(
+            f"could not write {path!r} in {sandbox_id}: {answer.get('error', 'no answer')}"
+        )
 
 
 def read_file(open_helper: HelperOpener, sandbox_id: str, path: str) -> Iterator[bytes]:
@@ -67,7 +71,9 @@ def read_file(open_helper: HelperOpener, sandbox_id: str, path: str) -> Iterator
         answer = _json_line(channel.read_line())
         size = answer.get("size")
         if not isinstance(size, int) or size < 0:
-            raise SandboxError(f"cannot read {path!r} in {sandbox_id}: {answer.get('error', 'no answer')}")
+            raise SandboxError(
+                f"cannot read {path!r} in {sandbox_id}: {answer.get('error', 'no answer')}"
+            )
         left = size
         while left > 0:
             chunk = channel.read(min(CHUNK, left))

@@ -116,7 +116,9 @@ def summary_info(installation: str, summary: dict[str, Any]) -> SandboxInfo:
         snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
         spec=labels.get(LABEL_SPEC, ""),
         installation=labels.get(LABEL_INSTALLATION, ""),
-        started=_started_from_status(summary.get("Status", "")) if summary.get("State") == "running" else 0.0,
+        started=_started_from_status(summary.get("Status", ""))
+        if summary.get("State") == "running"
+        else 0.0,
         file_owner=labels.get(LABEL_UID, "") if labels.get(LABEL_OWNERSHIP) == "chown" else "",
         work_folder=labels.get(LABEL_WORK_FOLDER, ""),
     )
@@ -133,7 +135,9 @@ def _exit_reason(state: dict[str, Any], host: dict[str, Any]) -> str:
 
 def _flavor_of(limits: dict[str, Any]) -> str:
     """The flavor whose memory a container has now (a resize changes it; labels cannot)."""
-    return next((name for name, size in FLAVORS.items() if size["memory"] == limits.get("memory")), "")
+    return next(
+        (name for name, size in FLAVORS.items() if size["memory"] == limits.get("memory")), ""
+    )
 
 
 def _human_bytes(n: float) -> str:
@@ -144,7 +148,15 @@ def _human_bytes(n: float) -> str:
     return f"{n} B"
 
 
-_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400, "month": 30 * 86400, "year": 365 * 86400}
+_UNITS = {
+    "second": 1,
+    "minute": 60,
+    "hour": 3600,
+    "day": 86400,
+    "week": 7 * 86400,
+    "month": 30 * 86400,
+    "year": 365 * 86400,
+}
 
 
 def _started_from_status(status: str) -> float:

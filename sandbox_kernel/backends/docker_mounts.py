@@ -67,7 +67,9 @@ class WorkspaceMounts:
     def _point(self, name: str, what: str = "workspace") -> Path:
         return self._base() / name / what
 
-    def workspace(self, key: ScopeKey, name: str, uid: int, gid: int, how: str) -> tuple[Path, Path]:
+    def workspace(
+        self, key: ScopeKey, name: str, uid: int, gid: int, how: str
+    ) -> tuple[Path, Path]:
         """(the user's workspace folder, the host path to bind at /workspace)."""
         root = Path(self.settings.workspace_root)
         workspace = make_folder(root, key.user_id, owner=(uid, gid) if how == "chown" else None)
@@ -77,7 +79,9 @@ class WorkspaceMounts:
         self._idmap(workspace, point, uid, gid)
         return workspace, point
 
-    def work_folder(self, name: str, spec: Spec, uid: int, gid: int, how: str) -> tuple[list[Mount], str]:
+    def work_folder(
+        self, name: str, spec: Spec, uid: int, gid: int, how: str
+    ) -> tuple[list[Mount], str]:
         """The work folder at its own path, and its masks; (mounts, idmapped point or "")."""
         if not spec.work_folder:
             return [], ""
@@ -105,14 +109,19 @@ class WorkspaceMounts:
             try:
                 idmap.mount(folder, point, uid, gid)
             except OSError as exc:
-                raise SandboxFailed(f"cannot present the workspace {folder} to the sandbox: {exc}") from None
+                raise SandboxFailed(
+                    f"cannot present the workspace {folder} to the sandbox: {exc}"
+                ) from None
 
     def remount(self, labels: dict[str, str]) -> None:
         """Before a start: idmapped mounts do not survive a reboot, so remake them."""
         if labels.get(LABEL_OWNERSHIP) != "idmap":
             return
         uid, _, gid = labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
-        for source, point in ((LABEL_WORKSPACE, LABEL_MOUNT), (LABEL_WORK_FOLDER, LABEL_WORK_MOUNT)):
+        for source, point in (
+            (LABEL_WORKSPACE, LABEL_MOUNT),
+            (LABEL_WORK_FOLDER, LABEL_WORK_MOUNT),
+        ):
             if labels.get(source) and labels.get(point):
                 self._idmap(Path(labels[source]), Path(labels[point]), int(uid), int(gid or uid))
 

@@ -43,29 +43,86 @@ LINK_LOCAL = "169.254.0.0/16"
 S_ISUID = 0o4000
 S_ISGID = 0o2000
 # Namespace flags of clone(2): CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET.
-_CLONE_NS_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+_CLONE_NS_FLAGS = (
+    0x00020000,
+    0x02000000,
+    0x04000000,
+    0x08000000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)
 
 # Refused outright: administration of the kernel and its namespaces, and interfaces
 # that give unprivileged code a large kernel attack surface.
 _DENIED = [
-    "acct", "add_key", "bpf", "clock_adjtime", "clock_settime", "create_module",
-    "delete_module", "finit_module", "fsconfig", "fsmount", "fsopen", "fspick",
-    "get_kernel_syms", "init_module", "io_uring_enter", "io_uring_register",
-    "io_uring_setup", "ioperm", "iopl", "kexec_file_load", "kexec_load", "keyctl",
-    "lookup_dcookie", "mount", "mount_setattr", "move_mount", "name_to_handle_at",
-    "nfsservctl", "open_by_handle_at", "open_tree", "perf_event_open", "pivot_root",
-    "query_module", "quotactl", "quotactl_fd", "reboot", "request_key", "setns",
-    "settimeofday", "stime", "swapoff", "swapon", "_sysctl", "sysfs", "syslog",
-    "umount", "umount2", "unshare", "uselib", "userfaultfd", "ustat", "vhangup",
-    "vm86", "vm86old",
+    "acct",
+    "add_key",
+    "bpf",
+    "clock_adjtime",
+    "clock_settime",
+    "create_module",
+    "delete_module",
+    "finit_module",
+    "fsconfig",
+    "fsmount",
+    "fsopen",
+    "fspick",
+    "get_kernel_syms",
+    "init_module",
+    "io_uring_enter",
+    "io_uring_register",
+    "io_uring_setup",
+    "ioperm",
+    "iopl",
+    "kexec_file_load",
+    "kexec_load",
+    "keyctl",
+    "lookup_dcookie",
+    "mount",
+    "mount_setattr",
+    "move_mount",
+    "name_to_handle_at",
+    "nfsservctl",
+    "open_by_handle_at",
+    "open_tree",
+    "perf_event_open",
+    "pivot_root",
+    "query_module",
+    "quotactl",
+    "quotactl_fd",
+    "reboot",
+    "request_key",
+    "setns",
+    "settimeofday",
+    "stime",
+    "swapoff",
+    "swapon",
+    "_sysctl",
+    "sysfs",
+    "syslog",
+    "umount",
+    "umount2",
+    "unshare",
+    "uselib",
+    "userfaultfd",
+    "ustat",
+    "vhangup",
+    "vm86",
+    "vm86old",
 ]
 # Answered "not implemented": callers (glibc, Python) fall back to calls we can filter.
 _NOT_IMPLEMENTED = ["clone3", "fchmodat2", "openat2"]
 # (syscall, index of its mode argument): the mode may not carry S_ISUID or S_ISGID.
 _MODE_ARGS = [
-    ("chmod", 1), ("fchmod", 1), ("fchmodat", 2),
-    ("creat", 1), ("open", 2), ("openat", 3),
-    ("mknod", 1), ("mknodat", 2),
+    ("chmod", 1),
+    ("fchmod", 1),
+    ("fchmodat", 2),
+    ("creat", 1),
+    ("open", 2),
+    ("openat", 3),
+    ("mknod", 1),
+    ("mknodat", 2),
 ]
 
 
@@ -90,7 +147,10 @@ def seccomp_profile() -> str:
         # The rules apply to every ABI a binary of this machine may use (32-bit x86
         # programs on x86_64, arm on aarch64), so no other ABI is a way around them.
         "archMap": [
-            {"architecture": "SCMP_ARCH_X86_64", "subArchitectures": ["SCMP_ARCH_X86", "SCMP_ARCH_X32"]},
+            {
+                "architecture": "SCMP_ARCH_X86_64",
+                "subArchitectures": ["SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+            },
             {"architecture": "SCMP_ARCH_AARCH64", "subArchitectures": ["SCMP_ARCH_ARM"]},
         ],
         "syscalls": rules,

@@ -53,20 +53,31 @@ class DockerSnapshots:
                 f"no snapshot named {spec.snapshot!r}; `sandbox-kernel snapshot list` shows yours"
             ) from None
 
-    def create(self, container: Any, sandbox_id: str, ref: str, labels: dict[str, str]) -> SnapshotInfo:
+    def create(
+        self, container: Any, sandbox_id: str, ref: str, labels: dict[str, str]
+    ) -> SnapshotInfo:
         """Commit the sandbox's filesystem (never the workspace: it is a bind mount)."""
         name = labels.get(LABEL_SNAPSHOT, ref)
         if self._find(ref):
-            raise Conflict(f"you already have a snapshot named {name!r}; delete it first or pick another name")
+            raise Conflict(
+                f"you already have a snapshot named {name!r}; delete it first or pick another name"
+            )
         labels = {**labels, LABEL_SNAPSHOT_REF: ref, LABEL_INSTALLATION: self._installation}
         with engine_errors("snapshot", sandbox_id):
-            image = container.commit(repository=self.repository, tag=ref, conf={"Labels": labels}, pause=True)
+            image = container.commit(
+                repository=self.repository, tag=ref, conf={"Labels": labels}, pause=True
+            )
         with engine_errors(f"read snapshot {name!r}"):
             attrs = self._client().images.get(image.id).attrs
-        summary = {"Id": image.id, "Labels": labels, "Size": attrs.get("Size"), "Created": parse_time(attrs.get("Created", ""))}
+        summary = {
+            "Id": image.id,
+            "Labels": labels,
+            "Size": attrs.get("Size"),
+            "Created": parse_time(attrs.get("Created", "")),
+        }
         return _snapshot_info(summary)
 
-    def list(self) -> list[SnapshotInfo]:
+    def all(self) -> list[SnapshotInfo]:
         """Every snapshot of this installation, oldest first (one engine call)."""
         found = self._images([LABEL_SNAPSHOT])
         return sorted((_snapshot_info(s) for s in found), key=lambda s: (s.created, s.ref))
@@ -101,7 +112,9 @@ class DockerSnapshots:
         while a sandbox still uses it) is still one.
         """
         with engine_errors("list snapshots"):
-            found = self._client().api.images(filters={"label": [*labels, f"{LABEL_INSTALLATION}={self._installation}"]})
+            found = self._client().api.images(
+                filters={"label": [*labels, f"{LABEL_INSTALLATION}={self._installation}"]}
+            )
         return [image for image in found if self._in_repository(image)]
 
     def _in_repository(self, image: dict[str, Any]) -> bool:
@@ -112,11 +125,20 @@ class DockerSnapshots:
         """The refusal to delete snapshot ``ref`` while sandboxes made from it exist."""
         with engine_errors(f"find the sandboxes made from snapshot {name!r}"):
             users = self._client().api.containers(
-                all=True, filters={"label": [f"{LABEL_SNAPSHOT_REF}={ref}", f"{LABEL_INSTALLATION}={self._installation}"]}
+                all=True,
+                filters={
+                    "label": [
+                        f"{LABEL_SNAPSHOT_REF}={ref}",
+                        f"{LABEL_INSTALLATION}={self._installation}",
+                    ]
+                },
             )
         if not users:
             return None
-        names = ", ".join(sandbox_id_of(self._installation, (c.get("Names") or ["/?"])[0].lstrip("/")) for c in users)
+        names = ", ".join(
+            sandbox_id_of(self._installation, (c.get("Names") or ["/?"])[0].lstrip("/"))
+            for c in users
+        )
         return Conflict(f"snapshot {name!r} is used by {names}; destroy those sandboxes first")
 
 

@@ -69,7 +69,10 @@ def _userns_fd(inside_uid: int, inside_gid: int, host_uid: int, host_gid: int) -
     ``inside_uid`` through an idmapped mount (and files made as ``inside_uid`` land as
     ``host_uid``); the same for gids."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        [sys.executable, "-c", _HOLDER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
     try:
         assert holder.stdout is not None and holder.stdin is not None
@@ -107,10 +110,22 @@ def is_mountpoint(path: Path) -> bool:
 
 def _unescape(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal."""
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    return (
+        field.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+    )
 
 
-def mount(source: Path, target: Path, inside_uid: int, inside_gid: int, host_uid: int = 0, host_gid: int = 0) -> None:
+def mount(
+    source: Path,
+    target: Path,
+    inside_uid: int,
+    inside_gid: int,
+    host_uid: int = 0,
+    host_gid: int = 0,
+) -> None:
     """Mount ``source`` at ``target`` so that ``host_uid`` files appear owned by ``inside_uid``.
 
     Idempotent: an existing mount at ``target`` is kept. Raises :class:`IdmapError`.
@@ -124,14 +139,31 @@ def mount(source: Path, target: Path, inside_uid: int, inside_gid: int, host_uid
     try:
         # The source is opened without following a final link (it is a host folder we made).
         tree_fd = _check(
-            libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(source), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC),
+            libc.syscall(
+                _SYS_OPEN_TREE,
+                _AT_FDCWD,
+                os.fsencode(source),
+                _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC,
+            ),
             f"open_tree({source})",
         )
-        attr = struct.pack("QQQQ", _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, ns_fd)
+        attr = struct.pack(
+            "QQQQ", _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, ns_fd
+        )
         buf = ctypes.create_string_buffer(attr, len(attr))
-        _check(libc.syscall(_SYS_MOUNT_SETATTR, tree_fd, b"", _AT_EMPTY_PATH, buf, len(attr)), "mount_setattr")
         _check(
-            libc.syscall(_SYS_MOVE_MOUNT, tree_fd, b"", _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH),
+            libc.syscall(_SYS_MOUNT_SETATTR, tree_fd, b"", _AT_EMPTY_PATH, buf, len(attr)),
+            "mount_setattr",
+        )
+        _check(
+            libc.syscall(
+                _SYS_MOVE_MOUNT,
+                tree_fd,
+                b"",
+                _AT_FDCWD,
+                os.fsencode(target),
+                _MOVE_MOUNT_F_EMPTY_PATH,
+            ),
             f"move_mount({target})",
         )
     finally:

@@ -15,6 +15,7 @@ process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import resource
@@ -54,7 +55,9 @@ from .base import (
 )
 
 HOME = "/home/sandbox"
-BWRAP_ISOLATION = "bubblewrap (own namespaces, read-only system; no memory/CPU limits: weaker than a container)"
+BWRAP_ISOLATION = (
+    "bubblewrap (own namespaces, read-only system; no memory/CPU limits: weaker than a container)"
+)
 PLAIN_ISOLATION = "none: plain host processes in the workspace folder, no isolation"
 
 
@@ -173,9 +176,16 @@ class LocalBackend(Backend):
             flavor=record["flavor"],
             isolation=isolation,
             workspace=record["workspace"],
-            limits={"memory": record.get("memory", 0), "cpus": 0, "pids": 0, "network": record.get("network", True)},
+            limits={
+                "memory": record.get("memory", 0),
+                "cpus": 0,
+                "pids": 0,
+                "network": record.get("network", True),
+            },
             finished=record.get("stopped_at", 0.0) if record["state"] == "stopped" else 0.0,
-            started=record.get("started_at", record["created"]) if record["state"] == "running" else 0.0,
+            started=record.get("started_at", record["created"])
+            if record["state"] == "running"
+            else 0.0,
             spec=labels.get(LABEL_SPEC, ""),
             installation=labels.get(LABEL_INSTALLATION, ""),
             work_folder=record.get("work_folder", ""),
@@ -191,7 +201,9 @@ class LocalBackend(Backend):
         record = self._load(sandbox_id)
         return None if record is None else self._info(record)
 
-    def create(self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress) -> SandboxInfo:
+    def create(
+        self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
+    ) -> SandboxInfo:
         self.root.mkdir(parents=True, exist_ok=True)
         workspace = make_folder(Path(self.settings.workspace_root), key.user_id)
         progress(f"creating local sandbox {sandbox_id} in {workspace}")
@@ -284,7 +296,9 @@ class LocalBackend(Backend):
             self._record_path(sandbox_id).unlink()
         except FileNotFoundError:
             return False  # another process destroyed it first
-        shutil.rmtree(self.root / sandbox_id, ignore_errors=True)  # HOME: tier 2 goes; workspace stays
+        shutil.rmtree(
+            self.root / sandbox_id, ignore_errors=True
+        )  # HOME: tier 2 goes; workspace stays
         return True
 
     # -- processes -------------------------------------------------------------------
@@ -292,7 +306,10 @@ class LocalBackend(Backend):
         """The host file behind a sandbox path under /workspace (or /shared)."""
         record = self._running(sandbox_id)
         path = PurePosixPath(sandbox_path)
-        for mount, host in ((WORKSPACE, record["workspace"]), (SHARED, record.get("shared_folder", ""))):
+        for mount, host in (
+            (WORKSPACE, record["workspace"]),
+            (SHARED, record.get("shared_folder", "")),
+        ):
             if host and (path == PurePosixPath(mount) or PurePosixPath(mount) in path.parents):
                 return Path(host, *path.relative_to(mount).parts)
         raise SandboxError(f"{sandbox_path} is not under {WORKSPACE}")
@@ -307,10 +324,15 @@ class LocalBackend(Backend):
             )
         return record
 
-    def _command(self, record: dict[str, Any], cmd: list[str], cwd: str, env: dict[str, str] | None) -> tuple[list[str], dict[str, str], str]:
+    def _command(
+        self, record: dict[str, Any], cmd: builtins.list[str], cwd: str, env: dict[str, str] | None
+    ) -> tuple[builtins.list[str], dict[str, str], str]:
         """argv, environment and host cwd for a process of this sandbox."""
         if cmd and cmd[0] in ("python3", "python"):
-            cmd = [sys.executable, *cmd[1:]]  # the interpreter running sandbox-kernel: it has IPython
+            cmd = [
+                sys.executable,
+                *cmd[1:],
+            ]  # the interpreter running sandbox-kernel: it has IPython
         home = self.root / record["id"] / "home"
         home.mkdir(parents=True, exist_ok=True)
         base_env = {
@@ -366,7 +388,14 @@ class LocalBackend(Backend):
             argv += ["--setenv", name, value]
         return argv + ["--", *cmd], {}, record["workspace"]
 
-    def _spawn(self, sandbox_id: str, cmd: list[str], cwd: str, env: dict[str, str] | None, **kw: Any) -> tuple[subprocess.Popen[bytes], Path]:
+    def _spawn(
+        self,
+        sandbox_id: str,
+        cmd: builtins.list[str],
+        cwd: str,
+        env: dict[str, str] | None,
+        **kw: Any,
+    ) -> tuple[subprocess.Popen[bytes], Path]:
         record = self._running(sandbox_id)
         argv, child_env, host_cwd = self._command(record, cmd, cwd, env)
         memory = int(record.get("memory") or 1 << 30)
@@ -379,7 +408,12 @@ class LocalBackend(Backend):
 
         try:
             proc = subprocess.Popen(
-                argv, cwd=host_cwd, env=child_env or None, start_new_session=True, preexec_fn=limits, **kw
+                argv,
+                cwd=host_cwd,
+                env=child_env or None,
+                start_new_session=True,
+                preexec_fn=limits,
+                **kw,
             )
         except OSError as exc:
             raise SandboxError(f"cannot start {cmd[0]} in {sandbox_id}: {exc}") from None
@@ -391,7 +425,7 @@ class LocalBackend(Backend):
     def open_channel(
         self,
         sandbox_id: str,
-        cmd: list[str],
+        cmd: builtins.list[str],
         *,
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
@@ -408,14 +442,20 @@ class LocalBackend(Backend):
     def exec(
         self,
         sandbox_id: str,
-        cmd: list[str],
+        cmd: builtins.list[str],
         *,
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> ExecResult:
         proc, marker = self._spawn(
-            sandbox_id, cmd, cwd, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            sandbox_id,
+            cmd,
+            cwd,
+            env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         try:
             out, _ = proc.communicate(timeout=timeout)
