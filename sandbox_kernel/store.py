@@ -10,6 +10,7 @@ itself; WAL mode and a busy timeout make concurrent kernels, CLI and server safe
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import time
 from collections.abc import Callable
@@ -63,6 +64,7 @@ CREATE TABLE IF NOT EXISTS spares (
 # A kernel beats every HEARTBEAT seconds; one silent for STALE_AFTER is taken as dead.
 HEARTBEAT = 30.0
 STALE_AFTER = 3 * HEARTBEAT
+SETUP_WAIT = 30.0  # seconds a new state file may take to set up while others do the same
 
 
 @dataclass
@@ -99,31 +101,52 @@ class Store:
         try:
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             if not self._checked:  # WAL mode and the schema persist in the file: set them up once
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.executescript(_SCHEMA)
-                # State files from before owner specs were kept, and before flavors could
-                # change in place. Several processes may upgrade at once: one wins.
-                for table, column, kind in (
-                    ("sandboxes", "spec", "TEXT NOT NULL DEFAULT ''"),
-                    ("sandboxes", "flavor", "TEXT NOT NULL DEFAULT ''"),
-                    ("kernels", "progress", "TEXT NOT NULL DEFAULT ''"),
-                    ("kernels", "progress_at", "REAL NOT NULL DEFAULT 0"),
-                    ("spares", "secret", "TEXT NOT NULL DEFAULT ''"),
-                    ("kernels", "host", "TEXT NOT NULL DEFAULT ''"),
-                    ("kernels", "host_pid", "INTEGER NOT NULL DEFAULT 0"),
-                    ("kernels", "procs", "TEXT NOT NULL DEFAULT ''"),
-                ):
-                    try:
-                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-                    except sqlite3.OperationalError as exc:
-                        if "duplicate column" not in str(exc):
-                            raise
+                self._set_up(conn)
                 self._checked = True
         except sqlite3.Error as exc:
             raise SandboxError(
                 f"cannot use the state file {self.path} ({exc}); check {setting_names('state_dir')}"
             ) from None
         return conn
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        """WAL mode, the schema and its upgrades, retried while other processes do the same.
+
+        Kernels starting together all set up a new file at once; SQLite's switch to WAL
+        answers "locked" at once instead of waiting like a query, so we wait here.
+        """
+        deadline = time.monotonic() + SETUP_WAIT
+        while True:
+            try:
+                self._set_up_once(conn)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(random.uniform(0.01, 0.05))
+
+    @staticmethod
+    def _set_up_once(conn: sqlite3.Connection) -> None:
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
+        conn.executescript(_SCHEMA)
+        # State files from before owner specs were kept, and before flavors could
+        # change in place. Several processes may upgrade at once: one wins.
+        for table, column, kind in (
+            ("sandboxes", "spec", "TEXT NOT NULL DEFAULT ''"),
+            ("sandboxes", "flavor", "TEXT NOT NULL DEFAULT ''"),
+            ("kernels", "progress", "TEXT NOT NULL DEFAULT ''"),
+            ("kernels", "progress_at", "REAL NOT NULL DEFAULT 0"),
+            ("spares", "secret", "TEXT NOT NULL DEFAULT ''"),
+            ("kernels", "host", "TEXT NOT NULL DEFAULT ''"),
+            ("kernels", "host_pid", "INTEGER NOT NULL DEFAULT 0"),
+            ("kernels", "procs", "TEXT NOT NULL DEFAULT ''"),
+        ):
+            try:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):
+                    raise
 
     def _prepare_folder(self) -> None:
         """The state folder 0700 and the state file 0600: they say who owns which sandbox
@@ -163,7 +186,15 @@ class Store:
             ).fetchall()
         return [Record(*row) for row in rows]
 
-    def put(self, backend: str, sandbox_id: str, user: str, engine_id: str, spec: str = "", flavor: str = "") -> None:
+    def put(
+        self,
+        backend: str,
+        sandbox_id: str,
+        user: str,
+        engine_id: str,
+        spec: str = "",
+        flavor: str = "",
+    ) -> None:
         """Record (or re-point) a sandbox; keeps its activity time when it already exists."""
         now = time.time()
         with closing(self._connect()) as conn:
@@ -186,7 +217,9 @@ class Store:
 
     def delete(self, backend: str, sandbox_id: str) -> None:
         with closing(self._connect()) as conn:
-            conn.execute("DELETE FROM sandboxes WHERE backend = ? AND id = ?", (backend, sandbox_id))
+            conn.execute(
+                "DELETE FROM sandboxes WHERE backend = ? AND id = ?", (backend, sandbox_id)
+            )
 
     def kernel_heartbeat(self, kernel_id: str, backend: str, sandbox_id: str, busy: bool) -> None:
         """A kernel says it is alive (and whether a cell runs); a busy kernel is activity too."""
@@ -248,7 +281,9 @@ class Store:
         with closing(self._connect()) as conn:
             conn.execute("DELETE FROM kernels WHERE kernel_id = ?", (kernel_id,))
 
-    def live_kernels(self, backend: str, stale_after: float = STALE_AFTER) -> dict[str, list[tuple[str, bool]]]:
+    def live_kernels(
+        self, backend: str, stale_after: float = STALE_AFTER
+    ) -> dict[str, list[tuple[str, bool]]]:
         """Sandbox id -> [(kernel id, busy)] of kernels heard from recently.
 
         Silent ones are dropped, except those whose sandbox processes the reaper must
@@ -257,10 +292,12 @@ class Store:
         cutoff = time.time() - stale_after
         with closing(self._connect()) as conn:
             conn.execute(
-                "DELETE FROM kernels WHERE last_seen < ? AND (procs = '' OR last_seen < ?)", (cutoff, time.time() - 86400)
+                "DELETE FROM kernels WHERE last_seen < ? AND (procs = '' OR last_seen < ?)",
+                (cutoff, time.time() - 86400),
             )
             rows = conn.execute(
-                "SELECT sandbox_id, kernel_id, busy FROM kernels WHERE backend = ? AND last_seen >= ?", (backend, cutoff)
+                "SELECT sandbox_id, kernel_id, busy FROM kernels WHERE backend = ? AND last_seen >= ?",
+                (backend, cutoff),
             ).fetchall()
         live: dict[str, list[tuple[str, bool]]] = {}
         for sandbox_id, kernel_id, busy in rows:
@@ -305,7 +342,10 @@ class Store:
 
     def release(self, backend: str, sandbox_id: str) -> None:
         with closing(self._connect()) as conn:
-            conn.execute("DELETE FROM reservations WHERE backend = ? AND sandbox_id = ?", (backend, sandbox_id))
+            conn.execute(
+                "DELETE FROM reservations WHERE backend = ? AND sandbox_id = ?",
+                (backend, sandbox_id),
+            )
 
     # -- warm spares ------------------------------------------------------------------
     def put_spare(self, backend: str, sandbox_id: str, spare: Spare) -> None:
@@ -316,7 +356,15 @@ class Store:
                 " ON CONFLICT (backend, sandbox_id) DO UPDATE SET engine_id = excluded.engine_id,"
                 " pid = excluded.pid, start_time = excluded.start_time, host_pid = excluded.host_pid,"
                 " secret = excluded.secret",
-                (backend, sandbox_id, spare.engine_id, spare.pid, spare.start_time, spare.host_pid, spare.secret),
+                (
+                    backend,
+                    sandbox_id,
+                    spare.engine_id,
+                    spare.pid,
+                    spare.start_time,
+                    spare.host_pid,
+                    spare.secret,
+                ),
             )
 
     def take_spare(self, backend: str, sandbox_id: str, engine_id: str) -> Spare | None:
@@ -328,7 +376,9 @@ class Store:
                 "SELECT engine_id, pid, start_time, host_pid, secret FROM spares WHERE backend = ? AND sandbox_id = ?",
                 (backend, sandbox_id),
             ).fetchone()
-            conn.execute("DELETE FROM spares WHERE backend = ? AND sandbox_id = ?", (backend, sandbox_id))
+            conn.execute(
+                "DELETE FROM spares WHERE backend = ? AND sandbox_id = ?", (backend, sandbox_id)
+            )
             conn.execute("COMMIT")
         if row is None or row[0] != engine_id:
             return None
