@@ -33,7 +33,9 @@ def node_problem(root: Path) -> str | None:
             "or install a built wheel"
         )
     try:
-        found = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+        found = subprocess.run(
+            [node, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         found = ""
     match = re.match(r"v?(\d+)\.", found)

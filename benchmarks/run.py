@@ -70,10 +70,15 @@ class Bench:
         }
         # The kernelspec users get (with its IPC provisioner), pointed at this run's settings;
         # "sandbox-ci" as in a CI checkout: the notebook's folder is the work folder.
-        for name, env in (("sandbox", self.env), ("sandbox-ci", {**self.env, "SANDBOX_KERNEL_WORK_ROOT": "auto"})):
+        for name, env in (
+            ("sandbox", self.env),
+            ("sandbox-ci", {**self.env, "SANDBOX_KERNEL_WORK_ROOT": "auto"}),
+        ):
             spec = root / "share" / "kernels" / name
             spec.mkdir(parents=True)
-            (spec / "kernel.json").write_text(json.dumps(kernelspec(f"{name} (bench)", env, python=sys.executable)))
+            (spec / "kernel.json").write_text(
+                json.dumps(kernelspec(f"{name} (bench)", env, python=sys.executable))
+            )
         os.environ["JUPYTER_PATH"] = str(root / "share")
         self.results: dict[str, Any] = {}
 
@@ -108,13 +113,22 @@ class Bench:
         return elapsed, outputs
 
     def record(
-        self, name: str, sandbox: list[float], baseline: list[float] | None, unit: str = "s", against: str = "ipykernel"
+        self,
+        name: str,
+        sandbox: list[float],
+        baseline: list[float] | None,
+        unit: str = "s",
+        against: str = "ipykernel",
     ) -> None:
         row: dict[str, Any] = {"unit": unit, "sandbox": summary(sandbox)}
         line = f"{name:42s} sandbox {fmt(row['sandbox'], unit)}"
         if baseline:
             row[against] = summary(baseline)
-            row["ratio"] = round(row["sandbox"]["median"] / row[against]["median"], 2) if row[against]["median"] else None
+            row["ratio"] = (
+                round(row["sandbox"]["median"] / row[against]["median"], 2)
+                if row[against]["median"]
+                else None
+            )
             line += f"  {against} {fmt(row[against], unit)}  ratio {row['ratio']}x"
         self.results[name] = row
         print(line, flush=True)
@@ -136,14 +150,21 @@ class Bench:
                 for _ in range(max(3, runs // 30)):
                     t, outs = self.execute(kc, "for i in range(2000):\n    print(i)")
                     text = "".join(m["content"]["text"] for m in outs if m["msg_type"] == "stream")
-                    assert text.split() == [str(i) for i in range(2000)], f"{n}: lines lost or out of order"
+                    assert text.split() == [str(i) for i in range(2000)], (
+                        f"{n}: lines lost or out of order"
+                    )
                     samples.append(t)
                 lines[n] = samples
-            self.record("2,000 printed lines (complete, in order)", lines["sandbox"], lines["python3"])
+            self.record(
+                "2,000 printed lines (complete, in order)", lines["sandbox"], lines["python3"]
+            )
             png = "import os\nfrom IPython.display import Image, display\ndisplay(Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + os.urandom(1 << 20), format='png'))"
             big = "print('x' * 10_000_000)"
             for label, code in (("1 MB PNG display", png), ("10 MB text output", big)):
-                got = {n: [self.execute(kc, code)[0] for _ in range(max(2, runs // 60))] for n, (_, kc) in kernels.items()}
+                got = {
+                    n: [self.execute(kc, code)[0] for _ in range(max(2, runs // 60))]
+                    for n, (_, kc) in kernels.items()
+                }
                 self.record(label, got["sandbox"], got["python3"])
             intr = {}
             for n, (km, kc) in kernels.items():
@@ -197,10 +218,22 @@ class Bench:
         token = uuid.uuid4().hex
         env = {**os.environ, **self.env}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "server", f"--port={port}", "--no-browser", "--allow-root",
-             f"--IdentityProvider.token={token}", "--ServerApp.jpserver_extensions={'jupyter_ext': True}",
-             "--SandboxExtension.gc_interval=0", f"--ServerApp.root_dir={self.root}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "jupyter",
+                "server",
+                f"--port={port}",
+                "--no-browser",
+                "--allow-root",
+                f"--IdentityProvider.token={token}",
+                "--ServerApp.jpserver_extensions={'jupyter_ext': True}",
+                "--SandboxExtension.gc_interval=0",
+                f"--ServerApp.root_dir={self.root}",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -222,18 +255,54 @@ class Bench:
             ups, downs, cp_in, cp_out = [], [], [], []
             for _ in range(runs):
                 t = time.perf_counter()
-                subprocess.run(["curl", "-sf", "-o", "/dev/null", "-T", str(src), "-H", f"Authorization: token {token}", target], check=True)
+                subprocess.run(
+                    [
+                        "curl",
+                        "-sf",
+                        "-o",
+                        "/dev/null",
+                        "-T",
+                        str(src),
+                        "-H",
+                        f"Authorization: token {token}",
+                        target,
+                    ],
+                    check=True,
+                )
                 ups.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                subprocess.run(["curl", "-sf", "-o", str(self.root / "back.bin"), "-H", f"Authorization: token {token}", target], check=True)
+                subprocess.run(
+                    [
+                        "curl",
+                        "-sf",
+                        "-o",
+                        str(self.root / "back.bin"),
+                        "-H",
+                        f"Authorization: token {token}",
+                        target,
+                    ],
+                    check=True,
+                )
                 downs.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                subprocess.run(["docker", "cp", str(src), f"{self.container_name}:/tmp/blob.bin"], check=True)
+                subprocess.run(
+                    ["docker", "cp", str(src), f"{self.container_name}:/tmp/blob.bin"], check=True
+                )
                 cp_in.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                subprocess.run(["docker", "cp", f"{self.container_name}:/tmp/blob.bin", str(self.root / "cp.bin")], check=True)
+                subprocess.run(
+                    [
+                        "docker",
+                        "cp",
+                        f"{self.container_name}:/tmp/blob.bin",
+                        str(self.root / "cp.bin"),
+                    ],
+                    check=True,
+                )
                 cp_out.append(time.perf_counter() - t)
-            assert (self.root / "back.bin").read_bytes() == src.read_bytes(), "download differs from upload"
+            assert (self.root / "back.bin").read_bytes() == src.read_bytes(), (
+                "download differs from upload"
+            )
             self.record(f"{size_mb} MB upload (REST)", ups, cp_in, against="docker cp")
             self.record(f"{size_mb} MB download (REST)", downs, cp_out, against="docker cp")
         finally:
@@ -245,7 +314,14 @@ class Bench:
         from sandbox_kernel.identity import ScopeKey
         from sandbox_kernel.service import SandboxService
 
-        cfg = load_config(environ={}, **{k.removeprefix("SANDBOX_KERNEL_").lower(): v for k, v in self.env.items() if k.startswith("SANDBOX_KERNEL_") and k != "SANDBOX_KERNEL_USER"})
+        cfg = load_config(
+            environ={},
+            **{
+                k.removeprefix("SANDBOX_KERNEL_").lower(): v
+                for k, v in self.env.items()
+                if k.startswith("SANDBOX_KERNEL_") and k != "SANDBOX_KERNEL_USER"
+            },
+        )
         service = SandboxService(cfg)
         backend = service.backend
         proc, url, token = self.with_server()
@@ -289,18 +365,23 @@ class Bench:
         paths = []
         for n in range(count):
             nb = nbformat.v4.new_notebook()
-            nb.cells = [nbformat.v4.new_code_cell(c) for c in (
-                "import csv\nrows = [int(r['n']) for r in csv.DictReader(open('data.csv'))]",
-                f"total = sum(rows) * {n}\nprint('notebook {n}:', total)",
-                "from IPython.display import HTML\nHTML(f'<b>{total}</b>')",
-            )]
+            nb.cells = [
+                nbformat.v4.new_code_cell(c)
+                for c in (
+                    "import csv\nrows = [int(r['n']) for r in csv.DictReader(open('data.csv'))]",
+                    f"total = sum(rows) * {n}\nprint('notebook {n}:', total)",
+                    "from IPython.display import HTML\nHTML(f'<b>{total}</b>')",
+                )
+            ]
             paths.append(folder / f"nb-{n:02}.ipynb")
             nbformat.write(nb, paths[-1])
         return paths
 
     def remove_folder_sandboxes(self, folder: Path) -> None:
         client = docker.from_env()
-        for c in client.containers.list(all=True, filters={"label": f"sandbox-kernel.work-folder={folder}"}):
+        for c in client.containers.list(
+            all=True, filters={"label": f"sandbox-kernel.work-folder={folder}"}
+        ):
             c.remove(force=True)
 
     def nbmake(self, runs: int, count: int = 10) -> None:
@@ -312,8 +393,21 @@ class Bench:
         def once(kernel: str) -> float:
             started = time.perf_counter()
             done = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake", f"--nbmake-kernel={kernel}", "."],
-                cwd=folder, capture_output=True, text=True, timeout=900,
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "--nbmake",
+                    f"--nbmake-kernel={kernel}",
+                    ".",
+                ],
+                cwd=folder,
+                capture_output=True,
+                text=True,
+                timeout=900,
             )
             elapsed = time.perf_counter() - started
             assert done.returncode == 0, f"{kernel}: {done.stdout[-2000:]}"
@@ -342,8 +436,19 @@ class Bench:
                 started = time.perf_counter()
                 procs = [
                     subprocess.Popen(
-                        [sys.executable, "-m", "jupyter", "execute", f"--kernel_name={kernel}", "--startup_timeout=240", p.name],
-                        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                        [
+                            sys.executable,
+                            "-m",
+                            "jupyter",
+                            "execute",
+                            f"--kernel_name={kernel}",
+                            "--startup_timeout=240",
+                            p.name,
+                        ],
+                        cwd=folder,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        text=True,
                     )
                     for p in paths
                 ]
@@ -351,7 +456,11 @@ class Bench:
                     try:
                         _, err = proc.communicate(timeout=300)
                         if proc.returncode != 0:
-                            failures[kernel].append(err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}")
+                            failures[kernel].append(
+                                err.strip().splitlines()[-1]
+                                if err.strip()
+                                else f"exit {proc.returncode}"
+                            )
                     except subprocess.TimeoutExpired:
                         proc.kill()
                         proc.communicate()
@@ -359,12 +468,19 @@ class Bench:
                 walls[kernel].append(time.perf_counter() - started)
         total = rounds * width
         for kernel, label in (("sandbox-ci", "sandbox"), ("python3", "ipykernel")):
-            print(f"{total} parallel starts ({rounds} rounds of {width}): {label} {len(failures[kernel])} failed", flush=True)
+            print(
+                f"{total} parallel starts ({rounds} rounds of {width}): {label} {len(failures[kernel])} failed",
+                flush=True,
+            )
             for line in sorted(set(failures[kernel])):
                 print(f"    {failures[kernel].count(line)} x {line}", flush=True)
-        self.record(f"{width} parallel jupyter execute (a round)", walls["sandbox-ci"], walls["python3"])
+        self.record(
+            f"{width} parallel jupyter execute (a round)", walls["sandbox-ci"], walls["python3"]
+        )
         self.results[f"{total} parallel starts: failures"] = {
-            "sandbox": failures["sandbox-ci"], "ipykernel": failures["python3"], "starts": total,
+            "sandbox": failures["sandbox-ci"],
+            "ipykernel": failures["python3"],
+            "starts": total,
         }
 
     def cleanup(self) -> None:
@@ -399,14 +515,30 @@ def fmt(s: dict[str, float], unit: str = "s") -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="a quick pass (CI): few runs, small files")
-    parser.add_argument("--scale", action="store_true", help="also N idle sandboxes, N = 10, 50, 100")
-    parser.add_argument("--only-scale", action="store_true", help="run only the idle-sandboxes measure")
-    parser.add_argument("--batch", action="store_true", help="also CI measures: nbmake of 10 notebooks, parallel starts")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a quick pass (CI): few runs, small files"
+    )
+    parser.add_argument(
+        "--scale", action="store_true", help="also N idle sandboxes, N = 10, 50, 100"
+    )
+    parser.add_argument(
+        "--only-scale", action="store_true", help="run only the idle-sandboxes measure"
+    )
+    parser.add_argument(
+        "--batch",
+        action="store_true",
+        help="also CI measures: nbmake of 10 notebooks, parallel starts",
+    )
     parser.add_argument("--only-batch", action="store_true", help="run only the CI measures")
-    parser.add_argument("--rounds", type=int, default=50, help="rounds of 20 parallel starts per kernel (--batch)")
-    parser.add_argument("--out", default=str(HERE / "results" / "latest.json"), help="where to write JSON")
+    parser.add_argument(
+        "--rounds", type=int, default=50, help="rounds of 20 parallel starts per kernel (--batch)"
+    )
+    parser.add_argument(
+        "--out", default=str(HERE / "results" / "latest.json"), help="where to write JSON"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sk-bench-"))
     bench = Bench(root, pick_image())
@@ -427,7 +559,9 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "smoke": args.smoke, "results": bench.results}, indent=2))
+    out.write_text(
+        json.dumps({"machine": machine, "smoke": args.smoke, "results": bench.results}, indent=2)
+    )
     print(f"wrote {out}")
     return 0
 

@@ -44,7 +44,9 @@ class SandboxExtension(ExtensionApp):
         # Kernels and terminals this server starts inherit its environment: tell them the
         # server's root folder, the primary work folder mounted into sandboxes.
         assert self.serverapp is not None  # set before extensions initialize
-        os.environ.setdefault("SANDBOX_KERNEL_SERVER_ROOT", str(Path(self.serverapp.root_dir).resolve()))
+        os.environ.setdefault(
+            "SANDBOX_KERNEL_SERVER_ROOT", str(Path(self.serverapp.root_dir).resolve())
+        )
         try:
             config = load_config(config=self.config)
         except ConfigError as exc:
@@ -70,7 +72,12 @@ class SandboxExtension(ExtensionApp):
             try:
                 actions = await asyncio.to_thread(gc, service.backend, service.config)
                 for action in actions:
-                    self.log.info("sandbox lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
+                    self.log.info(
+                        "sandbox lifecycle: %s %s (%s)",
+                        action.action,
+                        action.sandbox_id,
+                        action.reason,
+                    )
             except Exception as exc:  # the reaper must never take the server down
                 self.log.warning("sandbox lifecycle run failed: %s", exc)
 

@@ -85,7 +85,11 @@ class BaseHandler(APIHandler):
         message = self._reason or "error"
         exc_info = kwargs.get("exc_info")
         if exc_info and isinstance(exc_info[1], web.HTTPError) and exc_info[1].log_message:
-            message = exc_info[1].log_message % exc_info[1].args if exc_info[1].args else exc_info[1].log_message
+            message = (
+                exc_info[1].log_message % exc_info[1].args
+                if exc_info[1].args
+                else exc_info[1].log_message
+            )
         elif exc_info and not isinstance(exc_info[1], web.HTTPError):
             message = "internal error in the sandbox API; the server log has details"
         self.finish(json.dumps({"message": shorten(message, MESSAGE_LIMIT)}))
@@ -94,7 +98,9 @@ class BaseHandler(APIHandler):
         try:
             body = json.loads(self.request.body or b"{}")
         except (ValueError, UnicodeDecodeError, RecursionError):
-            raise web.HTTPError(400, log_message="the body is not valid JSON (or is nested too deeply)") from None
+            raise web.HTTPError(
+                400, log_message="the body is not valid JSON (or is nested too deeply)"
+            ) from None
         if not isinstance(body, dict):
             raise web.HTTPError(400, log_message="the body must be a JSON object")
         return body
@@ -121,7 +127,9 @@ class SandboxesHandler(BaseHandler):
     @authorized
     async def post(self) -> None:
         snapshot = self.json_body().get("snapshot")
-        self.reply(await self.call(self.service.create_from_snapshot, self.owner, snapshot), status=201)
+        self.reply(
+            await self.call(self.service.create_from_snapshot, self.owner, snapshot), status=201
+        )
 
 
 class SandboxHandler(BaseHandler):
@@ -153,7 +161,9 @@ class FolderHandler(BaseHandler):
         path = self.get_argument("path", "")
         workspace = await self.call(self.service.workspace, self.owner, sandbox_id)
         entries, truncated = await self.call(workspace.list, path)
-        self.reply({"path": path, "entries": [e.to_dict() for e in entries], "truncated": truncated})
+        self.reply(
+            {"path": path, "entries": [e.to_dict() for e in entries], "truncated": truncated}
+        )
 
 
 @web.stream_request_body
@@ -181,15 +191,21 @@ class FileHandler(BaseHandler):
         limit = self.settings["sandbox_max_upload"]
         declared = self.request.headers.get("Content-Length")
         if declared is not None and not declared.strip().isdigit():
-            raise web.HTTPError(400, log_message="the Content-Length header is not a number of bytes")
+            raise web.HTTPError(
+                400, log_message="the Content-Length header is not a number of bytes"
+            )
         length = int(declared or 0)
         if length > limit:
-            raise web.HTTPError(413, log_message=f"the file is {length} bytes; the limit is {limit} bytes")
+            raise web.HTTPError(
+                413, log_message=f"the file is {length} bytes; the limit is {limit} bytes"
+            )
         # Bodies of unknown length (chunked) are checked as they come; a body far past
         # the limit is cut off rather than read forever.
         if isinstance(self.request.connection, HTTP1Connection):
             self.request.connection.set_max_body_size(2 * limit + DISCARD_SLACK)
-        workspace = await self.call(self.service.workspace, self.owner, self.path_kwargs["sandbox_id"])
+        workspace = await self.call(
+            self.service.workspace, self.owner, self.path_kwargs["sandbox_id"]
+        )
         self._upload = await self.call(workspace.start_upload, self.path_kwargs["path"])
 
     def data_received(self, chunk: bytes) -> None:
@@ -198,13 +214,19 @@ class FileHandler(BaseHandler):
         if self._upload.size + len(chunk) > self.settings["sandbox_max_upload"]:
             self._drop_upload()
             limit = self.settings["sandbox_max_upload"]
-            self._refused = web.HTTPError(413, log_message=f"the upload passed the size limit of {limit} bytes")
+            self._refused = web.HTTPError(
+                413, log_message=f"the upload passed the size limit of {limit} bytes"
+            )
             return
         try:
             self._upload.write(chunk)
         except OSError as exc:
             self._drop_upload()
-            self._refused = web.HTTPError(507 if exc.errno == errno.ENOSPC else 500, "%s", f"could not write the upload: {exc.strerror}")
+            self._refused = web.HTTPError(
+                507 if exc.errno == errno.ENOSPC else 500,
+                "%s",
+                f"could not write the upload: {exc.strerror}",
+            )
 
     def _drop_upload(self) -> None:
         if self._upload is not None:
@@ -239,7 +261,9 @@ class FileHandler(BaseHandler):
         name = path.rsplit("/", 1)[-1]
         self.set_header("Content-Type", "application/octet-stream")
         self.set_header("Content-Length", str(size))
-        self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}")
+        self.set_header(
+            "Content-Disposition", f"attachment; filename*=UTF-8''{urllib.parse.quote(name)}"
+        )
         try:
             while True:
                 # Reads happen off the event loop: a slow disk never stalls other requests.
@@ -279,7 +303,9 @@ class SandboxSnapshotsHandler(BaseHandler):
     @authorized
     async def post(self, sandbox_id: str) -> None:
         name = self.json_body().get("name")
-        self.reply(await self.call(self.service.create_snapshot, self.owner, sandbox_id, name), status=201)
+        self.reply(
+            await self.call(self.service.create_snapshot, self.owner, sandbox_id, name), status=201
+        )
 
 
 class SnapshotHandler(BaseHandler):

@@ -74,16 +74,30 @@ def _print_table(items: list[dict[str, Any]]) -> None:
     rows = [("ID", "STATE", "BACKEND", "SCOPE", "USER", "FLAVOR", "IMAGE", "AGE", "KERNELS")]
     now = time.time()
     for i in items:
-        kernels = f"{i['kernels']}" + (f" ({len(i['busy_kernel_ids'])} busy)" if i["busy_kernel_ids"] else "")
+        kernels = f"{i['kernels']}" + (
+            f" ({len(i['busy_kernel_ids'])} busy)" if i["busy_kernel_ids"] else ""
+        )
         rows.append(
-            (i["id"], i["state"], i["backend"], i["scope"], i["user"], i["flavor"], i["image"], _age(now - i["created"]), kernels)
+            (
+                i["id"],
+                i["state"],
+                i["backend"],
+                i["scope"],
+                i["user"],
+                i["flavor"],
+                i["image"],
+                _age(now - i["created"]),
+                kernels,
+            )
         )
     widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
     for row in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
     for i in items:
         if i.get("outdated"):
-            print(f"{i['id']}: outdated ({i['outdated']}); `sandbox-kernel destroy {i['id']}` to remake it")
+            print(
+                f"{i['id']}: outdated ({i['outdated']}); `sandbox-kernel destroy {i['id']}` to remake it"
+            )
         nxt = i.get("next") or {}
         if nxt.get("action"):
             print(f"{i['id']}: will {nxt['action']} in {_age(nxt['at'] - now)} ({nxt['reason']})")
@@ -121,18 +135,24 @@ def cmd_exec(args: argparse.Namespace) -> int:
     else:
         # Your sandbox for this folder, as a kernel of a notebook here would have it.
         work = service.work_folder(here)
-        ensured = service.ensure(scope_key(cfg), progress=lambda m: print(m, file=sys.stderr), work_folder=work)
+        ensured = service.ensure(
+            scope_key(cfg), progress=lambda m: print(m, file=sys.stderr), work_folder=work
+        )
         for line in ([ensured.notice] if ensured.notice else []) + ensured.notes:
             print(line, file=sys.stderr)
         info = ensured.info
-    inside = info.work_folder and (here == info.work_folder or here.startswith(info.work_folder + "/"))
+    inside = info.work_folder and (
+        here == info.work_folder or here.startswith(info.work_folder + "/")
+    )
     result = service.exec(info, list(args.cmd), timeout=args.timeout, cwd=here if inside else "")
     sys.stdout.buffer.write(result.output)
     sys.stdout.flush()
     return result.exit_code
 
 
-def _id_and_command(words: list[str], after_dashes: list[str] | None) -> tuple[str | None, list[str]]:
+def _id_and_command(
+    words: list[str], after_dashes: list[str] | None
+) -> tuple[str | None, list[str]]:
     if after_dashes is not None:  # exec [ID] -- CMD
         if len(words) > 1:
             raise _UsageError(f"only a sandbox id may come before --, not {' '.join(words)!r}")
@@ -152,7 +172,9 @@ def _one(action: str):
                 gone = service.destroy(user, args.id)
             except SandboxNotFound:
                 gone = False  # destroying what is gone is done: scripts may repeat it
-            print(f"destroyed {args.id} (workspace kept)" if gone else f"{args.id} was already gone")
+            print(
+                f"destroyed {args.id} (workspace kept)" if gone else f"{args.id} was already gone"
+            )
             return 0
         item = getattr(service, action)(user, args.id)
         print(json.dumps(item, indent=2) if args.json else f"{item['id']}: {item['state']}")
@@ -178,14 +200,20 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if not actions:
         print("nothing to do now")
     for a in actions:
-        state = "would " + a.action if args.dry_run else (a.action if a.done else f"failed to {a.action}")
+        state = (
+            "would " + a.action
+            if args.dry_run
+            else (a.action if a.done else f"failed to {a.action}")
+        )
         print(f"{a.sandbox_id}: {state} ({a.reason}){': ' + a.error if a.error else ''}")
     if args.dry_run:  # what is coming, and what is kept although it differs
         now = time.time()
         for item in service.list(None):
             nxt = item.get("next") or {}
             if nxt.get("action") and nxt["at"] > now:
-                print(f"{item['id']}: will {nxt['action']} in {_age(nxt['at'] - now)} ({nxt['reason']})")
+                print(
+                    f"{item['id']}: will {nxt['action']} in {_age(nxt['at'] - now)} ({nxt['reason']})"
+                )
             if item.get("outdated"):
                 print(f"{item['id']}: kept, although {item['outdated']}")
     return 1 if any(a.error for a in actions) else 0
@@ -198,15 +226,24 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(totals, indent=2))
         return 0
-    print(f"backend: {totals['backend']}   sandboxes of this installation, all users: {totals['sandboxes']} (yours: {totals['yours']})")
-    print("by state: " + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_state"].items())) or "-"))
-    print("by flavor: " + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_flavor"].items())) or "-"))
+    print(
+        f"backend: {totals['backend']}   sandboxes of this installation, all users: {totals['sandboxes']} (yours: {totals['yours']})"
+    )
+    print(
+        "by state: " + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_state"].items())) or "-")
+    )
+    print(
+        "by flavor: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(totals["by_flavor"].items())) or "-")
+    )
     mem = totals["memory"]
     print(f"memory: {format_size(mem['reserved'])} reserved, {format_size(mem['used'])} used")
     print(f"cpus reserved: {totals['cpus']['reserved']:g}")
     quota = totals["quota"]
     left = quota["sandboxes_left"]
-    print(f"quota: {quota['max_sandboxes'] or 'no'} sandboxes max ({'unlimited' if left is None else left} left)")
+    print(
+        f"quota: {quota['max_sandboxes'] or 'no'} sandboxes max ({'unlimited' if left is None else left} left)"
+    )
     print(f"counted: {quota['counts']}")
     return 0
 
@@ -216,19 +253,27 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     cfg, service = _service(args)
     user = scope_key(cfg).user
     if args.action is None:
-        raise _UsageError("snapshot needs an action: `snapshot create ID NAME`, `snapshot list` or `snapshot delete NAME`")
+        raise _UsageError(
+            "snapshot needs an action: `snapshot create ID NAME`, `snapshot list` or `snapshot delete NAME`"
+        )
     if args.action == "create":
         if not args.id or not args.name:
             raise _UsageError("usage: sandbox-kernel snapshot create ID NAME")
         snap = service.create_snapshot(_user(cfg, args), args.id, args.name)
-        print(json.dumps(snap, indent=2) if args.json else f"snapshot {snap['name']} of {snap['source']} ({format_size(snap['size'])})")
+        print(
+            json.dumps(snap, indent=2)
+            if args.json
+            else f"snapshot {snap['name']} of {snap['source']} ({format_size(snap['size'])})"
+        )
     elif args.action == "list":
         snaps = service.snapshots(_user(cfg, args))
         if args.json:
             print(json.dumps(snaps, indent=2))
         for s in snaps if not args.json else []:
             owner = f"  ({s['user']})" if args.all else ""
-            print(f"{s['name']}  from {s['source']}  {format_size(s['size'])}  {_age(time.time() - s['created'])} ago{owner}")
+            print(
+                f"{s['name']}  from {s['source']}  {format_size(s['size'])}  {_age(time.time() - s['created'])} ago{owner}"
+            )
         if not snaps and not args.json:
             print("no snapshots")
     else:
@@ -292,10 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, func: Any, **kw: Any) -> argparse.ArgumentParser:
         doc = inspect.getdoc(func) or ""
         p = sub.add_parser(
-            name, help=doc.splitlines()[0], description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, **kw
+            name,
+            help=doc.splitlines()[0],
+            description=doc,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            **kw,
         )
         p.set_defaults(func=func)
-        p.add_argument("--backend", choices=["auto", "docker", "daytona", "local"], help="override SANDBOX_KERNEL_BACKEND")
+        p.add_argument(
+            "--backend",
+            choices=["auto", "docker", "daytona", "local"],
+            help="override SANDBOX_KERNEL_BACKEND",
+        )
         return p
 
     p = add("list", cmd_list)
@@ -303,7 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every user's sandboxes, not only yours")
 
     p = add("exec", cmd_exec, usage="sandbox-kernel exec [--timeout S] [ID] [--] CMD [ARG ...]")
-    p.add_argument("words", nargs=argparse.REMAINDER, metavar="[ID] CMD", help="sandbox id (default: yours, created if needed), then the command")
+    p.add_argument(
+        "words",
+        nargs=argparse.REMAINDER,
+        metavar="[ID] CMD",
+        help="sandbox id (default: yours, created if needed), then the command",
+    )
     p.add_argument("--timeout", type=float, default=None, help="kill the command after S seconds")
     p.add_argument("--scope", choices=["user", "thread"], help="override SANDBOX_KERNEL_SCOPE")
     p.add_argument("--image", help="override SANDBOX_KERNEL_IMAGE for a new sandbox")
@@ -325,24 +383,38 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("stats", cmd_stats)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = add("snapshot", cmd_snapshot, usage="sandbox-kernel snapshot {create ID NAME | list | delete NAME} [--json]")
+    p = add(
+        "snapshot",
+        cmd_snapshot,
+        usage="sandbox-kernel snapshot {create ID NAME | list | delete NAME} [--json]",
+    )
     p.add_argument("action", nargs="?", choices=["create", "list", "delete"])
     p.add_argument("id", nargs="?", help="sandbox id (create) or snapshot name (delete)")
     p.add_argument("name", nargs="?", help="snapshot name (create)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--all", action="store_true", help="every user's snapshots (list), any user's sandbox (create)")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every user's snapshots (list), any user's sandbox (create)",
+    )
 
     p = add("install", cmd_install)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for this user only")
-    where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (virtualenv)")
+    where.add_argument(
+        "--sys-prefix", action="store_true", help="install into sys.prefix (virtualenv)"
+    )
     where.add_argument("--prefix", help="install under this prefix")
     p.add_argument("--name", default=KERNEL_NAME, help="kernelspec name (default: sandbox)")
     p.add_argument("--display-name", help="name shown in the launcher")
     p.add_argument("--scope", choices=["user", "thread"], help="scope baked into the variant")
     p.add_argument("--image", help="image baked into the variant (its sandboxes are its own)")
-    p.add_argument("--snapshot", help="snapshot of yours baked into the variant (its sandboxes are its own)")
-    p.add_argument("--flavor", choices=["small", "medium", "large"], help="flavor baked into the variant")
+    p.add_argument(
+        "--snapshot", help="snapshot of yours baked into the variant (its sandboxes are its own)"
+    )
+    p.add_argument(
+        "--flavor", choices=["small", "medium", "large"], help="flavor baked into the variant"
+    )
     return parser
 
 

@@ -39,7 +39,9 @@ ENV_PREFIX = "SANDBOX_KERNEL_"
 # Settings the person at the keyboard decides (environment, kernelspec, notebook
 # metadata win); every other setting is policy, which the administrator's
 # configuration files fix when they set it (see DESIGN.md, "Who decides").
-PERSONAL = frozenset({"scope", "thread", "flavor", "image", "snapshot", "user", "variant", "work_root"})
+PERSONAL = frozenset(
+    {"scope", "thread", "flavor", "image", "snapshot", "user", "variant", "work_root"}
+)
 # An interpreter with IPython needs a few dozen threads and processes; fewer and the
 # sandbox cannot run a cell (and says only "can't start new thread").
 MIN_PIDS = 64
@@ -54,10 +56,20 @@ FLAVORS: dict[str, dict[str, float | int]] = {
 
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,  # Docker's letters: binary
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "m": 1 << 20,
+    "g": 1 << 30,
+    "t": 1 << 40,  # Docker's letters: binary
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
 }
 _SIZE = re.compile(r"\s*([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)\s*([a-z]*)\s*")
 
@@ -73,7 +85,9 @@ def parse_size(text: str | int) -> int:
     else:
         match = _SIZE.fullmatch(str(text).lower())
         if not match or match.group(2) not in _SIZE_UNITS:
-            raise TraitError(f"{text!r} is not a size: write e.g. 10 MB, 512 MiB, 64g or a number of bytes")
+            raise TraitError(
+                f"{text!r} is not a size: write e.g. 10 MB, 512 MiB, 64g or a number of bytes"
+            )
         value = float(match.group(1).replace("_", "")) * _SIZE_UNITS[match.group(2)]
     if not math.isfinite(value):
         raise TraitError(f"{text!r} is not a finite size; use 0 for no limit")
@@ -158,36 +172,44 @@ class SandboxConfig(Configurable):
     state_dir = Unicode(help="Folder of the SQLite file that records sandboxes and activity.").tag(
         config=True
     )
-    start_timeout = Float(300.0, help="Seconds to wait for a sandbox (and its image) to be ready.").tag(
-        config=True
-    )
+    start_timeout = Float(
+        300.0, help="Seconds to wait for a sandbox (and its image) to be ready."
+    ).tag(config=True)
     cell_timeout = Float(
         0.0, help="Seconds a cell may run before it is interrupted; 0 means no limit."
     ).tag(config=True)
     output_limit = ByteSize(
-        10_000_000, help="Output one cell may send before the rest is discarded: bytes, or a size like 10 MB."
+        10_000_000,
+        help="Output one cell may send before the rest is discarded: bytes, or a size like 10 MB.",
     ).tag(config=True)
     # Lifecycle (lifecycle.py); minutes, 0 disables.
-    idle_stop = Float(15.0, help="Minutes without activity and without a live kernel before a stop.").tag(
-        config=True
-    )
-    idle_delete = Float(120.0, help="Minutes stopped before a sandbox is removed (workspace kept).").tag(
-        config=True
-    )
-    max_sandboxes = Int(100, help="Most sandboxes that may exist at once (0: no limit).").tag(config=True)
-    max_total_memory = Unicode(
-        "0", help="Most memory all sandboxes may reserve together, e.g. 64g or 65536m (0: no limit)."
+    idle_stop = Float(
+        15.0, help="Minutes without activity and without a live kernel before a stop."
     ).tag(config=True)
-    max_age = Float(0.0, help="Minutes after which a sandbox is removed whatever its use (0: never).").tag(
+    idle_delete = Float(
+        120.0, help="Minutes stopped before a sandbox is removed (workspace kept)."
+    ).tag(config=True)
+    max_sandboxes = Int(100, help="Most sandboxes that may exist at once (0: no limit).").tag(
         config=True
     )
+    max_total_memory = Unicode(
+        "0",
+        help="Most memory all sandboxes may reserve together, e.g. 64g or 65536m (0: no limit).",
+    ).tag(config=True)
+    max_age = Float(
+        0.0, help="Minutes after which a sandbox is removed whatever its use (0: never)."
+    ).tag(config=True)
     idle_stop_with_kernel = Float(
-        0.0, help="Minutes without activity before a sandbox with a live but idle kernel is stopped (0: never)."
+        0.0,
+        help="Minutes without activity before a sandbox with a live but idle kernel is stopped (0: never).",
     ).tag(config=True)
     orphan_grace = Float(
-        10.0, help="Minutes before a sandbox of ours with no owner record or an outdated spec is reaped."
+        10.0,
+        help="Minutes before a sandbox of ours with no owner record or an outdated spec is reaped.",
     ).tag(config=True)
-    snapshot = Unicode("", help="Snapshot that new sandboxes start from instead of the image.").tag(config=True)
+    snapshot = Unicode("", help="Snapshot that new sandboxes start from instead of the image.").tag(
+        config=True
+    )
     variant = Unicode(
         "",
         help=(
@@ -216,7 +238,9 @@ class SandboxConfig(Configurable):
     @validate("pids_limit", "output_limit", "max_sandboxes")
     def _non_negative_int(self, proposal: Any) -> int:
         name = proposal["trait"].name
-        if proposal["value"] < 0 or (name in ("pids_limit", "output_limit") and proposal["value"] == 0):
+        if proposal["value"] < 0 or (
+            name in ("pids_limit", "output_limit") and proposal["value"] == 0
+        ):
             raise TraitError(f"must be a positive number, got {proposal['value']}")
         if name == "pids_limit" and proposal["value"] < MIN_PIDS:
             raise TraitError(
@@ -229,10 +253,20 @@ class SandboxConfig(Configurable):
         parse_size(proposal["value"])
         return proposal["value"]
 
-    @validate("start_timeout", "cell_timeout", "idle_stop", "idle_delete", "max_age", "idle_stop_with_kernel", "orphan_grace")
+    @validate(
+        "start_timeout",
+        "cell_timeout",
+        "idle_stop",
+        "idle_delete",
+        "max_age",
+        "idle_stop_with_kernel",
+        "orphan_grace",
+    )
     def _non_negative_float(self, proposal: Any) -> float:
         if not math.isfinite(proposal["value"]):
-            raise TraitError(f"must be a finite number of seconds or minutes, got {proposal['value']} (0 means none)")
+            raise TraitError(
+                f"must be a finite number of seconds or minutes, got {proposal['value']} (0 means none)"
+            )
         if proposal["value"] < 0:
             raise TraitError(f"must be zero or more, got {proposal['value']}")
         if proposal["trait"].name == "start_timeout" and proposal["value"] == 0:
@@ -263,7 +297,11 @@ class SandboxConfig(Configurable):
         if not probe.is_dir():
             raise TraitError(f"{value!r} cannot be created: {probe} is a file")
         if not os.access(probe, os.W_OK | os.X_OK):
-            what = "is not writable" if probe == path else f"cannot be created ({probe} is not writable)"
+            what = (
+                "is not writable"
+                if probe == path
+                else f"cannot be created ({probe} is not writable)"
+            )
             raise TraitError(f"{value!r} {what} by this user")
         return str(path)
 
@@ -346,10 +384,11 @@ def unknown_env_names(environ: Mapping[str, str]) -> list[str]:
     otherwise: the user would wonder why their flavor did not apply)."""
     known = {name.upper() for name in SandboxConfig.class_trait_names(config=True)} | OTHER_ENV
     return sorted(
-        key for key in environ
+        key
+        for key in environ
         if key.startswith(ENV_PREFIX)
-        and key[len(ENV_PREFIX):] not in known
-        and not key[len(ENV_PREFIX):].startswith(TEST_ENV_PREFIXES)
+        and key[len(ENV_PREFIX) :] not in known
+        and not key[len(ENV_PREFIX) :].startswith(TEST_ENV_PREFIXES)
     )
 
 
@@ -359,7 +398,9 @@ def _warn_unknown_env(names: tuple[str, ...]) -> None:
     known = [ENV_PREFIX + n.upper() for n in SandboxConfig.class_trait_names(config=True)]
     for name in names:
         close = difflib.get_close_matches(name, known, n=1)
-        hint = f"; did you mean {close[0]}?" if close else f"; settings are {', '.join(sorted(known))}"
+        hint = (
+            f"; did you mean {close[0]}?" if close else f"; settings are {', '.join(sorted(known))}"
+        )
         log.warning("ignoring %s: no such setting%s", name, hint)
 
 
@@ -401,7 +442,9 @@ def load_config(
             # administrator wrote down; it says so in the log instead of failing.
             log.warning(
                 "ignoring %s=%r: c.SandboxConfig.%s is set by the administrator's configuration",
-                source, value, name,
+                source,
+                value,
+                name,
             )
             continue
         _apply(cfg, [(name, value, source)])
@@ -448,7 +491,9 @@ def _short_trait_error(exc: Exception, trait: Any) -> str:
     if isinstance(trait, Bool):
         return "expected true or false"
     if isinstance(trait, (Float, Int)) and not isinstance(exc, TraitError):
-        unit = next((f" of {u}" for u in ("seconds", "minutes") if u in (trait.help or "").lower()), "")
+        unit = next(
+            (f" of {u}" for u in ("seconds", "minutes") if u in (trait.help or "").lower()), ""
+        )
         return f"expected a number{unit}, e.g. {trait.default_value:g}"
     text = str(exc).strip()
     if "expected" in text and "trait of" in text:

@@ -44,7 +44,9 @@ class Request:
     """One request to the agent: its events go to ``on_event``, its reply to ``reply``."""
 
     on_event: Callable[[dict[str, Any], int], None]
-    reply: asyncio.Future[dict[str, Any]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    reply: asyncio.Future[dict[str, Any]] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
     id: str = ""
 
 
@@ -87,7 +89,9 @@ class AgentConnection:
         except ValueError:
             ready = None
         if not isinstance(ready, dict) or ready.get("ev") != "ready":
-            raise SandboxError("the interpreter in the sandbox answered something unexpected at start")
+            raise SandboxError(
+                "the interpreter in the sandbox answered something unexpected at start"
+            )
         self.ready = ready
         return ready
 
@@ -98,7 +102,9 @@ class AgentConnection:
         threading.Thread(target=self._read_loop, args=(self._pending,), daemon=True).start()
         self.pump = loop.create_task(self._pump())
 
-    def request(self, op: str, on_event: Callable[[dict[str, Any], int], None], **fields: Any) -> Request:
+    def request(
+        self, op: str, on_event: Callable[[dict[str, Any], int], None], **fields: Any
+    ) -> Request:
         """Send a request; its events go to ``on_event`` as they come, its reply content
         resolves ``Request.reply`` (AgentGone when the agent ends first)."""
         self._next_id += 1
@@ -126,7 +132,16 @@ class AgentConnection:
                     req = self._requests.pop(str(msg.get("id")), None)
                     if req is not None and not req.reply.done():
                         content = msg.get("content")
-                        req.reply.set_result(content if isinstance(content, dict) else {"status": "error", "ename": "SandboxError", "evalue": "malformed reply", "traceback": []})
+                        req.reply.set_result(
+                            content
+                            if isinstance(content, dict)
+                            else {
+                                "status": "error",
+                                "ename": "SandboxError",
+                                "evalue": "malformed reply",
+                                "traceback": [],
+                            }
+                        )
                     if req is self._current:
                         self._current = None
                 elif self._current is not None:

@@ -79,14 +79,19 @@ class RemoteWorkspace:
         parts = _parts(path)
         rel = str(PurePosixPath(*parts)) if parts else ""
         result = self.backend.exec(
-            self.sandbox_id, ["python3", "-c", fs_helper_source(), op, self.root, rel], cwd=self.root, timeout=60
+            self.sandbox_id,
+            ["python3", "-c", fs_helper_source(), op, self.root, rel],
+            cwd=self.root,
+            timeout=60,
         )
         try:
             answer = json.loads(result.output.decode("utf-8", "replace").strip().splitlines()[-1])
         except (ValueError, IndexError):
             answer = None
         if not isinstance(answer, dict):
-            raise SandboxError(f"could not reach the files of {self.sandbox_id}: {result.output[-300:]!r}")
+            raise SandboxError(
+                f"could not reach the files of {self.sandbox_id}: {result.output[-300:]!r}"
+            )
         error = answer.get("error")
         if error == "outside":
             raise BadRequest(f"{shorten(path)!r} leads outside the workspace (through a symlink)")
@@ -109,7 +114,15 @@ class RemoteWorkspace:
         for item in answer.get("items") or []:
             try:
                 name, kind, size, modified = item
-                entries.append(Entry(str(name), str(PurePosixPath(*prefix, str(name))), str(kind), int(size), float(modified)))
+                entries.append(
+                    Entry(
+                        str(name),
+                        str(PurePosixPath(*prefix, str(name))),
+                        str(kind),
+                        int(size),
+                        float(modified),
+                    )
+                )
             except (TypeError, ValueError):
                 continue
         entries.sort(key=lambda e: (e.type != "directory", e.name))
@@ -126,7 +139,9 @@ class RemoteWorkspace:
         if not _parts(path):
             raise BadRequest("give a file path to upload to")
         if self._ask("check-upload", path).get("type") not in ("none", "file"):
-            raise BadRequest(f"{shorten(path)!r} is a folder or a link; uploads only replace regular files")
+            raise BadRequest(
+                f"{shorten(path)!r} is a folder or a link; uploads only replace regular files"
+            )
         return RemoteUpload(self.backend, self.sandbox_id, self._remote(path))
 
     def delete(self, path: str) -> None:

@@ -30,8 +30,26 @@ from pathlib import Path
 
 # Folders that are never a work folder: the system's, and the parents of homes.
 _REFUSED = {
-    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/media", "/mnt", "/opt",
-    "/proc", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/Users",
+    "/",
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/home",
+    "/lib",
+    "/lib64",
+    "/media",
+    "/mnt",
+    "/opt",
+    "/proc",
+    "/run",
+    "/sbin",
+    "/srv",
+    "/sys",
+    "/tmp",
+    "/usr",
+    "/var",
+    "/Users",
 }
 
 

@@ -50,8 +50,12 @@ class Housekeeping:
         with self._start_lock:
             first, self._started = not self._started, True
         if first:
-            threading.Thread(target=self._heartbeat_loop, name="sandbox-heartbeat", daemon=True).start()
-            threading.Thread(target=self._after_start, name="sandbox-housekeeping", daemon=True).start()
+            threading.Thread(
+                target=self._heartbeat_loop, name="sandbox-heartbeat", daemon=True
+            ).start()
+            threading.Thread(
+                target=self._after_start, name="sandbox-housekeeping", daemon=True
+            ).start()
         self._wake.set()
 
     def set_busy(self, busy: bool) -> None:
@@ -77,8 +81,12 @@ class Housekeeping:
         if not isinstance(procs, list):
             return
         try:
-            self.service.store.kernel_heartbeat(self.kernel_id, self._backend_name, sandbox_id, False)
-            self.service.store.kernel_processes(self.kernel_id, socket.gethostname(), os.getpid(), json.dumps(procs))
+            self.service.store.kernel_heartbeat(
+                self.kernel_id, self._backend_name, sandbox_id, False
+            )
+            self.service.store.kernel_processes(
+                self.kernel_id, socket.gethostname(), os.getpid(), json.dumps(procs)
+            )
         except Exception as exc:  # bookkeeping: never a failure for the user
             log.debug("could not record the kernel's processes: %s", exc)
 
@@ -106,7 +114,9 @@ class Housekeeping:
         if not self.sandbox_id:
             return
         try:
-            self.service.store.kernel_heartbeat(self.kernel_id, self._backend_name, self.sandbox_id, self.busy)
+            self.service.store.kernel_heartbeat(
+                self.kernel_id, self._backend_name, self.sandbox_id, self.busy
+            )
             if self.busy:
                 self.service.backend.keep_alive(self.sandbox_id)
         except Exception as exc:  # best effort: a cell never fails for bookkeeping

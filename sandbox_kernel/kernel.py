@@ -71,7 +71,9 @@ class SandboxKernel(Kernel):
         try:
             cfg = load_config(**notebook_choices())
             kernel_id = self._kernel_id()
-            self.sandbox = SandboxSession(cfg, scope_key(cfg, kernel_id), kernel_id or f"pid{os.getpid()}")
+            self.sandbox = SandboxSession(
+                cfg, scope_key(cfg, kernel_id), kernel_id or f"pid{os.getpid()}"
+            )
         except (ConfigError, SandboxError) as exc:
             self._setup_error = str(exc)
         # Start reaching the sandbox now, while the rest of the kernel starts: starting an
@@ -210,7 +212,9 @@ class SandboxKernel(Kernel):
         housekeeping.set_busy(True)
         stdin_parent = (self._parent_ident.get("shell"), parent) if allow_stdin else None
         try:
-            request = agent.request("execute", self._publisher(agent, parent, silent, stdin_parent), **fields)
+            request = agent.request(
+                "execute", self._publisher(agent, parent, silent, stdin_parent), **fields
+            )
             reply = await request.reply
         except (AgentGone, SandboxError):
             return self._fail("SandboxLost", await asyncio.to_thread(self._why_lost), parent)
@@ -221,7 +225,9 @@ class SandboxKernel(Kernel):
             self._next_count = count + 1
         return reply
 
-    def _publisher(self, agent: AgentConnection, parent: dict[str, Any], silent: bool, stdin_parent: Any) -> Callable[[dict[str, Any], int], None]:
+    def _publisher(
+        self, agent: AgentConnection, parent: dict[str, Any], silent: bool, stdin_parent: Any
+    ) -> Callable[[dict[str, Any], int], None]:
         """What to do with the events of one request: publish them as replies to ``parent``.
 
         Everything here may come from a cell rather than the agent (see
@@ -255,11 +261,20 @@ class SandboxKernel(Kernel):
 
         return on_event
 
-    def _send(self, parent: dict[str, Any], msg_type: str, content: dict[str, Any], **kwargs: Any) -> None:
+    def _send(
+        self, parent: dict[str, Any], msg_type: str, content: dict[str, Any], **kwargs: Any
+    ) -> None:
         """Publish on IOPub as a reply to ``parent`` (not to whatever ipykernel handles now:
         it hands over comm messages while a cell runs)."""
         assert self.session is not None  # set by the kernel app before any request
-        self.session.send(self.iopub_socket, msg_type, content, parent=parent, ident=self._topic(msg_type), **kwargs)
+        self.session.send(
+            self.iopub_socket,
+            msg_type,
+            content,
+            parent=parent,
+            ident=self._topic(msg_type),
+            **kwargs,
+        )
 
     def _publish_comm(self, parent: dict[str, Any], msg: dict[str, Any]) -> None:
         """A comm message from the sandbox (a widget's state, a custom message), with its buffers."""
@@ -270,7 +285,13 @@ class SandboxKernel(Kernel):
             buffers = [base64.b64decode(b) for b in msg.get("buffers") or []]
         except (TypeError, ValueError, binascii.Error):
             return
-        self._send(parent, msg_type, content, buffers=buffers, metadata=metadata if isinstance(metadata, dict) else {})
+        self._send(
+            parent,
+            msg_type,
+            content,
+            buffers=buffers,
+            metadata=metadata if isinstance(metadata, dict) else {},
+        )
 
     # -- comms from the frontend: forwarded to the sandbox's comm manager ---------------------
     async def _forward_comm(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
@@ -283,27 +304,41 @@ class SandboxKernel(Kernel):
             return
         buffers = [base64.b64encode(bytes(b)).decode("ascii") for b in parent.get("buffers") or []]
         agent.request(
-            "comm", self._publisher(agent, parent, silent=False, stdin_parent=None),
-            msg_type=parent["header"]["msg_type"], content=parent.get("content") or {},
-            metadata=parent.get("metadata") or {}, buffers=buffers,
+            "comm",
+            self._publisher(agent, parent, silent=False, stdin_parent=None),
+            msg_type=parent["header"]["msg_type"],
+            content=parent.get("content") or {},
+            metadata=parent.get("metadata") or {},
+            buffers=buffers,
         )
 
     comm_open = comm_msg = comm_close = _forward_comm
 
     async def comm_info_request(self, stream: Any, ident: Any, parent: Any) -> None:
-        reply = await self._ask("comm_info", target_name=(parent.get("content") or {}).get("target_name"))
-        content = {"status": "ok", "comms": reply.get("comms", {}) if reply.get("status") == "ok" else {}}
+        reply = await self._ask(
+            "comm_info", target_name=(parent.get("content") or {}).get("target_name")
+        )
+        content = {
+            "status": "ok",
+            "comms": reply.get("comms", {}) if reply.get("status") == "ok" else {},
+        }
         assert self.session is not None
         self.session.send(stream, "comm_info_reply", content, parent, ident)
 
-    async def _answer_input(self, agent: AgentConnection, msg: dict[str, Any], stdin_parent: Any) -> None:
+    async def _answer_input(
+        self, agent: AgentConnection, msg: dict[str, Any], stdin_parent: Any
+    ) -> None:
         if stdin_parent is None:
             agent.send(op="input_reply", value="\x04")
             return
         ident, parent = stdin_parent
         try:
             value = await asyncio.to_thread(
-                self._input_request, msg.get("prompt", ""), ident, parent, msg.get("password", False)
+                self._input_request,
+                msg.get("prompt", ""),
+                ident,
+                parent,
+                msg.get("password", False),
             )
         except EOFError:
             value = "\x04"
@@ -324,8 +359,16 @@ class SandboxKernel(Kernel):
 
     def _fail(self, ename: str, evalue: str, parent: dict[str, Any]) -> dict[str, Any]:
         """One clear error in the cell (what went wrong, what to do), never a traceback."""
-        self._send(parent, "error", {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]})
-        return {"status": "error", "execution_count": self.execution_count, "ename": ename, "evalue": evalue, "traceback": []}
+        self._send(
+            parent, "error", {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
+        )
+        return {
+            "status": "error",
+            "execution_count": self.execution_count,
+            "ename": ename,
+            "evalue": evalue,
+            "traceback": [],
+        }
 
     # -- the other shell requests: forwarded as they are --------------------------------
     async def _ask(self, op: str, **fields: Any) -> dict[str, Any]:
@@ -334,23 +377,42 @@ class SandboxKernel(Kernel):
             agent = await self._ensure_agent()
             return await agent.request(op, lambda _msg, _size: None, **fields).reply
         except Exception as exc:
-            return {"status": "error", "ename": type(exc).__name__, "evalue": one_line(exc), "traceback": []}
+            return {
+                "status": "error",
+                "ename": type(exc).__name__,
+                "evalue": one_line(exc),
+                "traceback": [],
+            }
 
     async def do_complete(self, code: str, cursor_pos: int) -> dict[str, Any]:
         reply = await self._ask("complete", code=code, cursor_pos=cursor_pos)
         if reply.get("status") != "ok":
-            return {"status": "ok", "matches": [], "cursor_start": cursor_pos, "cursor_end": cursor_pos, "metadata": {}}
+            return {
+                "status": "ok",
+                "matches": [],
+                "cursor_start": cursor_pos,
+                "cursor_end": cursor_pos,
+                "metadata": {},
+            }
         return reply
 
-    async def do_inspect(self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()) -> dict[str, Any]:
-        reply = await self._ask("inspect", code=code, cursor_pos=cursor_pos, detail_level=detail_level)
+    async def do_inspect(
+        self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()
+    ) -> dict[str, Any]:
+        reply = await self._ask(
+            "inspect", code=code, cursor_pos=cursor_pos, detail_level=detail_level
+        )
         if reply.get("status") != "ok":
             return {"status": "ok", "found": False, "data": {}, "metadata": {}}
         return reply
 
     async def do_is_complete(self, code: str) -> dict[str, Any]:
         reply = await self._ask("is_complete", code=code)
-        return reply if reply.get("status") in ("complete", "incomplete", "invalid") else {"status": "unknown"}
+        return (
+            reply
+            if reply.get("status") in ("complete", "incomplete", "invalid")
+            else {"status": "unknown"}
+        )
 
     async def do_history(
         self,
@@ -365,8 +427,16 @@ class SandboxKernel(Kernel):
         unique: bool = False,
     ) -> dict[str, Any]:
         reply = await self._ask(
-            "history", hist_access_type=hist_access_type, output=output, raw=raw, session=session,
-            start=start, stop=stop, n=n, pattern=pattern, unique=unique,
+            "history",
+            hist_access_type=hist_access_type,
+            output=output,
+            raw=raw,
+            session=session,
+            start=start,
+            stop=stop,
+            n=n,
+            pattern=pattern,
+            unique=unique,
         )
         return reply if reply.get("status") == "ok" else {"status": "ok", "history": []}
 
@@ -397,7 +467,12 @@ class SandboxKernel(Kernel):
             try:
                 agent.send(op="interrupt")
             except SandboxError as exc:
-                content = {"status": "error", "ename": "SandboxError", "evalue": str(exc), "traceback": []}
+                content = {
+                    "status": "error",
+                    "ename": "SandboxError",
+                    "evalue": str(exc),
+                    "traceback": [],
+                }
         assert self.session is not None
         self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
@@ -440,7 +515,11 @@ def _event_content(kind: Any, msg: dict[str, Any]) -> tuple[str, dict[str, Any]]
         traceback = msg.get("traceback")
         if not isinstance(traceback, list):
             traceback = []
-        return "error", {"ename": str(msg.get("ename", "")), "evalue": str(msg.get("evalue", "")), "traceback": [str(line) for line in traceback]}
+        return "error", {
+            "ename": str(msg.get("ename", "")),
+            "evalue": str(msg.get("evalue", "")),
+            "traceback": [str(line) for line in traceback],
+        }
     return None
 
 
@@ -455,7 +534,9 @@ def main() -> None:
     # cell's output. ipykernel would turn its stdout/stderr (and fds 1/2) into streams of
     # whichever cell runs; they stay the process's real ones instead, so they reach the
     # CI job's log or the server's log.
-    IPKernelApp.launch_instance(kernel_class=SandboxKernel, outstream_class=None, capture_fd_output=False)
+    IPKernelApp.launch_instance(
+        kernel_class=SandboxKernel, outstream_class=None, capture_fd_output=False
+    )
 
 
 def _log_to_stderr() -> None:

@@ -11,7 +11,9 @@ DISPLAY_NAME = "Python 3 (sandbox)"
 PROVISIONER_NAME = "sandbox-kernel-provisioner"
 
 
-def kernelspec(display_name: str, env: dict[str, str] | None, python: str = "python") -> dict[str, Any]:
+def kernelspec(
+    display_name: str, env: dict[str, str] | None, python: str = "python"
+) -> dict[str, Any]:
     """The kernel.json content. The provisioner entry makes every client that starts
     kernels by name launch this kernel over IPC (see provisioner.py for why)."""
     spec: dict[str, Any] = {

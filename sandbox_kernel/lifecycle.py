@@ -73,23 +73,49 @@ def decide(
     if record is None:
         # No owner record: an orphan, or one being made right now (between the engine's
         # create and the record, or a slow remote create): the grace period decides.
-        return Decision() if live else Decision("destroy", info.created + grace, "orphan: no owner record")
+        return (
+            Decision()
+            if live
+            else Decision("destroy", info.created + grace, "orphan: no owner record")
+        )
     if record.engine_id and info.engine_id and record.engine_id != info.engine_id and not live:
         return Decision("destroy", info.created + grace, "orphan: an older sandbox of the same id")
     last = max(record.last_activity, info.created)
     options: list[Decision] = []
     if config.max_age and not busy:
-        options.append(Decision("destroy", info.created + _minutes(config.max_age), f"older than max_age={config.max_age:g} min"))
+        options.append(
+            Decision(
+                "destroy",
+                info.created + _minutes(config.max_age),
+                f"older than max_age={config.max_age:g} min",
+            )
+        )
     if info.state == "running":
         if not live and config.idle_stop:
-            options.append(Decision("stop", last + _minutes(config.idle_stop), f"idle {config.idle_stop:g} min with no live kernel"))
+            options.append(
+                Decision(
+                    "stop",
+                    last + _minutes(config.idle_stop),
+                    f"idle {config.idle_stop:g} min with no live kernel",
+                )
+            )
         elif live and not busy and config.idle_stop_with_kernel:
             options.append(
-                Decision("stop", last + _minutes(config.idle_stop_with_kernel), f"idle {config.idle_stop_with_kernel:g} min with an idle kernel")
+                Decision(
+                    "stop",
+                    last + _minutes(config.idle_stop_with_kernel),
+                    f"idle {config.idle_stop_with_kernel:g} min with an idle kernel",
+                )
             )
     elif info.state == "stopped" and config.idle_delete:
         stopped = max(info.finished, last)
-        options.append(Decision("destroy", stopped + _minutes(config.idle_delete), f"stopped for {config.idle_delete:g} min"))
+        options.append(
+            Decision(
+                "destroy",
+                stopped + _minutes(config.idle_delete),
+                f"stopped for {config.idle_delete:g} min",
+            )
+        )
     return min(options, key=lambda d: d.at) if options else Decision()
 
 
@@ -108,7 +134,9 @@ def plan(
     for info in infos:
         decision = decide(info, records.get(info.id), kernels.get(info.id, []), config)
         if decision.action and decision.at <= now:
-            actions.append(Action(info.id, decision.action, decision.reason, engine_id=info.engine_id))
+            actions.append(
+                Action(info.id, decision.action, decision.reason, engine_id=info.engine_id)
+            )
     return actions
 
 
@@ -159,7 +187,9 @@ def end_dead_kernels(backend: Backend, store: Store) -> int:
     from .agent import agent_source
 
     ended = 0
-    for kernel_id, sandbox_id, host_pid, procs in store.kernels_of_host(backend.name, socket.gethostname()):
+    for kernel_id, sandbox_id, host_pid, procs in store.kernels_of_host(
+        backend.name, socket.gethostname()
+    ):
         try:
             os.kill(host_pid, 0)
             continue  # alive
@@ -169,7 +199,11 @@ def end_dead_kernels(backend: Backend, store: Store) -> int:
             continue  # someone else's process with that pid: alive
         if procs and backend.shares_processes:
             try:
-                backend.exec(sandbox_id, ["python3", "-c", agent_source().decode(), "--end-processes", procs], timeout=30)
+                backend.exec(
+                    sandbox_id,
+                    ["python3", "-c", agent_source().decode(), "--end-processes", procs],
+                    timeout=30,
+                )
             except Exception:
                 pass  # stopped or gone: its processes are gone with it
         store.kernel_gone(kernel_id)
@@ -224,7 +258,9 @@ def quota_check(
                 f"destroy one with `sandbox-kernel destroy ID` or ask for a larger {setting_names('max_sandboxes')}"
             )
         running = {i.id: int(i.limits.get("memory") or 0) for i in infos if i.state == "running"}
-        reserved = sum(running.values()) + sum(r.memory for r in others if r.sandbox_id not in running)
+        reserved = sum(running.values()) + sum(
+            r.memory for r in others if r.sandbox_id not in running
+        )
         if limit_memory and reserved + memory > limit_memory:
             raise QuotaExceeded(
                 f"quota max_total_memory={config.max_total_memory} reached ({format_size(reserved)} reserved by "
@@ -259,7 +295,9 @@ def stats(backend: Backend, config: SandboxConfig) -> dict[str, Any]:
         "cpus": {"reserved": reserved_cpus},
         "quota": {
             "max_sandboxes": config.max_sandboxes,
-            "sandboxes_left": max(0, config.max_sandboxes - len(infos)) if config.max_sandboxes else None,
+            "sandboxes_left": max(0, config.max_sandboxes - len(infos))
+            if config.max_sandboxes
+            else None,
             "max_total_memory": limit_memory,
             "memory_left": max(0, int(limit_memory - reserved_memory)) if limit_memory else None,
             # What the quotas count, said plainly (the panel and `stats` show it).

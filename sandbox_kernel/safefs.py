@@ -60,7 +60,7 @@ class Entry:
 
 
 def kind_of(mode: int) -> str:
-    """"file", "directory", "symlink" or "other" (the in-sandbox helper says the same)."""
+    """ "file", "directory", "symlink" or "other" (the in-sandbox helper says the same)."""
     return kind(os.stat_result((mode,) + (0,) * 9))
 
 
@@ -123,7 +123,9 @@ class Beneath:
         try:
             fd = os.open(self.root, _DIR_FLAGS)
         except OSError as exc:
-            raise SandboxError(f"the workspace folder {self.root} cannot be opened: {exc.strerror}") from None
+            raise SandboxError(
+                f"the workspace folder {self.root} cannot be opened: {exc.strerror}"
+            ) from None
         try:
             yield fd
         finally:
@@ -230,7 +232,9 @@ class Beneath:
             except OSError as exc:
                 raise _refusal(exc, path) from None
             if not stat.S_ISREG(before.st_mode):
-                raise BadRequest(f"{shorten(path)!r} is a {kind_of(before.st_mode)}, not a regular file")
+                raise BadRequest(
+                    f"{shorten(path)!r} is a {kind_of(before.st_mode)}, not a regular file"
+                )
             try:
                 fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
             except OSError as exc:
@@ -256,7 +260,9 @@ class Beneath:
                     raise BadRequest(f"{shorten(path)!r} is a folder; only files can be deleted")
                 os.unlink(name, dir_fd=dir_fd)
             except IsADirectoryError:
-                raise BadRequest(f"{shorten(path)!r} is a folder; only files can be deleted") from None
+                raise BadRequest(
+                    f"{shorten(path)!r} is a folder; only files can be deleted"
+                ) from None
             except OSError as exc:
                 raise _refusal(exc, path) from None
 
@@ -317,7 +323,10 @@ class AtomicWrite:
             tmp = TEMP_PREFIX + secrets.token_hex(8)
             try:
                 self._fd = os.open(
-                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+                    tmp,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                    dir_fd=dir_fd,
                 )
             except FileExistsError:
                 continue
@@ -359,7 +368,9 @@ class AtomicWrite:
             try:
                 os.rename(self._tmp, self.name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
             except IsADirectoryError:
-                raise BadRequest(f"{shorten(self.shown)!r} is a folder; uploads only replace regular files") from None
+                raise BadRequest(
+                    f"{shorten(self.shown)!r} is a folder; uploads only replace regular files"
+                ) from None
             except OSError as exc:
                 raise _refusal(exc, self.shown) from None
             if not self._still_ours(self.name):
@@ -390,7 +401,9 @@ class AtomicWrite:
             self._fd = -1
 
 
-def make_folder(parent: Path, name: str, owner: tuple[int, int] | None = None, mode: int = 0o755) -> Path:
+def make_folder(
+    parent: Path, name: str, owner: tuple[int, int] | None = None, mode: int = 0o755
+) -> Path:
     """Create (or keep) ``parent/name`` as a real folder, never through a link, and hand it
     to ``owner`` through its descriptor. ``parent`` is a host path; ``name`` one component."""
     parent.mkdir(parents=True, exist_ok=True)
@@ -404,7 +417,9 @@ def make_folder(parent: Path, name: str, owner: tuple[int, int] | None = None, m
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
         except OSError as exc:
-            raise SandboxError(f"{parent / name} is not a folder we can use ({exc.strerror})") from None
+            raise SandboxError(
+                f"{parent / name} is not a folder we can use ({exc.strerror})"
+            ) from None
         try:
             if owner is not None:
                 st = os.fstat(fd)

@@ -133,7 +133,9 @@ class SandboxService:
             shared_folder=cfg.shared_folder,
             runtime=cfg.runtime,
             work_folder=work_folder,
-            masks=tuple((m.path, m.how) for m in masks(work_folder, self._never_shown())) if work_folder else (),
+            masks=tuple((m.path, m.how) for m in masks(work_folder, self._never_shown()))
+            if work_folder
+            else (),
         )
 
     def _never_shown(self) -> list[str]:
@@ -151,13 +153,17 @@ class SandboxService:
 
     def config_with(self, **values: Any) -> SandboxConfig:
         """A copy of the service's settings with some personal choices changed."""
-        settings = {name: getattr(self.config, name) for name in self.config.trait_names(config=True)}
+        settings = {
+            name: getattr(self.config, name) for name in self.config.trait_names(config=True)
+        }
         settings.update(values)
         cfg = SandboxConfig(**settings)
         cfg.file_values = self.config.file_values
         return cfg
 
-    def sandbox_id(self, key: ScopeKey, config: SandboxConfig | None = None, work_folder: str = "") -> str:
+    def sandbox_id(
+        self, key: ScopeKey, config: SandboxConfig | None = None, work_folder: str = ""
+    ) -> str:
         """The id of ``key``'s sandbox: a named variant (a kernelspec made with another
         image or snapshot) has its own, beside the user's plain one; so has a work
         folder other than the primary one (a second checkout: see folders.py)."""
@@ -165,7 +171,11 @@ class SandboxService:
         sid = key.name
         if cfg.variant:
             sid += f"{VARIANT}{hashlib.sha256(cfg.variant.encode()).hexdigest()[:8]}"
-        if key.scope == "user" and work_folder and work_folder != primary_folder(cfg.work_root, server_root_dir()):
+        if (
+            key.scope == "user"
+            and work_folder
+            and work_folder != primary_folder(cfg.work_root, server_root_dir())
+        ):
             sid += f"{WORK}{folder_tag(work_folder)}"
         return sid
 
@@ -193,13 +203,24 @@ class SandboxService:
             say(f"sandbox {sid} failed ({reason}): making a new one")
             self.backend.destroy(sid)
             created = self._create(sid, key, spec, say)
-            ensured = Ensured(created, "recreated", f"sandbox restarted: {LOST_NOTICE} ({sid} had failed: {reason})")
+            ensured = Ensured(
+                created,
+                "recreated",
+                f"sandbox restarted: {LOST_NOTICE} ({sid} had failed: {reason})",
+            )
         elif info is None:
             ensured = self._made(sid, key, spec, say, record)
         else:
             ensured = self._revive(info, spec, say)
         ensured = self._fit(ensured, spec)
-        self.store.put(self.backend.name, sid, key.user, ensured.info.engine_id, ensured.info.spec, ensured.info.flavor)
+        self.store.put(
+            self.backend.name,
+            sid,
+            key.user,
+            ensured.info.engine_id,
+            ensured.info.spec,
+            ensured.info.flavor,
+        )
         return ensured
 
     def _made(self, sid: str, key: ScopeKey, spec: Spec, say: Progress, record: Any) -> Ensured:
@@ -209,7 +230,9 @@ class SandboxService:
         except AlreadyExists:
             return self._revive(self._wait_found(sid), spec, say)
         if record is not None and record.engine_id and record.engine_id != info.engine_id:
-            return Ensured(info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({sid} had been removed)")
+            return Ensured(
+                info, "recreated", f"sandbox restarted: {LOST_NOTICE} ({sid} had been removed)"
+            )
         return Ensured(info, "created")
 
     def _create(self, sid: str, key: ScopeKey, spec: Spec, say: Progress) -> SandboxInfo:
@@ -259,8 +282,14 @@ class SandboxService:
         if not self.backend.resizes:
             return f"flavor {asked} asked, but {info.id} keeps flavor {had} (the {self.backend.name} backend cannot resize)"
         if shrink and others:
-            return f"flavor {asked} asked, but {info.id} keeps flavor {had} while other kernels use it"
-        extra = max(0, spec.memory - int(info.limits.get("memory") or 0)) if info.state == "running" else 0
+            return (
+                f"flavor {asked} asked, but {info.id} keeps flavor {had} while other kernels use it"
+            )
+        extra = (
+            max(0, spec.memory - int(info.limits.get("memory") or 0))
+            if info.state == "running"
+            else 0
+        )
         with self._reservation(info.id, int(info.limits.get("memory") or 0) + extra, new=False):
             self.backend.resize(info.id, spec)
         return f"sandbox {info.id} now has flavor {asked} ({spec.cpus:g} CPUs, {format_size(spec.memory)}; it had {had})"
@@ -282,7 +311,9 @@ class SandboxService:
     def _reservation(self, sid: str, memory: int, new: bool) -> Iterator[None]:
         """Hold a quota reservation while a sandbox is made, started or resized."""
         check = quota_check(self.backend, self.config, sid, memory, new)
-        self.store.reserve(self.backend.name, sid, memory, new, check, ttl=self.config.start_timeout + 60)
+        self.store.reserve(
+            self.backend.name, sid, memory, new, check, ttl=self.config.start_timeout + 60
+        )
         try:
             yield
         finally:
@@ -306,7 +337,11 @@ class SandboxService:
             info.last_activity = record.last_activity if record else info.created
             if record is not None and record.flavor and record.flavor in FLAVORS:
                 info.flavor = record.flavor  # resized since its labels were written
-            if info.spec and info.spec != _as_for(self.spec(info.user), info).fingerprint() and VARIANT not in info.id:
+            if (
+                info.spec
+                and info.spec != _as_for(self.spec(info.user), info).fingerprint()
+                and VARIANT not in info.id
+            ):
                 info.outdated = "made from other settings than the current ones (image, snapshot, network or mounts)"
             item = info.to_dict()
             item["usage"] = self._with_cpu_rate(info.id, usage.get(info.id, {}))
@@ -352,7 +387,9 @@ class SandboxService:
         self.backend.stop(sandbox_id)
         return self.get(user, sandbox_id)
 
-    def start(self, user: str | None, sandbox_id: str, progress: Progress | None = None) -> dict[str, Any]:
+    def start(
+        self, user: str | None, sandbox_id: str, progress: Progress | None = None
+    ) -> dict[str, Any]:
         info = self.owned(user, sandbox_id)
         if info.state != "running":
             with self._reservation(sandbox_id, int(info.limits.get("memory") or 0), new=False):
@@ -370,7 +407,9 @@ class SandboxService:
         if not isinstance(snapshot, str):
             raise BadRequest('name the snapshot to start from: {"snapshot": "my-snapshot"}')
         self.owned_snapshot(user, snapshot)
-        key = ScopeKey(user=user, scope="thread", thread=f"snapshot:{snapshot}:{uuid.uuid4().hex[:8]}")
+        key = ScopeKey(
+            user=user, scope="thread", thread=f"snapshot:{snapshot}:{uuid.uuid4().hex[:8]}"
+        )
         info = self.ensure(key, config=self.config_with(snapshot=snapshot)).info
         return self.describe([info])[0]
 
@@ -380,12 +419,20 @@ class SandboxService:
             totals["yours"] = len(self.backend.list(user))
         return totals
 
-    def exec(self, info: SandboxInfo, cmd: builtins.list[str], timeout: float | None = None, cwd: str = "") -> Any:
+    def exec(
+        self,
+        info: SandboxInfo,
+        cmd: builtins.list[str],
+        timeout: float | None = None,
+        cwd: str = "",
+    ) -> Any:
         """Run a command in a sandbox as the kernel's interpreter would be run: beneath its
         host work folder, no links, FIFOs or sockets may be made."""
         self.store.touch(self.backend.name, info.id)
         folders = [info.work_folder] if info.work_folder else []
-        return self.backend.exec(info.id, restricted(cmd, folders), timeout=timeout, cwd=cwd or WORKSPACE)
+        return self.backend.exec(
+            info.id, restricted(cmd, folders), timeout=timeout, cwd=cwd or WORKSPACE
+        )
 
     # -- files ----------------------------------------------------------------------
     def workspace(self, user: str | None, sandbox_id: str) -> Workspace | RemoteWorkspace:
@@ -436,5 +483,6 @@ class SandboxService:
         for snap in self.backend.list_snapshots():
             if snap.ref == ref:
                 return snap
-        raise SandboxNotFound(f"you have no snapshot named {name!r}; `sandbox-kernel snapshot list` shows yours")
-
+        raise SandboxNotFound(
+            f"you have no snapshot named {name!r}; `sandbox-kernel snapshot list` shows yours"
+        )

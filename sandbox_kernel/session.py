@@ -91,10 +91,14 @@ class SandboxSession:
         info = self._ensure_sandbox()
         if self.folder_copy is None and self._wants_folder_copy():
             here = Path(os.getcwd()).resolve()
-            self.housekeeping.report(info.id, f"copying {here} into the sandbox (it has no host folders)")
+            self.housekeeping.report(
+                info.id, f"copying {here} into the sandbox (it has no host folders)"
+            )
             self.folder_copy = sync.push(self.backend, info.id, here)
             for name in self.folder_copy.skipped[:5]:
-                self.housekeeping.report(info.id, f"not copied (too large, or not a regular file): {name}")
+                self.housekeeping.report(
+                    info.id, f"not copied (too large, or not a regular file): {name}"
+                )
         agent = self._start_agent(info)
         self.housekeeping.record_processes(info.id, agent.ready.get("procs"))
         self.housekeeping.start(info.id)
@@ -104,7 +108,9 @@ class SandboxSession:
         """The sandbox, running; a loss the user must hear of becomes a notice."""
         work = self.service.work_folder(os.getcwd())
         target = self.service.sandbox_id(self.key, work_folder=work)
-        ensured = self.service.ensure(self.key, progress=lambda line: self.housekeeping.report(target, line), work_folder=work)
+        ensured = self.service.ensure(
+            self.key, progress=lambda line: self.housekeeping.report(target, line), work_folder=work
+        )
         info = ensured.info
         notice = ensured.notice
         if not notice and self.engine_id and info.engine_id != self.engine_id:
@@ -117,7 +123,11 @@ class SandboxSession:
         for note in ensured.notes:  # a change without loss: log and status bar, not the notebook
             self.housekeeping.report(info.id, note)
         self.lost = ""
-        self.sandbox_id, self.engine_id, self.work_folder = info.id, info.engine_id, info.work_folder
+        self.sandbox_id, self.engine_id, self.work_folder = (
+            info.id,
+            info.engine_id,
+            info.work_folder,
+        )
         return info
 
     def _start_agent(self, info: SandboxInfo) -> AgentConnection:
@@ -126,7 +136,9 @@ class SandboxSession:
             "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
             "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
             # Host folders in the sandbox: its processes may not plant links or FIFOs there.
-            "SANDBOX_AGENT_NO_SPECIAL_FILES": json.dumps([info.work_folder] if info.work_folder else []),
+            "SANDBOX_AGENT_NO_SPECIAL_FILES": json.dumps(
+                [info.work_folder] if info.work_folder else []
+            ),
         }
         spare, payload = None, agent_source()
         if self.backend.keeps_spares:
@@ -134,7 +146,9 @@ class SandboxSession:
             if record is not None and record.secret:
                 spare = (SPARE_SOCKET, record.pid, record.start_time)
                 payload += record.secret.encode() + b"\n"  # on stdin, never in argv
-        channel = self.backend.open_channel(info.id, bootstrap_command(spare=spare), cwd=self.cell_cwd(), env=env)
+        channel = self.backend.open_channel(
+            info.id, bootstrap_command(spare=spare), cwd=self.cell_cwd(), env=env
+        )
         agent = AgentConnection(channel, max_line=self.output_ceiling)
         try:
             agent.start(payload)
@@ -164,7 +178,9 @@ class SandboxSession:
         if self.folder_copy is not None:
             return self.folder_copy.remote
         here = Path(os.getcwd()).resolve()
-        if self.work_folder and (here == Path(self.work_folder) or Path(self.work_folder) in here.parents):
+        if self.work_folder and (
+            here == Path(self.work_folder) or Path(self.work_folder) in here.parents
+        ):
             return str(here)
         try:
             rel = here.relative_to(workspace_dir(self.cfg, self.key).resolve())

@@ -36,7 +36,9 @@ class FolderCopy:
 
     host: Path
     remote: str
-    seen: dict[str, tuple[int, float]] = field(default_factory=dict)  # rel -> (size, mtime) in the sandbox
+    seen: dict[str, tuple[int, float]] = field(
+        default_factory=dict
+    )  # rel -> (size, mtime) in the sandbox
     skipped: list[str] = field(default_factory=list)
 
 
@@ -49,7 +51,9 @@ def push(backend: Backend, sandbox_id: str, host: Path) -> FolderCopy:
     copy = FolderCopy(host=host, remote=remote_folder(host))
     files, total = 0, 0
     for top, dirs, names in os.walk(host):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(top, d)))
+        dirs[:] = sorted(
+            d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(top, d))
+        )
         for name in sorted(names):
             if name.startswith("."):
                 continue
@@ -59,7 +63,12 @@ def push(backend: Backend, sandbox_id: str, host: Path) -> FolderCopy:
             except OSError:
                 continue
             rel = str(path.relative_to(host))
-            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE or files >= MAX_FILES or total + st.st_size > MAX_BYTES:
+            if (
+                not stat.S_ISREG(st.st_mode)
+                or st.st_size > MAX_FILE
+                or files >= MAX_FILES
+                or total + st.st_size > MAX_BYTES
+            ):
                 copy.skipped.append(rel)
                 continue
             with path.open("rb") as fh:
@@ -71,7 +80,9 @@ def push(backend: Backend, sandbox_id: str, host: Path) -> FolderCopy:
 
 def listing(backend: Backend, sandbox_id: str, remote: str) -> dict[str, tuple[int, float]]:
     """rel -> (size, mtime) of the regular files below ``remote`` in the sandbox."""
-    result = backend.exec(sandbox_id, ["python3", "-c", fs_helper_source(), "walk", remote, ""], cwd="/", timeout=60)
+    result = backend.exec(
+        sandbox_id, ["python3", "-c", fs_helper_source(), "walk", remote, ""], cwd="/", timeout=60
+    )
     try:
         answer: Any = json.loads(result.output.decode("utf-8", "replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -90,7 +101,11 @@ def listing(backend: Backend, sandbox_id: str, remote: str) -> dict[str, tuple[i
 def pull(backend: Backend, sandbox_id: str, copy: FolderCopy) -> list[str]:
     """Copy back what is new or changed in the sandbox's copy; the names copied."""
     now = listing(backend, sandbox_id, copy.remote)
-    changed = [rel for rel, meta in sorted(now.items()) if copy.seen.get(rel) != meta and meta[0] <= MAX_FILE]
+    changed = [
+        rel
+        for rel, meta in sorted(now.items())
+        if copy.seen.get(rel) != meta and meta[0] <= MAX_FILE
+    ]
     folder = Beneath(copy.host)
     done, total = [], 0
     for rel in changed[:MAX_FILES]:

@@ -136,7 +136,9 @@ def remove_user_containers(user_id_prefix: str, client: object = None) -> None:
     from sandbox_kernel.backends import idmap
 
     client = client or docker.from_env()
-    for container in client.containers.list(all=True, filters={"label": "sandbox-kernel.managed=1"}):
+    for container in client.containers.list(
+        all=True, filters={"label": "sandbox-kernel.managed=1"}
+    ):
         if container.labels.get("sandbox-kernel.user-id", "").startswith(user_id_prefix):
             container.remove(force=True)
             mount = container.labels.get("sandbox-kernel.workspace-mount")
@@ -152,8 +154,12 @@ def sandbox_container(sandbox_id: str, client: object = None) -> object:
     import docker
 
     client = client or docker.from_env()
-    found = client.containers.list(all=True, filters={"name": f"^/{re.escape(sandbox_id)}--i[0-9a-f]+$"})
-    assert len(found) == 1, f"expected one container for {sandbox_id}, found {[c.name for c in found]}"
+    found = client.containers.list(
+        all=True, filters={"name": f"^/{re.escape(sandbox_id)}--i[0-9a-f]+$"}
+    )
+    assert len(found) == 1, (
+        f"expected one container for {sandbox_id}, found {[c.name for c in found]}"
+    )
     return found[0]
 
 
@@ -167,7 +173,9 @@ def docker_cleanup(test_user: str) -> Iterator[None]:
 
 
 @pytest.fixture
-def rest_env(tmp_path: Path, test_user: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+def rest_env(
+    tmp_path: Path, test_user: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, str]]:
     """The environment of a Jupyter server under test: Docker, the test image, folders
     under tmp_path, the test's user; its sandboxes are removed afterwards."""
     env = {
@@ -184,12 +192,17 @@ def rest_env(tmp_path: Path, test_user: str, monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.fixture
-def sandbox(rest_env: dict[str, str], make_config: Callable[..., SandboxConfig], test_user: str) -> dict[str, str]:
+def sandbox(
+    rest_env: dict[str, str], make_config: Callable[..., SandboxConfig], test_user: str
+) -> dict[str, str]:
     """A sandbox of the server's user, made the way a kernel makes it (``engine_id`` is
     its container, for tests that reach into it with the docker SDK)."""
     from sandbox_kernel.identity import ScopeKey
     from sandbox_kernel.service import SandboxService
 
-    cfg = make_config(workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"], state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"])
+    cfg = make_config(
+        workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"],
+        state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"],
+    )
     info = SandboxService(cfg).ensure(ScopeKey(test_user)).info
     return {"id": info.id, "workspace": info.workspace, "engine_id": info.engine_id}

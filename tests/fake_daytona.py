@@ -57,7 +57,12 @@ def _now() -> str:
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response(
-        {"statusCode": status, "message": message, "error": HTTPStatus(status).phrase, "code": None},
+        {
+            "statusCode": status,
+            "message": message,
+            "error": HTTPStatus(status).phrase,
+            "code": None,
+        },
         status=status,
     )
 
@@ -82,6 +87,7 @@ class _IterReader(io.RawIOBase):
         b[:n] = self._buf[:n]
         self._buf = self._buf[n:]
         return n
+
 
 @dataclass
 class FakeSandbox:
@@ -139,7 +145,9 @@ class FakeDaytona:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         for name, image in base_images.items():
-            self.snapshots[name] = FakeSnapshot(id=uuid.uuid4().hex, name=name, image=image, general=True)
+            self.snapshots[name] = FakeSnapshot(
+                id=uuid.uuid4().hex, name=name, image=image, general=True
+            )
 
     # -- fault injection ------------------------------------------------------------
     def fail(self, pattern: str, status: int, times: int = 1, message: str = "") -> None:
@@ -157,7 +165,9 @@ class FakeDaytona:
                 pattern, status, times, message = fault
                 if times > 0 and pattern.search(f"{method} {path}"):
                     fault[2] -= 1
-                    text = message or {429: "Too many requests", 502: "Bad gateway"}.get(status, "injected")
+                    text = message or {429: "Too many requests", 502: "Bad gateway"}.get(
+                        status, "injected"
+                    )
                     return _error(status, text)
         return None
 
@@ -294,7 +304,12 @@ class FakeDaytona:
             box = next((b for b in self.sandboxes.values() if b.name == id_or_name), None)
         if box is None or box.state == "destroyed":
             raise web.HTTPNotFound(
-                text=json.dumps({"statusCode": 404, "message": f"Sandbox with ID or name {id_or_name} not found"}),
+                text=json.dumps(
+                    {
+                        "statusCode": 404,
+                        "message": f"Sandbox with ID or name {id_or_name} not found",
+                    }
+                ),
                 content_type="application/json",
             )
         return box
@@ -346,12 +361,17 @@ class FakeDaytona:
 
     async def create_sandbox(self, request: web.Request) -> web.Response:
         body = await request.json()
-        snapshot_name = body.get("snapshot") or next(n for n, s in self.snapshots.items() if s.general)
+        snapshot_name = body.get("snapshot") or next(
+            n for n, s in self.snapshots.items() if s.general
+        )
         snap = self.snapshots.get(snapshot_name) or next(
             (s for s in self.snapshots.values() if s.id == snapshot_name), None
         )
         if snap is None:
-            return _error(400, f"Snapshot {snapshot_name} not found. Did you add it through the Daytona Dashboard?")
+            return _error(
+                400,
+                f"Snapshot {snapshot_name} not found. Did you add it through the Daytona Dashboard?",
+            )
         if body.get("name") and any(
             b.name == body["name"] and b.state != "destroyed" for b in self.sandboxes.values()
         ):
@@ -420,7 +440,9 @@ class FakeDaytona:
         limit = int(request.query.get("limit") or 2)
         page = items[cursor : cursor + limit]
         following = cursor + limit if cursor + limit < len(items) else None
-        return web.json_response({"items": page, "nextCursor": str(following) if following else None})
+        return web.json_response(
+            {"items": page, "nextCursor": str(following) if following else None}
+        )
 
     async def get_sandbox(self, request: web.Request) -> web.Response:
         return web.json_response(self._dto(self._find(request.match_info["id"])))
@@ -462,7 +484,13 @@ class FakeDaytona:
         box = self._find(request.match_info["id"])
         n = int(request.match_info["n"])
         kind = request.path.rsplit("/", 2)[-2]
-        setattr(box, {"autostop": "auto_stop", "autodelete": "auto_delete", "autoarchive": "auto_archive"}[kind], n)
+        setattr(
+            box,
+            {"autostop": "auto_stop", "autodelete": "auto_delete", "autoarchive": "auto_archive"}[
+                kind
+            ],
+            n,
+        )
         return web.json_response(self._dto(box))
 
     async def update_activity(self, request: web.Request) -> web.Response:
@@ -497,7 +525,16 @@ class FakeDaytona:
     def _volume_dto(self, vol: dict[str, Any]) -> dict[str, Any]:
         if vol["state"] == "pending_create" and time.monotonic() >= vol["ready_at"]:
             vol["state"] = "ready"
-        keys = ("id", "name", "organizationId", "state", "createdAt", "updatedAt", "lastUsedAt", "errorReason")
+        keys = (
+            "id",
+            "name",
+            "organizationId",
+            "state",
+            "createdAt",
+            "updatedAt",
+            "lastUsedAt",
+            "errorReason",
+        )
         return {k: vol.get(k) for k in keys}
 
     async def list_volumes(self, request: web.Request) -> web.Response:
@@ -563,7 +600,9 @@ class FakeDaytona:
         }
 
     def _find_snapshot(self, key: str) -> FakeSnapshot:
-        snap = self.snapshots.get(key) or next((s for s in self.snapshots.values() if s.id == key), None)
+        snap = self.snapshots.get(key) or next(
+            (s for s in self.snapshots.values() if s.id == key), None
+        )
         if snap is None:
             raise web.HTTPNotFound(
                 text=json.dumps({"statusCode": 404, "message": f"Snapshot {key} not found"}),
@@ -579,7 +618,9 @@ class FakeDaytona:
         page = max(1, int(request.query.get("page") or 1))
         pages = max(1, -(-len(items) // limit))
         chunk = items[(page - 1) * limit : page * limit]
-        return web.json_response({"items": chunk, "total": len(items), "page": page, "totalPages": pages})
+        return web.json_response(
+            {"items": chunk, "total": len(items), "page": page, "totalPages": pages}
+        )
 
     async def get_snapshot(self, request: web.Request) -> web.Response:
         return web.json_response(self._snapshot_dto(self._find_snapshot(request.match_info["id"])))
@@ -613,7 +654,9 @@ class FakeDaytona:
         box = self._find(request.match_info["sid"])
         stats = await self._run(lambda: container.stats(stream=False, one_shot=False))
         cpu, pre = stats.get("cpu_stats") or {}, stats.get("precpu_stats") or {}
-        delta = (cpu.get("cpu_usage") or {}).get("total_usage", 0) - (pre.get("cpu_usage") or {}).get("total_usage", 0)
+        delta = (cpu.get("cpu_usage") or {}).get("total_usage", 0) - (
+            pre.get("cpu_usage") or {}
+        ).get("total_usage", 0)
         system = (cpu.get("system_cpu_usage") or 0) - (pre.get("system_cpu_usage") or 0)
         online = cpu.get("online_cpus") or 1
         used_pct = 100.0 * delta / system * online / box.cpu if system > 0 else 0.0
@@ -637,26 +680,40 @@ class FakeDaytona:
         container = self._container(request)
         body = await request.json()
         timeout = body.get("timeout") or 0
-        cmd = ["timeout", str(timeout), "sh", "-c", body["command"]] if timeout else ["sh", "-c", body["command"]]
+        cmd = (
+            ["timeout", str(timeout), "sh", "-c", body["command"]]
+            if timeout
+            else ["sh", "-c", body["command"]]
+        )
         env = body.get("env") or None
 
         def run() -> Any:
-            return container.exec_run(cmd, user=SANDBOX_UID, workdir=body.get("cwd") or HOME, environment=env)
+            return container.exec_run(
+                cmd, user=SANDBOX_UID, workdir=body.get("cwd") or HOME, environment=env
+            )
 
         res = await self._run(run)
         if timeout and res.exit_code == 124:
             return _error(408, "command timed out")
-        return web.json_response({"exitCode": res.exit_code, "result": (res.output or b"").decode("utf-8", "replace")})
+        return web.json_response(
+            {"exitCode": res.exit_code, "result": (res.output or b"").decode("utf-8", "replace")}
+        )
 
     async def pty_create_connect(self, request: web.Request) -> web.StreamResponse:
         container = self._container(request)
-        offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
+        offered = [
+            p.strip()
+            for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
+            if p.strip()
+        ]
         envs: dict[str, str] = {}
         for proto in offered:
             if proto.startswith("X-Daytona-Pty-Envs~"):
                 raw = proto.split("~", 1)[1]
                 envs = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-        ws = web.WebSocketResponse(protocols=[PTY_SUBPROTOCOL] if PTY_SUBPROTOCOL in offered else [])
+        ws = web.WebSocketResponse(
+            protocols=[PTY_SUBPROTOCOL] if PTY_SUBPROTOCOL in offered else []
+        )
         await ws.prepare(request)
         pty_id = request.query["id"]
         api = self.docker.api
@@ -672,7 +729,11 @@ class FakeDaytona:
                 environment={"TERM": "xterm-256color", **envs},
             )["Id"]
             sock = api.exec_start(exec_id, socket=True, tty=True)
-            api.exec_resize(exec_id, height=int(request.query.get("rows", 24)), width=int(request.query.get("cols", 80)))
+            api.exec_resize(
+                exec_id,
+                height=int(request.query.get("rows", 24)),
+                width=int(request.query.get("cols", 80)),
+            )
             return exec_id, sock
 
         exec_id, sock = await self._run(open_exec)
@@ -748,7 +809,9 @@ class FakeDaytona:
             "print(json.dumps(out))\n"
         )
         path = request.query.get("path") or HOME
-        res = await self._run(lambda: container.exec_run(["python3", "-c", script, path], user=SANDBOX_UID))
+        res = await self._run(
+            lambda: container.exec_run(["python3", "-c", script, path], user=SANDBOX_UID)
+        )
         data = json.loads(res.output or b"null")
         if not isinstance(data, list):
             return _error(404, f"directory {path} not found")
@@ -762,8 +825,16 @@ class FakeDaytona:
             return _error(404, f"file {path} not found")
         size, _, kind = out.decode().strip().partition(" ")
         return web.json_response(
-            {"name": os.path.basename(path), "isDir": kind == "directory", "size": int(size),
-             "mode": "", "modTime": "", "permissions": "", "owner": "", "group": ""}
+            {
+                "name": os.path.basename(path),
+                "isDir": kind == "directory",
+                "size": int(size),
+                "mode": "",
+                "modTime": "",
+                "permissions": "",
+                "owner": "",
+                "group": "",
+            }
         )
 
     async def delete_file(self, request: web.Request) -> web.Response:
@@ -829,7 +900,9 @@ class FakeDaytona:
         container = self._container(request)
         paths = (await request.json())["paths"]
         boundary = uuid.uuid4().hex
-        response = web.StreamResponse(headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        response = web.StreamResponse(
+            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
+        )
         await response.prepare(request)
         for path in paths:
             full = path if path.startswith("/") else f"{HOME}/{path}"
@@ -838,14 +911,16 @@ class FakeDaytona:
             except docker.errors.NotFound:
                 stream, stat = None, None
             if stream is None or stat.get("mode", 0) & (1 << 31):
-                body = json.dumps({"message": f"file not found: {path}", "statusCode": 404, "code": "NOT_FOUND"})
+                body = json.dumps(
+                    {"message": f"file not found: {path}", "statusCode": 404, "code": "NOT_FOUND"}
+                )
                 await response.write(
-                    f"--{boundary}\r\nContent-Disposition: form-data; name=\"error\"; filename=\"{path}\"\r\n"
+                    f'--{boundary}\r\nContent-Disposition: form-data; name="error"; filename="{path}"\r\n'
                     f"Content-Type: application/json\r\n\r\n{body}\r\n".encode()
                 )
                 continue
             await response.write(
-                f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path}\"\r\n"
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path}"\r\n'
                 "Content-Type: application/octet-stream\r\n\r\n".encode()
             )
             await self._stream_tar_member(stream, response)
@@ -860,7 +935,9 @@ class FakeDaytona:
         loop = asyncio.get_running_loop()
 
         def produce() -> None:
-            with tarfile.open(fileobj=io.BufferedReader(_IterReader(stream), 1 << 20), mode="r|") as tar:
+            with tarfile.open(
+                fileobj=io.BufferedReader(_IterReader(stream), 1 << 20), mode="r|"
+            ) as tar:
                 member = tar.next()
                 fh = tar.extractfile(member) if member is not None else None
                 while fh is not None and (chunk := fh.read(1 << 20)):

@@ -18,7 +18,9 @@ def make_wheel(folder: Path, name: str = "sk_demo_pkg", version: str = "1.0") ->
     }
     record = []
     for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        digest = (
+            base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        )
         record.append(f"{path},sha256={digest},{len(text.encode())}")
     record.append(f"{dist}/RECORD,,")
     files[f"{dist}/RECORD"] = "\n".join(record) + "\n"

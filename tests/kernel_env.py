@@ -94,9 +94,18 @@ class ConformanceSuite(jupyter_kernel_test.KernelTests):
         {"code": "[n*n for n in range(1, 4)]", "result": "[1, 4, 9]"},
     ]
     code_display_data = [
-        {"code": "from IPython.display import HTML, display; display(HTML('<b>test</b>'))", "mime": "text/html"},
-        {"code": "from IPython.display import Math, display; display(Math('\\\\frac{1}{2}'))", "mime": "text/latex"},
-        {"code": "from IPython.display import JSON, display; display(JSON({'a': 1}))", "mime": "application/json"},
+        {
+            "code": "from IPython.display import HTML, display; display(HTML('<b>test</b>'))",
+            "mime": "text/html",
+        },
+        {
+            "code": "from IPython.display import Math, display; display(Math('\\\\frac{1}{2}'))",
+            "mime": "text/latex",
+        },
+        {
+            "code": "from IPython.display import JSON, display; display(JSON({'a': 1}))",
+            "mime": "application/json",
+        },
     ]
     code_history_pattern = "1?2*"
     supported_history_operations = ("tail", "search", "range")

@@ -28,10 +28,14 @@ class Agent:
     """An agent in a plain local sandbox, driven from a private event loop."""
 
     def __init__(self, root: Path) -> None:
-        cfg = load_config(environ={}, backend="local", workspace_root=str(root / "ws"), state_dir=str(root / "st"))
+        cfg = load_config(
+            environ={}, backend="local", workspace_root=str(root / "ws"), state_dir=str(root / "st")
+        )
         self.service = SandboxService(cfg)
         self.info = self.service.ensure(ScopeKey("proto")).info
-        channel = self.service.backend.open_channel(self.info.id, bootstrap_command(), cwd="/", env={})
+        channel = self.service.backend.open_channel(
+            self.info.id, bootstrap_command(), cwd="/", env={}
+        )
         self.conn = AgentConnection(channel, max_line=1 << 20)
         self.conn.start(agent_source())
         self.loop = asyncio.new_event_loop()
@@ -41,7 +45,9 @@ class Agent:
     async def _attach(self) -> None:
         self.conn.attach(asyncio.get_running_loop())
 
-    def ask(self, op: str, timeout: float = 30, during: Any = None, **fields: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def ask(
+        self, op: str, timeout: float = 30, during: Any = None, **fields: Any
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Send one request; its (reply, events). ``during`` runs once the request is sent."""
         events: list[dict[str, Any]] = []
 
@@ -55,7 +61,13 @@ class Agent:
         return future.result(timeout + 5), events
 
     def execute(self, code: str, **fields: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        defaults = {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False}
+        defaults = {
+            "code": code,
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+        }
         return self.ask("execute", **{**defaults, **fields})
 
     def close(self) -> None:
@@ -67,7 +79,9 @@ class Agent:
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SANDBOX_KERNEL_LOCAL_NO_BWRAP", "1")  # plain processes: the protocol, not the isolation
+        mp.setenv(
+            "SANDBOX_KERNEL_LOCAL_NO_BWRAP", "1"
+        )  # plain processes: the protocol, not the isolation
         running = Agent(tmp_path_factory.mktemp("proto"))
         yield running
         running.close()
@@ -85,9 +99,14 @@ def test_execute_streams_results_and_counts(agent: Agent) -> None:
     reply, events = agent.execute("x = 6\nprint('hi')\nx * 7")
     assert reply["status"] == "ok" and streams(events) == "hi\n"
     (result,) = [e for e in events if e["ev"] == "result"]
-    assert result["data"]["text/plain"] == "42" and result["execution_count"] == reply["execution_count"]
+    assert (
+        result["data"]["text/plain"] == "42"
+        and result["execution_count"] == reply["execution_count"]
+    )
     again, _ = agent.execute("x")
-    assert again["execution_count"] == reply["execution_count"] + 1  # the interpreter kept x and counted
+    assert (
+        again["execution_count"] == reply["execution_count"] + 1
+    )  # the interpreter kept x and counted
 
 
 def test_errors_are_replies_not_crashes(agent: Agent) -> None:
@@ -104,8 +123,15 @@ def test_interrupt_keeps_the_interpreter(agent: Agent) -> None:
         time.sleep(1.0)
         agent.conn.send(op="interrupt")
 
-    reply, _ = agent.ask("execute", during=interrupt, code="import time\nfor _ in range(300): time.sleep(0.1)",
-                         silent=False, store_history=True, user_expressions={}, allow_stdin=False)
+    reply, _ = agent.ask(
+        "execute",
+        during=interrupt,
+        code="import time\nfor _ in range(300): time.sleep(0.1)",
+        silent=False,
+        store_history=True,
+        user_expressions={},
+        allow_stdin=False,
+    )
     assert (reply["status"], reply["ename"]) == ("error", "KeyboardInterrupt")
     assert streams(agent.execute("print(kept)")[1]) == "yes\n"
 
@@ -113,13 +139,18 @@ def test_interrupt_keeps_the_interpreter(agent: Agent) -> None:
 def test_input_without_stdin_is_refused_in_one_line(agent: Agent) -> None:
     reply, events = agent.execute("input('name? ')")
     assert reply["status"] == "error"
-    assert not any(e["ev"] == "input_request" for e in events)  # never asks a frontend that cannot answer
+    assert not any(
+        e["ev"] == "input_request" for e in events
+    )  # never asks a frontend that cannot answer
 
 
 def test_complete_inspect_is_complete(agent: Agent) -> None:
     agent.execute("import json")
     complete, _ = agent.ask("complete", code="json.du", cursor_pos=7)
-    spliced = {"json.du"[: complete["cursor_start"]] + m + "json.du"[complete["cursor_end"]:] for m in complete["matches"]}
+    spliced = {
+        "json.du"[: complete["cursor_start"]] + m + "json.du"[complete["cursor_end"] :]
+        for m in complete["matches"]
+    }
     assert "json.dumps" in spliced
     inspect, _ = agent.ask("inspect", code="json.dumps", cursor_pos=10, detail_level=0)
     assert inspect["found"] is True

@@ -62,10 +62,17 @@ def write_notebook(path: Path, cells: list[str], kernel: str = "sandbox", **outp
     return path
 
 
-def run(kenv: KernelEnv, cwd: Path, *cmd: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run(
+    kenv: KernelEnv, cwd: Path, *cmd: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """A CI step: the command in the notebook's folder, the sandbox kernelspec on the path."""
     return subprocess.run(
-        [sys.executable, "-m", *cmd], cwd=cwd, env=kenv.environ(), capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", *cmd],
+        cwd=cwd,
+        env=kenv.environ(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -79,7 +86,11 @@ def stored(path: Path) -> list[dict[str, Any]]:
     """What a notebook stores per cell, minus timing metadata every run changes."""
     nb = nbformat.read(path, as_version=4)
     return [
-        {"source": c.source, "execution_count": c.get("execution_count"), "outputs": c.get("outputs")}
+        {
+            "source": c.source,
+            "execution_count": c.get("execution_count"),
+            "outputs": c.get("outputs"),
+        }
         for c in nb.cells
     ]
 
@@ -88,19 +99,31 @@ def fresh(kenv: KernelEnv) -> bool:
     """No sandbox of this user exists yet: the next kernel makes one (the first CI run)."""
     out = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"label=sandbox-kernel.user={kenv.user}"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return not out.stdout.strip()
 
 
-def test_jupyter_execute_inplace_stores_what_ipykernel_stores(kenv: KernelEnv, tmp_path: Path) -> None:
+def test_jupyter_execute_inplace_stores_what_ipykernel_stores(
+    kenv: KernelEnv, tmp_path: Path
+) -> None:
     """On a fresh sandbox (its creation is not the cell's output) and on the existing one."""
     assert fresh(kenv)
     for attempt in ("fresh", "existing"):
         ours = write_notebook(tmp_path / attempt / "sandbox.ipynb", CELLS)
         theirs = write_notebook(tmp_path / attempt / "ipykernel.ipynb", CELLS, kernel="python3")
         for path, kernel in ((ours, "sandbox"), (theirs, "python3")):
-            done = run(kenv, path.parent, "jupyter", "execute", "--inplace", f"--kernel_name={kernel}", path.name)
+            done = run(
+                kenv,
+                path.parent,
+                "jupyter",
+                "execute",
+                "--inplace",
+                f"--kernel_name={kernel}",
+                path.name,
+            )
             assert done.returncode == 0, done.stderr[-3000:]
         assert stored(ours) == stored(theirs), attempt
         if attempt == "fresh":
@@ -111,12 +134,18 @@ def test_jupyter_execute_inplace_stores_what_ipykernel_stores(kenv: KernelEnv, t
 def test_nbmake_pass_and_fail(kenv: KernelEnv, tmp_path: Path) -> None:
     """The failing notebook fails with its cell's error in the report; the other passes."""
     write_notebook(tmp_path / "nb" / "good.ipynb", CELLS)
-    write_notebook(tmp_path / "nb" / "bad.ipynb", ["x = 1", "raise ValueError('the data is wrong: 1729')"])
-    done = pytest_in(kenv, tmp_path / "nb", "--nbmake", "--nbmake-kernel=sandbox", "good.ipynb", "bad.ipynb")
+    write_notebook(
+        tmp_path / "nb" / "bad.ipynb", ["x = 1", "raise ValueError('the data is wrong: 1729')"]
+    )
+    done = pytest_in(
+        kenv, tmp_path / "nb", "--nbmake", "--nbmake-kernel=sandbox", "good.ipynb", "bad.ipynb"
+    )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     assert "PASSED good.ipynb" in done.stdout, done.stdout[-3000:]
     assert "FAILED bad.ipynb" in done.stdout, done.stdout[-3000:]
-    report = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)  # tracebacks come coloured, as from ipykernel
+    report = re.sub(
+        r"\x1b\[[0-9;]*m", "", done.stdout
+    )  # tracebacks come coloured, as from ipykernel
     assert "ValueError: the data is wrong: 1729" in report  # the failing cell's error
     assert "raise ValueError('the data is wrong: 1729')" in report  # and its source
     # The stored notebooks are untouched (nbmake only reads them).
@@ -134,7 +163,9 @@ def nbval_verdicts(kenv: KernelEnv, folder: Path, kernel: str) -> dict[str, str]
     return verdicts
 
 
-def test_nbval_gives_ipykernel_verdicts_on_fresh_and_existing_sandbox(kenv: KernelEnv, tmp_path: Path) -> None:
+def test_nbval_gives_ipykernel_verdicts_on_fresh_and_existing_sandbox(
+    kenv: KernelEnv, tmp_path: Path
+) -> None:
     """Outputs stored by ipykernel; one cell's stored output is wrong on purpose."""
     folder = tmp_path / "val"
     path = write_notebook(folder / "stored.ipynb", [*CELLS, "print(1 + 1)"], kernel="python3")
@@ -161,7 +192,18 @@ def test_papermill_output_equals_ipykernel(kenv: KernelEnv, tmp_path: Path) -> N
     nb.cells[0].metadata["tags"] = ["parameters"]
     nbformat.write(nb, path)
     for kernel in ("sandbox", "python3"):
-        done = run(kenv, folder, "papermill", "-k", kernel, path.name, f"out-{kernel}.ipynb", "-p", "factor", "10")
+        done = run(
+            kenv,
+            folder,
+            "papermill",
+            "-k",
+            kernel,
+            path.name,
+            f"out-{kernel}.ipynb",
+            "-p",
+            "factor",
+            "10",
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     ours, theirs = stored(folder / "out-sandbox.ipynb"), stored(folder / "out-python3.ipynb")
     assert ours == theirs
@@ -169,7 +211,7 @@ def test_papermill_output_equals_ipykernel(kenv: KernelEnv, tmp_path: Path) -> N
     assert ours[1]["source"].startswith("# Parameters")  # papermill's injected cell
 
 
-TESTBOOK_TEST = '''
+TESTBOOK_TEST = """
 from testbook import testbook
 
 
@@ -188,7 +230,7 @@ def test_notebook(tb):
         assert "ZeroDivisionError" in str(err) or "ZeroDivisionError" in type(err).__name__
     else:
         raise AssertionError("no error")
-'''
+"""
 
 
 def test_testbook_ref_inject_value(kenv: KernelEnv, tmp_path: Path) -> None:
@@ -203,7 +245,9 @@ def test_testbook_ref_inject_value(kenv: KernelEnv, tmp_path: Path) -> None:
     assert "1 passed" in done.stdout
 
 
-def test_kernel_starts_over_a_private_ipc_folder(kenv: KernelEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernel_starts_over_a_private_ipc_folder(
+    kenv: KernelEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No TCP port to race for: the connection file says ipc, the sockets sit in a 0700
     folder of their own, a restart comes back at the same addresses and the folder goes
     with the kernel."""
@@ -223,7 +267,11 @@ def test_kernel_starts_over_a_private_ipc_folder(kenv: KernelEnv, monkeypatch: p
         kc.wait_for_ready(timeout=120)
         assert Path(km.ip).parent == folder
         texts: list[str] = []
-        kc.execute_interactive("print('back')", timeout=120, output_hook=lambda m: texts.append(m["content"].get("text", "")))
+        kc.execute_interactive(
+            "print('back')",
+            timeout=120,
+            output_hook=lambda m: texts.append(m["content"].get("text", "")),
+        )
         assert "back\n" in texts
     finally:
         kc.stop_channels()
@@ -240,8 +288,17 @@ def test_twenty_parallel_starts_three_rounds(kenv: KernelEnv, tmp_path: Path) ->
         write_notebook(folder / f"nb-{n:02}.ipynb", [f"print('notebook', {n})"])
 
     def one(n: int) -> tuple[int, subprocess.CompletedProcess[str]]:
-        return n, run(kenv, folder, "jupyter", "execute", "--inplace", "--kernel_name=sandbox",
-                      "--startup_timeout=240", f"nb-{n:02}.ipynb", timeout=400)
+        return n, run(
+            kenv,
+            folder,
+            "jupyter",
+            "execute",
+            "--inplace",
+            "--kernel_name=sandbox",
+            "--startup_timeout=240",
+            f"nb-{n:02}.ipynb",
+            timeout=400,
+        )
 
     for round_ in range(3):
         with ThreadPoolExecutor(20) as pool:
@@ -251,9 +308,18 @@ def test_twenty_parallel_starts_three_rounds(kenv: KernelEnv, tmp_path: Path) ->
         for n, _ in results:
             text = stored(folder / f"nb-{n:02}.ipynb")[0]["outputs"][0]["text"]
             assert text == f"notebook {n}\n", (round_, n, text)
-    runtime = Path(json.loads(subprocess.check_output(
-        [sys.executable, "-m", "jupyter", "--paths", "--json"], env=kenv.environ(), text=True))["runtime"][0])
-    assert not [p for p in runtime.glob("sk-*") if p.is_dir() and not any(p.iterdir())]  # no folder left behind
+    runtime = Path(
+        json.loads(
+            subprocess.check_output(
+                [sys.executable, "-m", "jupyter", "--paths", "--json"],
+                env=kenv.environ(),
+                text=True,
+            )
+        )["runtime"][0]
+    )
+    assert not [
+        p for p in runtime.glob("sk-*") if p.is_dir() and not any(p.iterdir())
+    ]  # no folder left behind
 
 
 def kernel_children(parent: int) -> list[int]:
@@ -267,7 +333,9 @@ def kernel_children(parent: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        ppid = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:"))
+        ppid = next(
+            int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")
+        )
         if ppid == parent and b"sandbox_kernel" in cmdline:
             found.append(int(entry.name))
     return found
@@ -280,8 +348,20 @@ def test_kernel_killed_during_start_fails_the_client_fast(kenv: KernelEnv, tmp_p
     write_notebook(folder / "nb.ipynb", ["print('never')"])
     startup_timeout = 120
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "execute", "--kernel_name=sandbox", f"--startup_timeout={startup_timeout}", "nb.ipynb"],
-        cwd=folder, env=kenv.environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "execute",
+            "--kernel_name=sandbox",
+            f"--startup_timeout={startup_timeout}",
+            "nb.ipynb",
+        ],
+        cwd=folder,
+        env=kenv.environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     killed = None
     deadline = time.monotonic() + 60
@@ -306,14 +386,26 @@ def test_the_kernels_own_messages_go_to_the_job_log_not_the_notebook(tmp_path: P
     or odd; the notebook stores only what the cells printed."""
     conf = tmp_path / "conf"
     conf.mkdir()
-    (conf / "sandbox_kernel_config.json").write_text(json.dumps({"SandboxConfig": {"network": False}}))
-    kenv = make_kernel_env(tmp_path / "k", SANDBOX_KERNEL_WORK_ROOT="auto", SANDBOX_KERNEL_NETWORK="true",
-                           JUPYTER_CONFIG_DIR=str(conf))
+    (conf / "sandbox_kernel_config.json").write_text(
+        json.dumps({"SandboxConfig": {"network": False}})
+    )
+    kenv = make_kernel_env(
+        tmp_path / "k",
+        SANDBOX_KERNEL_WORK_ROOT="auto",
+        SANDBOX_KERNEL_NETWORK="true",
+        JUPYTER_CONFIG_DIR=str(conf),
+    )
     try:
-        path = write_notebook(tmp_path / "log" / "nb.ipynb", ["import warnings\nprint('only this')"])
-        done = run(kenv, path.parent, "jupyter", "execute", "--inplace", "--kernel_name=sandbox", path.name)
+        path = write_notebook(
+            tmp_path / "log" / "nb.ipynb", ["import warnings\nprint('only this')"]
+        )
+        done = run(
+            kenv, path.parent, "jupyter", "execute", "--inplace", "--kernel_name=sandbox", path.name
+        )
         assert done.returncode == 0, done.stderr[-3000:]
-        assert stored(path)[0]["outputs"] == [{"name": "stdout", "output_type": "stream", "text": "only this\n"}]
+        assert stored(path)[0]["outputs"] == [
+            {"name": "stdout", "output_type": "stream", "text": "only this\n"}
+        ]
         assert "ignoring SANDBOX_KERNEL_NETWORK='true'" in done.stderr, done.stderr
         assert f"creating sandbox sk-{kenv.user}" in done.stderr, done.stderr
     finally:

@@ -27,7 +27,11 @@ def test_defaults_and_env_override() -> None:
         }
     )
     assert (cfg.backend, cfg.scope, cfg.image, cfg.network, cfg.pids_limit) == (
-        "docker", "thread", "img:1", False, 64,
+        "docker",
+        "thread",
+        "img:1",
+        False,
+        64,
     )
     assert (cfg.cpus, cfg.memory) == (4.0, 4 << 30)
 
@@ -124,12 +128,20 @@ def test_thread_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     by_path = scope_key(cfg, kernel_id="k1")
     assert by_path.thread == str(nb.resolve())
     # A notebook that carries its own id keeps it across a rename.
-    nb.write_text('{"metadata": {"sandbox": {"thread": "nb-42"}}, "cells": [], "nbformat": 4, "nbformat_minor": 5}')
+    nb.write_text(
+        '{"metadata": {"sandbox": {"thread": "nb-42"}}, "cells": [], "nbformat": 4, "nbformat_minor": 5}'
+    )
     moved = nb.rename(tmp_path / "renamed.ipynb")
     monkeypatch.setenv("JPY_SESSION_NAME", str(moved))
     assert scope_key(cfg).thread == "nb-42"
     assert notebook_thread(None) is None
-    explicit = load_config(environ={"SANDBOX_KERNEL_SCOPE": "thread", "SANDBOX_KERNEL_THREAD": "t1", "SANDBOX_KERNEL_USER": "ann"})
+    explicit = load_config(
+        environ={
+            "SANDBOX_KERNEL_SCOPE": "thread",
+            "SANDBOX_KERNEL_THREAD": "t1",
+            "SANDBOX_KERNEL_USER": "ann",
+        }
+    )
     assert scope_key(explicit).thread == "t1"
 
 
@@ -137,8 +149,19 @@ def test_safe_ids_are_stable_safe_and_distinct() -> None:
     import re
 
     names = [
-        "alice", "Alice", "alice smith", "alice/smith", "alice--smith", "ålice", "アリス", "a" * 300,
-        "a" * 301, "../etc", "alice.", "x--0123456789ab", "",
+        "alice",
+        "Alice",
+        "alice smith",
+        "alice/smith",
+        "alice--smith",
+        "ålice",
+        "アリス",
+        "a" * 300,
+        "a" * 301,
+        "../etc",
+        "alice.",
+        "x--0123456789ab",
+        "",
     ]
     ids = [safe_id(n) for n in names]
     assert len(set(ids)) == len(ids)
@@ -170,8 +193,14 @@ def test_scope_names_never_collide() -> None:
     [
         ({"SANDBOX_KERNEL_START_TIMEOUT": "abc"}, "expected a number of seconds, e.g. 300"),
         ({"SANDBOX_KERNEL_IDLE_STOP": "soon"}, "expected a number of minutes, e.g. 15"),
-        ({"SANDBOX_KERNEL_OUTPUT_LIMIT": "lots"}, "write e.g. 10 MB, 512 MiB, 64g or a number of bytes"),
-        ({"SANDBOX_KERNEL_WORKSPACE_ROOT": "ws"}, "'ws' is not an absolute folder; write its full path"),
+        (
+            {"SANDBOX_KERNEL_OUTPUT_LIMIT": "lots"},
+            "write e.g. 10 MB, 512 MiB, 64g or a number of bytes",
+        ),
+        (
+            {"SANDBOX_KERNEL_WORKSPACE_ROOT": "ws"},
+            "'ws' is not an absolute folder; write its full path",
+        ),
     ],
 )
 def test_bad_values_say_what_to_write(env: dict[str, str], says: str) -> None:
@@ -182,24 +211,42 @@ def test_bad_values_say_what_to_write(env: dict[str, str], says: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("10 MB", 10_000_000), ("10MB", 10_000_000), ("1.5 GiB", 3 << 29), ("512m", 512 << 20),
-     ("10_000_000", 10_000_000), ("2kb", 2000), ("64g", 64 << 30)],
+    [
+        ("10 MB", 10_000_000),
+        ("10MB", 10_000_000),
+        ("1.5 GiB", 3 << 29),
+        ("512m", 512 << 20),
+        ("10_000_000", 10_000_000),
+        ("2kb", 2000),
+        ("64g", 64 << 30),
+    ],
 )
 def test_output_limit_takes_sizes_with_units(text: str, size: int) -> None:
     """The README writes "10 MB": that, Docker's letters and plain bytes all work."""
     assert load_config(environ={"SANDBOX_KERNEL_OUTPUT_LIMIT": text}).output_limit == size
 
 
-def test_output_limit_size_in_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "sandbox_kernel_config.json").write_text('{"SandboxConfig": {"output_limit": "2 MB"}}')
+def test_output_limit_size_in_a_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "sandbox_kernel_config.json").write_text(
+        '{"SandboxConfig": {"output_limit": "2 MB"}}'
+    )
     monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path))
     assert load_config(environ={}).output_limit == 2_000_000
 
 
-def test_a_misspelt_variable_is_named_with_its_likely_meaning(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_misspelt_variable_is_named_with_its_likely_meaning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with caplog.at_level("WARNING", logger="sandbox_kernel"):
-        cfg = load_config(environ={"SANDBOX_KERNEL_FLAVR": "large", "SANDBOX_KERNEL_TEST_IMAGE": "x",
-                                   "SANDBOX_KERNEL_SERVER_ROOT": "/srv"})
+        cfg = load_config(
+            environ={
+                "SANDBOX_KERNEL_FLAVR": "large",
+                "SANDBOX_KERNEL_TEST_IMAGE": "x",
+                "SANDBOX_KERNEL_SERVER_ROOT": "/srv",
+            }
+        )
     assert cfg.flavor == "small"
     assert [r.getMessage() for r in caplog.records] == [
         "ignoring SANDBOX_KERNEL_FLAVR: no such setting; did you mean SANDBOX_KERNEL_FLAVOR?"
@@ -208,8 +255,17 @@ def test_a_misspelt_variable_is_named_with_its_likely_meaning(caplog: pytest.Log
 
 @pytest.mark.parametrize(
     ("size", "text"),
-    [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (512 << 20, "512 MiB"), (1 << 30, "1 GiB"), (3 << 29, "1.5 GiB"),
-     (12 << 30, "12 GiB"), (-5, "0 B"), (5 << 40, "5 TiB")],
+    [
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1536, "1.5 KiB"),
+        (512 << 20, "512 MiB"),
+        (1 << 30, "1 GiB"),
+        (3 << 29, "1.5 GiB"),
+        (12 << 30, "12 GiB"),
+        (-5, "0 B"),
+        (5 << 40, "5 TiB"),
+    ],
 )
 def test_sizes_read_the_same_everywhere(size: int, text: str) -> None:
     assert format_size(size) == text

@@ -40,7 +40,10 @@ pytestmark = pytest.mark.docker
 SNAPSHOT = "sandbox-kernel-test"  # the fake's general snapshot, made of the Docker test image
 # A real Daytona, when the developer's environment names one (read before any fixture
 # points DAYTONA_* at the fake).
-REAL = {name: os.environ.get(name, "") for name in ("DAYTONA_API_KEY", "DAYTONA_API_URL", "DAYTONA_TARGET")}
+REAL = {
+    name: os.environ.get(name, "")
+    for name in ("DAYTONA_API_KEY", "DAYTONA_API_URL", "DAYTONA_TARGET")
+}
 
 
 def start_fake(root: Path) -> FakeDaytona:
@@ -88,7 +91,11 @@ def service_for(make_config: Callable[..., SandboxConfig]) -> Callable[..., Sand
 
 def box_named(fake: FakeDaytona, sandbox_id: str) -> Any:
     """The fake's sandbox for one of our ids (Daytona's name adds the installation's tag)."""
-    return next(b for b in fake.sandboxes.values() if b.name.split("--i")[0] == sandbox_id and b.state != "destroyed")
+    return next(
+        b
+        for b in fake.sandboxes.values()
+        if b.name.split("--i")[0] == sandbox_id and b.state != "destroyed"
+    )
 
 
 def user_key(user: str, thread: str = "") -> ScopeKey:
@@ -118,7 +125,9 @@ class TestDaytonaConformance(ConformanceSuite):
 
     def test_runs_in_a_daytona_sandbox(self) -> None:
         self.flush_channels()
-        reply, outputs = run(self.kc, "import socket, os; print(socket.gethostname(), os.getuid(), os.getcwd())")
+        reply, outputs = run(
+            self.kc, "import socket, os; print(socket.gethostname(), os.getuid(), os.getcwd())"
+        )
         assert reply["status"] == "ok"
         assert text_of(outputs).split() == ["daytona", "1000", "/workspace"]
         (box,) = self.fake.sandboxes.values()
@@ -132,7 +141,9 @@ def dkenv(fake: FakeDaytona, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     return env
 
 
-def test_kernel_restart_keeps_files_and_packages_not_variables(fake: FakeDaytona, dkenv: KernelEnv) -> None:
+def test_kernel_restart_keeps_files_and_packages_not_variables(
+    fake: FakeDaytona, dkenv: KernelEnv
+) -> None:
     km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
     try:
         reply, _ = run(
@@ -179,7 +190,9 @@ def test_interrupt_keeps_variables(dkenv: KernelEnv) -> None:
         km.shutdown_kernel(now=True)
 
 
-def test_sandbox_stopped_mid_cell_gives_one_line_and_next_cell_runs(fake: FakeDaytona, dkenv: KernelEnv) -> None:
+def test_sandbox_stopped_mid_cell_gives_one_line_and_next_cell_runs(
+    fake: FakeDaytona, dkenv: KernelEnv
+) -> None:
     """Daytona auto-stops the sandbox while a cell runs: the PTY drops, the kernel asks
     Daytona what happened, says it in one line, and the next cell starts it again."""
     km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
@@ -195,13 +208,17 @@ def test_sandbox_stopped_mid_cell_gives_one_line_and_next_cell_runs(fake: FakeDa
         reply, outputs = run(kc, "print('z' in globals(), open('/etc/hostname').read().strip())")
         assert reply["status"] == "ok", reply
         assert text_of(outputs).split() == ["False", "daytona"]
-        assert "sandbox restarted: variables were lost, files in /workspace were kept" in text_of(outputs, "stderr")
+        assert "sandbox restarted: variables were lost, files in /workspace were kept" in text_of(
+            outputs, "stderr"
+        )
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
 
 
-def test_bad_gateway_mid_session_is_retried_by_the_next_cell(fake: FakeDaytona, dkenv: KernelEnv) -> None:
+def test_bad_gateway_mid_session_is_retried_by_the_next_cell(
+    fake: FakeDaytona, dkenv: KernelEnv
+) -> None:
     """A 502 while the kernel looks the sandbox up is a clear one-line error, not a hang;
     once Daytona answers again, cells run."""
     km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
@@ -222,7 +239,9 @@ def test_bad_gateway_mid_session_is_retried_by_the_next_cell(fake: FakeDaytona, 
         km.shutdown_kernel(now=True)
 
 
-def test_long_silent_cell_is_not_auto_stopped(fake: FakeDaytona, fake_minute: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_long_silent_cell_is_not_auto_stopped(
+    fake: FakeDaytona, fake_minute: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Daytona counts only API use as activity; the kernel refreshes it while a cell runs.
     The control half: once idle, the same sandbox is auto-stopped by the same timer."""
     env = make_kernel_env(tmp_path, **daytona_settings(fake, SANDBOX_KERNEL_IDLE_STOP="0.05"))
@@ -251,7 +270,9 @@ def fake_minute(fake: FakeDaytona) -> Iterator[None]:
 
 
 # -- the backend through the SDK -------------------------------------------------------------------
-def test_sandbox_made_with_volume_labels_and_lifecycle(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
+def test_sandbox_made_with_volume_labels_and_lifecycle(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService]
+) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
     service = service_for(idle_stop=20, idle_delete=90, network=False)
     backend = service.backend
@@ -270,7 +291,9 @@ def test_sandbox_made_with_volume_labels_and_lifecycle(fake: FakeDaytona, servic
     assert service.ensure(user_key(user)).event == "started"
 
 
-def test_thread_sandboxes_share_the_users_volume(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
+def test_thread_sandboxes_share_the_users_volume(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService]
+) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
     service = service_for(scope="thread")
     backend = service.backend
@@ -279,11 +302,25 @@ def test_thread_sandboxes_share_the_users_volume(fake: FakeDaytona, service_for:
     assert one.id != two.id and one.engine_id != two.engine_id
     sh(backend, one.id, "echo from-one > /workspace/shared.txt")
     assert sh(backend, two.id, "cat /workspace/shared.txt") == "from-one\n"
-    assert len({m["volumeId"] for b in fake.sandboxes.values() if b.name.split("--i")[0] in (one.id, two.id) for m in b.volumes}) == 1
-    assert sorted(i.id for i in backend.list(user)) == sorted([one.id, two.id])  # two pages in the fake
+    assert (
+        len(
+            {
+                m["volumeId"]
+                for b in fake.sandboxes.values()
+                if b.name.split("--i")[0] in (one.id, two.id)
+                for m in b.volumes
+            }
+        )
+        == 1
+    )
+    assert sorted(i.id for i in backend.list(user)) == sorted(
+        [one.id, two.id]
+    )  # two pages in the fake
 
 
-def test_destroy_keeps_the_workspace_and_the_next_start_says_so(service_for: Callable[..., SandboxService]) -> None:
+def test_destroy_keeps_the_workspace_and_the_next_start_says_so(
+    service_for: Callable[..., SandboxService],
+) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
     service = service_for()
     backend = service.backend
@@ -295,7 +332,14 @@ def test_destroy_keeps_the_workspace_and_the_next_start_says_so(service_for: Cal
         backend.get(info.id)
     again = service.ensure(user_key(user))
     assert again.event == "recreated" and "variables were lost" in again.notice
-    assert sh(backend, again.info.id, "cat /workspace/data.txt; ls ~/outside.txt 2>/dev/null || echo none") == "precious\nnone\n"
+    assert (
+        sh(
+            backend,
+            again.info.id,
+            "cat /workspace/data.txt; ls ~/outside.txt 2>/dev/null || echo none",
+        )
+        == "precious\nnone\n"
+    )
 
 
 def test_files_through_the_sdk(service_for: Callable[..., SandboxService]) -> None:
@@ -311,7 +355,9 @@ def test_files_through_the_sdk(service_for: Callable[..., SandboxService]) -> No
         b"".join(backend.get_file(info.id, "missing.bin"))
 
 
-def test_snapshots_create_list_start_from_delete(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
+def test_snapshots_create_list_start_from_delete(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService]
+) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
     service = service_for()
     backend = service.backend
@@ -332,7 +378,9 @@ def test_snapshots_create_list_start_from_delete(fake: FakeDaytona, service_for:
     assert service.snapshots(user) == []
 
 
-def test_archived_sandbox_is_restored_on_attach_with_progress(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
+def test_archived_sandbox_is_restored_on_attach_with_progress(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService]
+) -> None:
     user = f"u{uuid.uuid4().hex[:6]}"
     service = service_for()
     backend = service.backend
@@ -347,7 +395,9 @@ def test_archived_sandbox_is_restored_on_attach_with_progress(fake: FakeDaytona,
     assert sh(backend, info.id, "cat ~/fs.txt") == "kept\n"
 
 
-def test_slow_creation_shows_progress_and_waits(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
+def test_slow_creation_shows_progress_and_waits(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService]
+) -> None:
     fake.creating_delay = 2.0
     said: list[str] = []
     ensured = service_for().ensure(user_key(f"u{uuid.uuid4().hex[:6]}"), progress=said.append)
@@ -355,7 +405,9 @@ def test_slow_creation_shows_progress_and_waits(fake: FakeDaytona, service_for: 
     assert any("creating Daytona sandbox" in line for line in said)
 
 
-def test_rate_limit_is_retried_then_reported(fake: FakeDaytona, service_for: Callable[..., SandboxService], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rate_limit_is_retried_then_reported(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from sandbox_kernel.backends import daytona as daytona_backend
 
     monkeypatch.setattr(daytona_backend, "RETRY_DELAYS", (0.05, 0.1, 0.2))
@@ -370,7 +422,9 @@ def test_rate_limit_is_retried_then_reported(fake: FakeDaytona, service_for: Cal
     fake.clear_faults()
 
 
-def test_bad_key_forbidden_and_unknown_ids(fake: FakeDaytona, service_for: Callable[..., SandboxService], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_key_forbidden_and_unknown_ids(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService], monkeypatch: pytest.MonkeyPatch
+) -> None:
     service = service_for()
     backend = service.backend
     with pytest.raises(SandboxNotFound, match="sandbox-kernel list"):
@@ -388,7 +442,9 @@ def test_bad_key_forbidden_and_unknown_ids(fake: FakeDaytona, service_for: Calla
     assert "DAYTONA_API_KEY" in service_for().backend.health().message
 
 
-def test_not_ours_is_never_touched(fake: FakeDaytona, service_for: Callable[..., SandboxService]) -> None:
+def test_not_ours_is_never_touched(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService]
+) -> None:
     from daytona import CreateSandboxFromSnapshotParams, Daytona
 
     user = f"u{uuid.uuid4().hex[:6]}"
@@ -401,8 +457,13 @@ def test_not_ours_is_never_touched(fake: FakeDaytona, service_for: Callable[...,
     assert all(i.id != f"sk-{user}" for i in backend.list())
 
 
-@pytest.mark.skipif(not REAL["DAYTONA_API_KEY"], reason="set DAYTONA_API_KEY (and DAYTONA_API_URL) to test a real Daytona")
-def test_real_daytona(make_config: Callable[..., SandboxConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.skipif(
+    not REAL["DAYTONA_API_KEY"],
+    reason="set DAYTONA_API_KEY (and DAYTONA_API_URL) to test a real Daytona",
+)
+def test_real_daytona(
+    make_config: Callable[..., SandboxConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Opt-in: the same backend against the real service (creates and deletes one sandbox;
     SANDBOX_KERNEL_TEST_DAYTONA_SNAPSHOT picks the snapshot, else Daytona's default)."""
     for name, value in REAL.items():
@@ -428,7 +489,9 @@ def test_real_daytona(make_config: Callable[..., SandboxConfig], monkeypatch: py
 
 # -- the REST API over Daytona sandboxes ----------------------------------------------------------
 @pytest.fixture
-def daytona_rest(fake: FakeDaytona, tmp_path: Path, test_user: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+def daytona_rest(
+    fake: FakeDaytona, tmp_path: Path, test_user: str, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
     env = {
         "SANDBOX_KERNEL_BACKEND": "daytona",
         "SANDBOX_KERNEL_IMAGE": SNAPSHOT,
@@ -448,40 +511,115 @@ def jp_server_config(daytona_rest: dict[str, str]) -> dict[str, Any]:
     }
 
 
-async def test_rest_over_daytona(jp_fetch: Any, fake: FakeDaytona, daytona_rest: dict[str, str], make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+async def test_rest_over_daytona(
+    jp_fetch: Any,
+    fake: FakeDaytona,
+    daytona_rest: dict[str, str],
+    make_config: Callable[..., SandboxConfig],
+    test_user: str,
+) -> None:
     from .test_rest_api import fetch
 
-    service = SandboxService(make_config(backend="daytona", image=SNAPSHOT, state_dir=daytona_rest["SANDBOX_KERNEL_STATE_DIR"]))
+    service = SandboxService(
+        make_config(
+            backend="daytona", image=SNAPSHOT, state_dir=daytona_rest["SANDBOX_KERNEL_STATE_DIR"]
+        )
+    )
     backend = service.backend
     sid = service.ensure(user_key(test_user)).info.id
     (item,) = await fetch(jp_fetch, "api", "sandboxes")
-    assert (item["id"], item["backend"], item["state"], item["user"]) == (sid, "daytona", "running", test_user)
+    assert (item["id"], item["backend"], item["state"], item["user"]) == (
+        sid,
+        "daytona",
+        "running",
+        test_user,
+    )
     assert item["limits"]["memory"] == 1 << 30
-    assert 0 < item["usage"]["memory"] < 1 << 30 and item["usage"]["cpu"] >= 0  # from the sandbox's daemon
+    assert (
+        0 < item["usage"]["memory"] < 1 << 30 and item["usage"]["cpu"] >= 0
+    )  # from the sandbox's daemon
 
     # Files go through the sandbox (the volume is not on this host), confined the same way.
-    made = await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", method="PUT", body=b"hello", expect=201)
+    made = await fetch(
+        jp_fetch,
+        "api",
+        "sandboxes",
+        sid,
+        "files",
+        "deep",
+        "note.txt",
+        method="PUT",
+        body=b"hello",
+        expect=201,
+    )
     assert made == {"path": "deep/note.txt", "size": 5}
     listing = await fetch(jp_fetch, "api", "sandboxes", sid, "files", params={"path": "deep"})
-    assert [(e["name"], e["type"], e["size"]) for e in listing["entries"]] == [("note.txt", "file", 5)]
+    assert [(e["name"], e["type"], e["size"]) for e in listing["entries"]] == [
+        ("note.txt", "file", 5)
+    ]
     response = await jp_fetch("api", "sandboxes", sid, "files", "deep", "note.txt")
     assert (response.body, response.headers["Content-Length"]) == (b"hello", "5")
-    assert sh(backend, sid, "cat /workspace/deep/note.txt; stat -c %u /workspace/deep/note.txt") == "hello1000\n"
+    assert (
+        sh(backend, sid, "cat /workspace/deep/note.txt; stat -c %u /workspace/deep/note.txt")
+        == "hello1000\n"
+    )
     sh(backend, sid, "ln -s /etc /workspace/etc-link")
     body = await fetch(jp_fetch, "api", "sandboxes", sid, "files", "etc-link", "passwd", expect=400)
     assert "outside the workspace" in body["message"]
-    await fetch(jp_fetch, "api", "sandboxes", sid, "files", "etc-link", "evil.txt", method="PUT", body=b"x", expect=400)
+    await fetch(
+        jp_fetch,
+        "api",
+        "sandboxes",
+        sid,
+        "files",
+        "etc-link",
+        "evil.txt",
+        method="PUT",
+        body=b"x",
+        expect=400,
+    )
     await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", method="DELETE", expect=400)
-    await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", method="DELETE", expect=204)
+    await fetch(
+        jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", method="DELETE", expect=204
+    )
     await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", expect=404)
 
     # Snapshots, then stop (files start it again), start, destroy.
-    snap = await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=201)
+    snap = await fetch(
+        jp_fetch,
+        "api",
+        "sandboxes",
+        sid,
+        "snapshots",
+        method="POST",
+        body=json.dumps({"name": "rest-snap"}),
+        expect=201,
+    )
     assert (snap["name"], snap["source"], snap["backend"]) == ("rest-snap", sid, "daytona")
-    await fetch(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body=json.dumps({"name": "rest-snap"}), expect=409)
+    await fetch(
+        jp_fetch,
+        "api",
+        "sandboxes",
+        sid,
+        "snapshots",
+        method="POST",
+        body=json.dumps({"name": "rest-snap"}),
+        expect=409,
+    )
     assert [s["name"] for s in await fetch(jp_fetch, "api", "snapshots")] == ["rest-snap"]
-    started = await fetch(jp_fetch, "api", "sandboxes", method="POST", body=json.dumps({"snapshot": "rest-snap"}), expect=201)
-    assert (started["scope"], started["state"], started["backend"]) == ("thread", "running", "daytona")
+    started = await fetch(
+        jp_fetch,
+        "api",
+        "sandboxes",
+        method="POST",
+        body=json.dumps({"snapshot": "rest-snap"}),
+        expect=201,
+    )
+    assert (started["scope"], started["state"], started["backend"]) == (
+        "thread",
+        "running",
+        "daytona",
+    )
     assert box_named(fake, started["id"]).snapshot == f"sk-{test_user}--rest-snap"
     await fetch(jp_fetch, "api", "sandboxes", started["id"], method="DELETE", expect=204)
     await fetch(jp_fetch, "api", "snapshots", "rest-snap", method="DELETE", expect=204)
@@ -491,12 +629,16 @@ async def test_rest_over_daytona(jp_fetch: Any, fake: FakeDaytona, daytona_rest:
     listing = await fetch(jp_fetch, "api", "sandboxes", sid, "files")
     assert "deep" in [e["name"] for e in listing["entries"]]
     assert (await fetch(jp_fetch, "api", "sandboxes", sid))["state"] == "running"
-    assert (await fetch(jp_fetch, "api", "sandboxes", sid, "start", method="POST", body=""))["state"] == "running"
+    assert (await fetch(jp_fetch, "api", "sandboxes", sid, "start", method="POST", body=""))[
+        "state"
+    ] == "running"
     await fetch(jp_fetch, "api", "sandboxes", sid, method="DELETE", expect=204)
     await fetch(jp_fetch, "api", "sandboxes", sid, expect=404)
 
 
-def test_notebook_folder_is_copied_in_and_changes_come_back(fake: FakeDaytona, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_folder_is_copied_in_and_changes_come_back(
+    fake: FakeDaytona, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Daytona has no host folders: `jupyter execute` of a notebook in a checkout still reads
     the data beside it (copied in at start) and leaves its result beside it (copied back
     at shutdown), through the hardened file layer on the host side."""
@@ -511,16 +653,34 @@ def test_notebook_folder_is_copied_in_and_changes_come_back(fake: FakeDaytona, t
     (folder / "data.csv").write_text("a,1\nb,2\n")
     (folder / ".secret").write_text("never copied")
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
-        "import os\nrows = open('data.csv').read().splitlines()\n"
-        "open('out.csv', 'w').write(str(len(rows)))\nprint(sorted(os.listdir('.')))"
-    )]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import os\nrows = open('data.csv').read().splitlines()\n"
+            "open('out.csv', 'w').write(str(len(rows)))\nprint(sorted(os.listdir('.')))"
+        )
+    ]
     nbformat.write(nb, folder / "report.ipynb")
     done = subprocess.run(
-        [sys.executable, "-m", "jupyter", "execute", "--inplace", "--kernel_name=sandbox", "report.ipynb"],
-        cwd=folder, env={**env.environ(), "JUPYTER_PATH": env.jupyter_path}, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "execute",
+            "--inplace",
+            "--kernel_name=sandbox",
+            "report.ipynb",
+        ],
+        cwd=folder,
+        env={**env.environ(), "JUPYTER_PATH": env.jupyter_path},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    (out,) = [o for o in nbformat.read(folder / "report.ipynb", as_version=4).cells[0].outputs if o.get("name") == "stdout"]
+    (out,) = [
+        o
+        for o in nbformat.read(folder / "report.ipynb", as_version=4).cells[0].outputs
+        if o.get("name") == "stdout"
+    ]
     assert out["text"] == "['data.csv', 'out.csv', 'report.ipynb']\n"  # no dot-entry went in
     assert (folder / "out.csv").read_text() == "2"  # the result came back beside the notebook

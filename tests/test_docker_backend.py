@@ -45,7 +45,9 @@ def run(backend: DockerBackend, sandbox_id: str, code: str) -> str:
     return result.output.decode().strip()
 
 
-def test_reuse_and_state_across_calls(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_reuse_and_state_across_calls(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     key = ScopeKey(test_user)
     first = service.ensure(key)
     assert first.event == "created"
@@ -66,7 +68,8 @@ def test_installed_package_persists_until_destroy(
     wheel = make_wheel(tmp_path / "wheels")
     backend.put_file(info.id, f"wheels/{wheel.name}", wheel.read_bytes())
     result = backend.exec(
-        info.id, ["python3", "-m", "pip", "install", "--no-index", "-q", f"/workspace/wheels/{wheel.name}"]
+        info.id,
+        ["python3", "-m", "pip", "install", "--no-index", "-q", f"/workspace/wheels/{wheel.name}"],
     )
     assert result.exit_code == 0, result.output
     assert run(backend, info.id, "import sk_demo_pkg; print(sk_demo_pkg.VALUE)") == "1.0"
@@ -96,7 +99,9 @@ def test_user_scope_shares_one_container_and_users_are_separate(
     assert run(backend, other.id, "import os; print(os.listdir('/workspace'))") == "[]"
 
 
-def test_thread_scope_separate_containers_shared_workspace(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_thread_scope_separate_containers_shared_workspace(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     one = service.ensure(ScopeKey(test_user, "thread", "/nb/one.ipynb")).info
     two = service.ensure(ScopeKey(test_user, "thread", "/nb/two.ipynb")).info
     assert one.engine_id != two.engine_id
@@ -106,7 +111,9 @@ def test_thread_scope_separate_containers_shared_workspace(backend: DockerBacken
     assert sorted(i.id for i in backend.list(test_user)) == sorted([one.id, two.id])
 
 
-def test_destroy_keeps_workspace_and_is_idempotent(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_destroy_keeps_workspace_and_is_idempotent(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     key = ScopeKey(test_user)
     info = service.ensure(key).info
     run(backend, info.id, "open('/workspace/data.csv', 'w').write('a,b\\n')")
@@ -118,7 +125,9 @@ def test_destroy_keeps_workspace_and_is_idempotent(backend: DockerBackend, servi
     assert (workspace_dir(service.config, key) / "data.csv").read_text() == "a,b\n"
 
 
-def test_recreated_after_removal_behind_our_back(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_recreated_after_removal_behind_our_back(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     key = ScopeKey(test_user)
     info = service.ensure(key).info
     engine().containers.get(info.engine_id).remove(force=True)
@@ -128,7 +137,9 @@ def test_recreated_after_removal_behind_our_back(backend: DockerBackend, service
     assert "variables were lost, files in /workspace were kept" in ensured.notice
 
 
-def test_stopped_container_is_started_again(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_stopped_container_is_started_again(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     key = ScopeKey(test_user)
     info = service.ensure(key).info
     engine().containers.get(info.engine_id).stop(timeout=1)
@@ -136,7 +147,11 @@ def test_stopped_container_is_started_again(backend: DockerBackend, service: San
     assert backend.get(info.id).started == 0.0  # no uptime while stopped
     time.sleep(1.1)
     ensured = service.ensure(key)
-    assert (ensured.event, ensured.info.state, ensured.info.engine_id) == ("started", "running", info.engine_id)
+    assert (ensured.event, ensured.info.state, ensured.info.engine_id) == (
+        "started",
+        "running",
+        info.engine_id,
+    )
     # Uptime counts from this start, not from the creation: exact from an inspect,
     # within the engine's rounding (a second here) from the one-call listing.
     exact = backend.get(info.id)
@@ -152,13 +167,22 @@ def _ensure_in_process(args: tuple[dict, str]) -> str:
     return SandboxService(load_config(environ={}, **values)).ensure(ScopeKey(user)).info.engine_id
 
 
-def test_ten_processes_get_one_container(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_ten_processes_get_one_container(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     cfg = make_config()
-    values = {"backend": "docker", "image": cfg.image, "workspace_root": cfg.workspace_root, "state_dir": cfg.state_dir}
+    values = {
+        "backend": "docker",
+        "image": cfg.image,
+        "workspace_root": cfg.workspace_root,
+        "state_dir": cfg.state_dir,
+    }
     with multiprocessing.get_context("spawn").Pool(10) as pool:
         ids = pool.map(_ensure_in_process, [(values, test_user)] * 10)
     assert len(set(ids)) == 1
-    found = engine().containers.list(all=True, filters={"label": f"sandbox-kernel.user-id={test_user}"})
+    found = engine().containers.list(
+        all=True, filters={"label": f"sandbox-kernel.user-id={test_user}"}
+    )
     assert [c.id for c in found] == [ids[0]]
     assert found[0].status == "running"
 
@@ -189,7 +213,9 @@ def test_hardening_is_applied(make_config: Callable[..., SandboxConfig], test_us
     assert info.limits == {"cpus": 2.0, "memory": 2 << 30, "pids": 100, "network": False}
 
 
-def test_fork_bomb_is_stopped_by_pids_limit(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_fork_bomb_is_stopped_by_pids_limit(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     service = SandboxService(make_config(pids_limit=64))
     backend = service.backend
     info = service.ensure(ScopeKey(test_user)).info
@@ -202,7 +228,9 @@ def test_fork_bomb_is_stopped_by_pids_limit(make_config: Callable[..., SandboxCo
     assert run(backend, info.id, code).startswith("refused")
 
 
-def test_shared_folder_is_read_only(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+def test_shared_folder_is_read_only(
+    make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path
+) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "ref.txt").write_text("reference")
@@ -226,7 +254,9 @@ def test_unsafe_names(backend: DockerBackend, service: SandboxService) -> None:
             backend.destroy(i.id)
 
 
-def test_files_round_trip_streamed(backend: DockerBackend, service: SandboxService, test_user: str, tmp_path: Path) -> None:
+def test_files_round_trip_streamed(
+    backend: DockerBackend, service: SandboxService, test_user: str, tmp_path: Path
+) -> None:
     info = service.ensure(ScopeKey(test_user)).info
     payload = bytes(range(256)) * 40000 + b"tail"  # ~10 MB, not a multiple of 512
     src = tmp_path / "blob.bin"
@@ -237,19 +267,32 @@ def test_files_round_trip_streamed(backend: DockerBackend, service: SandboxServi
     assert (Path(info.workspace) / "deep/er/blob.bin").stat().st_size == len(payload)
 
 
-def test_exec_exit_code_output_and_timeout(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_exec_exit_code_output_and_timeout(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     info = service.ensure(ScopeKey(test_user)).info
-    result = backend.exec(info.id, ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(7)"])
+    result = backend.exec(
+        info.id,
+        ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(7)"],
+    )
     assert result.exit_code == 7
     assert b"out" in result.output and b"err" in result.output
     result = backend.exec(info.id, ["python3", "-c", "import time; time.sleep(30)"], timeout=1)
     assert result.exit_code == 124
 
 
-def test_channel_round_trip_and_process_ends_on_close(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_channel_round_trip_and_process_ends_on_close(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     info = service.ensure(ScopeKey(test_user)).info
     channel = backend.open_channel(
-        info.id, ["python3", "-u", "-c", "import sys\nfor line in sys.stdin: print(line.strip()[::-1], flush=True)"]
+        info.id,
+        [
+            "python3",
+            "-u",
+            "-c",
+            "import sys\nfor line in sys.stdin: print(line.strip()[::-1], flush=True)",
+        ],
     )
     channel.write(b"abc\n")
     got = b""
@@ -264,7 +307,9 @@ def test_channel_round_trip_and_process_ends_on_close(backend: DockerBackend, se
     assert run(backend, info.id, probe) == "0"
 
 
-def test_foreign_container_with_our_name_is_refused(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_foreign_container_with_our_name_is_refused(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     key = ScopeKey(test_user)
     name = engine_name(service.installation, key.name)
     foreign = engine().containers.create(service.config.image, ["python3", "-c", "pass"], name=name)
@@ -277,7 +322,9 @@ def test_foreign_container_with_our_name_is_refused(backend: DockerBackend, serv
         foreign.remove(force=True)
 
 
-def test_unreachable_engine_says_what_to_do(make_config: Callable[..., SandboxConfig], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_engine_says_what_to_do(
+    make_config: Callable[..., SandboxConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     service = SandboxService(make_config())
     backend = service.backend
@@ -287,13 +334,19 @@ def test_unreachable_engine_says_what_to_do(make_config: Callable[..., SandboxCo
         backend.list()
 
 
-def test_list_only_shows_ours(backend: DockerBackend, service: SandboxService, test_user: str) -> None:
+def test_list_only_shows_ours(
+    backend: DockerBackend, service: SandboxService, test_user: str
+) -> None:
     service.ensure(ScopeKey(test_user))
     everything = backend.list()
-    assert all(engine().containers.get(i.engine_id).labels.get(LABEL_MANAGED) == "1" for i in everything)
+    assert all(
+        engine().containers.get(i.engine_id).labels.get(LABEL_MANAGED) == "1" for i in everything
+    )
 
 
-def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+def test_cli_commands(
+    make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path
+) -> None:
     cfg = make_config()
     env = {
         "PATH": "/usr/bin:/bin",
@@ -309,10 +362,16 @@ def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str,
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "sandbox_kernel.cli", *args], env=env, capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "sandbox_kernel.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
-    created = cli("exec", "--", "python3", "-c", "print('hello from', open('/etc/hostname').read().strip())")
+    created = cli(
+        "exec", "--", "python3", "-c", "print('hello from', open('/etc/hostname').read().strip())"
+    )
     assert created.returncode == 0, created.stderr
     assert created.stdout.strip() == "hello from sandbox"
     assert "creating sandbox" in created.stderr
@@ -325,7 +384,10 @@ def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str,
     assert (plain.returncode, plain.stdout) == (0, "42\n"), plain.stderr
     assert cli("exec", "--timeout", "30", row["id"], "python3", "-c", "print(1)").stdout == "1\n"
     missing = cli("exec", "--", "nosuchcmd", "-x")
-    assert (missing.returncode, missing.stdout) == (127, "nosuchcmd: command not found in the sandbox\n")
+    assert (missing.returncode, missing.stdout) == (
+        127,
+        "nosuchcmd: command not found in the sandbox\n",
+    )
     not_runnable = cli("exec", "--", "/etc/passwd")
     assert not_runnable.returncode == 126 and "permission denied" in not_runnable.stdout
     assert "OCI" not in missing.stdout + not_runnable.stdout
@@ -337,26 +399,48 @@ def test_cli_commands(make_config: Callable[..., SandboxConfig], test_user: str,
     again = cli("destroy", row["id"])
     assert again.returncode == 0 and "already gone" in again.stdout
     unknown = cli("stop", "sk-no-such")
-    assert unknown.returncode == 1 and unknown.stderr.count("\n") == 1 and "no sandbox with id" in unknown.stderr
+    assert (
+        unknown.returncode == 1
+        and unknown.stderr.count("\n") == 1
+        and "no sandbox with id" in unknown.stderr
+    )
     env["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
     down = cli("list", "--backend", "docker")
-    assert down.returncode == 1 and down.stderr.count("\n") == 1 and "cannot reach the Docker engine" in down.stderr
+    assert (
+        down.returncode == 1
+        and down.stderr.count("\n") == 1
+        and "cannot reach the Docker engine" in down.stderr
+    )
 
 
 def test_cli_says_what_to_type(tmp_path: Path) -> None:
     """Mistakes a newcomer makes get one line saying what to type, never a traceback."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
-           "JUPYTER_DATA_DIR": str(tmp_path / "data"), "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+        "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+        "DOCKER_HOST": "unix:///nonexistent/docker.sock",
+    }
 
     def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", *args], env={**env, **extra},
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "sandbox_kernel.cli", *args],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     bad_name = cli("install", "--user", "--name", "bad name")
     assert bad_name.returncode == 2 and bad_name.stderr.count("\n") == 1
     assert "'bad name' cannot be a kernel name: use letters, digits" in bad_name.stderr
     no_action = cli("snapshot")
-    assert no_action.returncode == 2 and "`snapshot create ID NAME`, `snapshot list` or `snapshot delete NAME`" in no_action.stderr
+    assert (
+        no_action.returncode == 2
+        and "`snapshot create ID NAME`, `snapshot list` or `snapshot delete NAME`"
+        in no_action.stderr
+    )
     nothing = cli("exec")
     assert nothing.returncode == 2 and "nothing to run" in nothing.stderr
     two = cli("exec", "sk-a", "extra", "--", "ls")
@@ -364,14 +448,25 @@ def test_cli_says_what_to_type(tmp_path: Path) -> None:
     helped = cli("exec", "--help")
     assert "Run a command in a sandbox" in helped.stdout and "names the sandbox" in helped.stdout
     assert "Snapshots of a sandbox's filesystem" in cli("snapshot", "--help").stdout
-    typo = cli("list", "--backend", "local", SANDBOX_KERNEL_FLAVR="large", SANDBOX_KERNEL_STATE_DIR=str(tmp_path / "st"))
+    typo = cli(
+        "list",
+        "--backend",
+        "local",
+        SANDBOX_KERNEL_FLAVR="large",
+        SANDBOX_KERNEL_STATE_DIR=str(tmp_path / "st"),
+    )
     assert typo.returncode == 0
-    assert typo.stderr == "sandbox-kernel: ignoring SANDBOX_KERNEL_FLAVR: no such setting; did you mean SANDBOX_KERNEL_FLAVOR?\n"
+    assert (
+        typo.stderr
+        == "sandbox-kernel: ignoring SANDBOX_KERNEL_FLAVR: no such setting; did you mean SANDBOX_KERNEL_FLAVOR?\n"
+    )
     for result in (bad_name, no_action, nothing, two, typo):
         assert "Traceback" not in result.stderr
 
 
-def test_missing_image_that_cannot_be_pulled(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_missing_image_that_cannot_be_pulled(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     """No registry answers here, so a pull fails fast: the message says what to do."""
     service = SandboxService(make_config(image="127.0.0.1:9/sandbox-kernel/absent:1"))
     backend = service.backend

@@ -120,9 +120,13 @@ class HostSecrets:
             found.append(f"the host secret file is no longer a regular file (mode {st.st_mode:o})")
         else:
             if stat.S_IMODE(st.st_mode) != self.mode:
-                found.append(f"the host secret's mode changed: {stat.S_IMODE(st.st_mode):o} (was {self.mode:o})")
+                found.append(
+                    f"the host secret's mode changed: {stat.S_IMODE(st.st_mode):o} (was {self.mode:o})"
+                )
             if (st.st_uid, st.st_gid) != (self.uid, self.gid):
-                found.append(f"the host secret's owner changed: {st.st_uid}:{st.st_gid} (was {self.uid}:{self.gid})")
+                found.append(
+                    f"the host secret's owner changed: {st.st_uid}:{st.st_gid} (was {self.uid}:{self.gid})"
+                )
             if self.file.read_bytes() != SECRET:
                 found.append("the host secret's content changed")
         names = set(os.listdir(self.folder))
@@ -210,8 +214,12 @@ class Attacker:
     def __init__(self, container: str, body: str, args: dict[str, Any], seconds: float) -> None:
         self.api = docker.from_env().api
         cmd = ["python3", "-c", _WRAPPER, body, str(seconds), json.dumps(args)]
-        self.exec_id = self.api.exec_create(container, cmd, stdin=True, stdout=True, stderr=True, workdir="/workspace")["Id"]
-        self._keep = self.api.exec_start(self.exec_id, socket=True)  # the SDK object owns the socket
+        self.exec_id = self.api.exec_create(
+            container, cmd, stdin=True, stdout=True, stderr=True, workdir="/workspace"
+        )["Id"]
+        self._keep = self.api.exec_start(
+            self.exec_id, socket=True
+        )  # the SDK object owns the socket
         self._sock = getattr(self._keep, "_sock", self._keep)
         self._sock.settimeout(None)
         self.output = bytearray()
@@ -266,14 +274,18 @@ def _stop_attackers() -> Iterator[None]:
             pass
 
 
-def start_attack(container: str, body: str, seconds: float = ATTACK_SECONDS, **args: Any) -> Attacker:
+def start_attack(
+    container: str, body: str, seconds: float = ATTACK_SECONDS, **args: Any
+) -> Attacker:
     """Start ``body`` as a bounded attack loop inside the sandbox; return once it is set up."""
     attacker = Attacker(container, body, args, seconds)
     _ATTACKERS.append(attacker)
     deadline = time.monotonic() + 20
     while not attacker.ready.wait(0.05):
         if attacker.done.is_set() or time.monotonic() > deadline:
-            raise AssertionError(f"the attack loop did not start (test bug): {bytes(attacker.output)[-2000:]!r}")
+            raise AssertionError(
+                f"the attack loop did not start (test bug): {bytes(attacker.output)[-2000:]!r}"
+            )
     return attacker
 
 
@@ -286,18 +298,26 @@ def finish_attack(attacker: Attacker, **minimum: int) -> dict[str, Any]:
     """
     stats = attacker.stop()
     assert "crash" not in stats, f"the attack loop crashed (test bug): {stats}"
-    assert stats["ended"] == "stopped", f"the attack loop ended before the phase did (test bug): {stats}"
+    assert stats["ended"] == "stopped", (
+        f"the attack loop ended before the phase did (test bug): {stats}"
+    )
     for key, least in minimum.items():
-        assert stats.get(key, 0) >= least, f"the attack did not happen ({key} < {least}; test bug): {stats}"
+        assert stats.get(key, 0) >= least, (
+            f"the attack did not happen ({key} < {least}; test bug): {stats}"
+        )
     return stats
 
 
 def sandbox_run(container: str, code: str, **args: Any) -> bytes:
     """Run a short python3 setup script in the sandbox as the sandbox user (cwd /workspace)."""
-    result = docker.from_env().containers.get(container).exec_run(
-        ["python3", "-c", code, json.dumps(args)], workdir="/workspace"
+    result = (
+        docker.from_env()
+        .containers.get(container)
+        .exec_run(["python3", "-c", code, json.dumps(args)], workdir="/workspace")
     )
-    assert result.exit_code == 0, f"setup in the sandbox failed (test bug): {result.output[-2000:]!r}"
+    assert result.exit_code == 0, (
+        f"setup in the sandbox failed (test bug): {result.output[-2000:]!r}"
+    )
     return result.output
 
 
@@ -362,7 +382,9 @@ class Reply:
         try:
             data = json.loads(self.body)
         except ValueError:
-            raise AssertionError(f"{self.code} with a body that is not JSON: {self.body[:300]!r}") from None
+            raise AssertionError(
+                f"{self.code} with a body that is not JSON: {self.body[:300]!r}"
+            ) from None
         assert isinstance(data, dict) and isinstance(data.get("message"), str), data
         assert "Traceback" not in data["message"], data["message"]
         return data["message"]
@@ -405,8 +427,13 @@ def files(sid: str, path: str = "") -> tuple[str, ...]:
     return ("api", "sandboxes", sid, "files", *([path] if path else []))
 
 
-def raw_http(app: Any, request: bytes, body_parts: tuple[bytes, ...] = (), abort: bool = False,
-             timeout: float = REQUEST_SECONDS) -> Reply:
+def raw_http(
+    app: Any,
+    request: bytes,
+    body_parts: tuple[bytes, ...] = (),
+    abort: bool = False,
+    timeout: float = REQUEST_SECONDS,
+) -> Reply:
     """Send bytes as they are (headers tornado's client would fix) and read to EOF.
 
     ``abort``: close the connection after sending ``body_parts`` without reading.
@@ -443,8 +470,13 @@ def raw_http(app: Any, request: bytes, body_parts: tuple[bytes, ...] = (), abort
 
 def request_head(app: Any, method: str, path: str, *extra: str) -> bytes:
     token = app.identity_provider.token
-    lines = [f"{method} {app.base_url}{path} HTTP/1.1", f"Host: 127.0.0.1:{app.port}",
-             f"Authorization: token {token}", "Connection: close", *extra]
+    lines = [
+        f"{method} {app.base_url}{path} HTTP/1.1",
+        f"Host: 127.0.0.1:{app.port}",
+        f"Authorization: token {token}",
+        "Connection: close",
+        *extra,
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -515,7 +547,9 @@ while running():
 
 
 @pytest.mark.timeout(120)
-async def test_upload_temp_file_swap(jp_fetch: Any, sandbox: dict[str, str], secrets: HostSecrets) -> None:
+async def test_upload_temp_file_swap(
+    jp_fetch: Any, sandbox: dict[str, str], secrets: HostSecrets
+) -> None:
     """Uploads while the sandbox swaps the server's temporary file for a link out.
 
     The attack: an upload is written to a temporary file beside the target and renamed
@@ -575,7 +609,9 @@ os.symlink(args["host"], args["link"])
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("operation", ["download", "listing", "delete", "upload"])
-async def test_folder_swap_race(jp_fetch: Any, sandbox: dict[str, str], secrets: HostSecrets, operation: str) -> None:
+async def test_folder_swap_race(
+    jp_fetch: Any, sandbox: dict[str, str], secrets: HostSecrets, operation: str
+) -> None:
     """Requests on ``d/...`` while the sandbox swaps the folder ``d`` for a link out.
 
     The attack (docker cp's CVE-2018-15664): the workspace holds a real folder ``d``
@@ -590,8 +626,12 @@ async def test_folder_swap_race(jp_fetch: Any, sandbox: dict[str, str], secrets:
     anything in the host folder; the answer is never a 5xx (4xx is fine).
     """
     sid, ws = sandbox["id"], Path(sandbox["workspace"])
-    sandbox_run(sandbox["engine_id"], _MAKE_D_AND_X, real="d", file="f", link="x", host=str(secrets.folder))
-    inside = os.open(ws / "d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the real d, whatever its name
+    sandbox_run(
+        sandbox["engine_id"], _MAKE_D_AND_X, real="d", file="f", link="x", host=str(secrets.folder)
+    )
+    inside = os.open(
+        ws / "d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    )  # the real d, whatever its name
     tries = {"download": 200, "listing": 200, "delete": 100, "upload": 100}[operation]
     problems: list[str] = []
     codes: dict[int, int] = {}
@@ -615,13 +655,17 @@ async def test_folder_swap_race(jp_fetch: Any, sandbox: dict[str, str], secrets:
                     if "host-only.txt" in names:
                         problems.append(f"a listing of d showed the host folder: {sorted(names)}")
             elif operation == "delete":
-                if "f" not in os.listdir(inside):  # the previous try deleted the inside f: put it back
+                if "f" not in os.listdir(
+                    inside
+                ):  # the previous try deleted the inside f: put it back
                     fd = os.open("f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=inside)
                     os.write(fd, b"inside")
                     os.close(fd)
                 reply = await call(jp_fetch, *files(sid, "d/f"), method="DELETE")
             else:
-                reply = await call(jp_fetch, *files(sid, f"d/new-{i}.txt"), method="PUT", body=b"new %d" % i)
+                reply = await call(
+                    jp_fetch, *files(sid, f"d/new-{i}.txt"), method="PUT", body=b"new %d" % i
+                )
             codes[reply.code] = codes.get(reply.code, 0) + 1
             if reply.code >= 500 or (reply.code >= 400 and not reply.is_json_4xx(reply.code)):
                 problems.append(f"{operation}: answer {reply.code} {reply!r}")
@@ -678,7 +722,9 @@ async def test_mid_path_swap_race(jp_fetch: Any, sandbox: dict[str, str], tmp_pa
                 problems.append("a download of a/b/c.txt returned the host file (HOST-SECRET)")
         elif kind == "listing":
             reply = await call(jp_fetch, *files(sid), params={"path": "a/b"})
-            if reply.code == 200 and "host-only.txt" in {e["name"] for e in json.loads(reply.body)["entries"]}:
+            if reply.code == 200 and "host-only.txt" in {
+                e["name"] for e in json.loads(reply.body)["entries"]
+            }:
                 problems.append("a listing of a/b showed the host folder")
         else:
             reply = await call(jp_fetch, *files(sid, f"a/b/new-{i}.txt"), method="PUT", body=b"new")
@@ -707,7 +753,9 @@ os.symlink(args["folder"], "dirlink")
 """
 
 
-async def test_static_links_out_of_the_workspace(jp_fetch: Any, sandbox: dict[str, str], secrets: HostSecrets) -> None:
+async def test_static_links_out_of_the_workspace(
+    jp_fetch: Any, sandbox: dict[str, str], secrets: HostSecrets
+) -> None:
     """Links planted once: ``out`` -> the host secret file, ``dirlink`` -> the host folder.
 
     Required: reading through either is 400, listing ``dirlink`` is 400, uploading to
@@ -715,13 +763,19 @@ async def test_static_links_out_of_the_workspace(jp_fetch: Any, sandbox: dict[st
     the link itself (204) while the secret stays.
     """
     sid, ws = sandbox["id"], Path(sandbox["workspace"])
-    sandbox_run(sandbox["engine_id"], _PLANT_LINKS, secret=str(secrets.file), folder=str(secrets.folder))
+    sandbox_run(
+        sandbox["engine_id"], _PLANT_LINKS, secret=str(secrets.file), folder=str(secrets.folder)
+    )
     problems: list[str] = []
     checks = [
         ("GET out", await call(jp_fetch, *files(sid, "out")), 400),
         ("GET dirlink/f", await call(jp_fetch, *files(sid, "dirlink/f")), 400),
         ("list dirlink", await call(jp_fetch, *files(sid), params={"path": "dirlink"}), 400),
-        ("PUT dirlink/new", await call(jp_fetch, *files(sid, "dirlink/new"), method="PUT", body=b"x"), 400),
+        (
+            "PUT dirlink/new",
+            await call(jp_fetch, *files(sid, "dirlink/new"), method="PUT", body=b"x"),
+            400,
+        ),
     ]
     for what, reply, expected in checks:
         if SECRET in reply.body or b"host-only" in reply.body:
@@ -760,7 +814,9 @@ while running():
 
 
 @pytest.mark.timeout(120)
-async def test_fifo_and_socket(jp_fetch: Any, jp_serverapp: Any, sandbox: dict[str, str], fifo_rescue: FifoRescue) -> None:
+async def test_fifo_and_socket(
+    jp_fetch: Any, jp_serverapp: Any, sandbox: dict[str, str], fifo_rescue: FifoRescue
+) -> None:
     """A FIFO ``pipe`` and a listening unix socket ``sock`` left in the workspace.
 
     The attack: opening a FIFO for reading blocks until a writer comes, and the sandbox
@@ -777,13 +833,19 @@ async def test_fifo_and_socket(jp_fetch: Any, jp_serverapp: Any, sandbox: dict[s
     sid, ws = sandbox["id"], Path(sandbox["workspace"])
     attacker = start_attack(sandbox["engine_id"], _LISTEN_UNIX)
     fifo_rescue.watch(ws / "pipe")
-    assert stat.S_ISFIFO(os.lstat(ws / "pipe").st_mode) and stat.S_ISSOCK(os.lstat(ws / "sock").st_mode)
+    assert stat.S_ISFIFO(os.lstat(ws / "pipe").st_mode) and stat.S_ISSOCK(
+        os.lstat(ws / "sock").st_mode
+    )
     base = f"http://127.0.0.1:{jp_serverapp.port}{jp_serverapp.base_url}api/sandboxes/{sid}/files"
     auth = {"Authorization": f"token {jp_serverapp.identity_provider.token}"}
-    client = SimpleAsyncHTTPClient(force_instance=True, max_clients=32)  # room for the concurrent GETs
+    client = SimpleAsyncHTTPClient(
+        force_instance=True, max_clients=32
+    )  # room for the concurrent GETs
 
     async def get(url: str) -> Reply:
-        return await answer(client.fetch(HTTPRequest(url, headers=auth, request_timeout=30)), timeout=5)
+        return await answer(
+            client.fetch(HTTPRequest(url, headers=auth, request_timeout=30)), timeout=5
+        )
 
     problems: list[str] = []
     try:
@@ -793,18 +855,24 @@ async def test_fifo_and_socket(jp_fetch: Any, jp_serverapp: Any, sandbox: dict[s
                 problems.append(f"GET {name}: {reply!r}, expected 400 within 5 s")
             stuck = fifo_rescue.release()
             if stuck:
-                problems.append(f"GET {name} left a server thread blocked opening the FIFO (released by the test)")
+                problems.append(
+                    f"GET {name} left a server thread blocked opening the FIFO (released by the test)"
+                )
 
         fifo_gets = [asyncio.ensure_future(get(f"{base}/pipe")) for _ in range(7)]
         await asyncio.sleep(0.5)  # let them reach the server
         listing = await get(f"{base}?path=")
         if listing.code != 200:
-            problems.append(f"a listing while 7 GETs of the FIFO were open: {listing!r}, expected 200 within 5 s")
+            problems.append(
+                f"a listing while 7 GETs of the FIFO were open: {listing!r}, expected 200 within 5 s"
+            )
         for i, reply in enumerate(await asyncio.gather(*fifo_gets)):
             if not reply.is_json_4xx(400):
                 problems.append(f"concurrent GET pipe #{i}: {reply!r}, expected 400 within 5 s")
         if fifo_rescue.release():
-            problems.append("the concurrent GETs left server threads blocked opening the FIFO (released by the test)")
+            problems.append(
+                "the concurrent GETs left server threads blocked opening the FIFO (released by the test)"
+            )
 
         listing = await get(f"{base}?path=")
         if listing.code == 200:
@@ -851,7 +919,9 @@ with open("big.bin", "ab", buffering=0) as fh:
 
 
 @pytest.mark.timeout(120)
-async def test_download_sends_what_it_announced(jp_serverapp: Any, jp_fetch: Any, sandbox: dict[str, str]) -> None:
+async def test_download_sends_what_it_announced(
+    jp_serverapp: Any, jp_fetch: Any, sandbox: dict[str, str]
+) -> None:
     """A download of a 30 MB file that the sandbox keeps appending to.
 
     The attack: the server announces the size it saw when it opened the file
@@ -863,7 +933,9 @@ async def test_download_sends_what_it_announced(jp_serverapp: Any, jp_fetch: Any
     first Content-Length bytes.
     """
     sid, ws = sandbox["id"], Path(sandbox["workspace"])
-    sandbox_run(sandbox["engine_id"], "import os; open('big.bin', 'wb').write(os.urandom(1 << 20) * 30)")
+    sandbox_run(
+        sandbox["engine_id"], "import os; open('big.bin', 'wb').write(os.urandom(1 << 20) * 30)"
+    )
     big = ws / "big.bin"
     original = big.read_bytes()
     problems: list[str] = []
@@ -877,9 +949,13 @@ async def test_download_sends_what_it_announced(jp_serverapp: Any, jp_fetch: Any
                 problems.append(f"download #{i}: {reply!r}")
                 continue
             if len(reply.body) != int(announced):
-                problems.append(f"download #{i}: Content-Length {announced} but {len(reply.body)} body bytes")
-            elif reply.body[: len(original)] != original or reply.body[len(original):].strip(b"A"):
-                problems.append(f"download #{i}: the body is not the file's first {announced} bytes")
+                problems.append(
+                    f"download #{i}: Content-Length {announced} but {len(reply.body)} body bytes"
+                )
+            elif reply.body[: len(original)] != original or reply.body[len(original) :].strip(b"A"):
+                problems.append(
+                    f"download #{i}: the body is not the file's first {announced} bytes"
+                )
         stats = finish_attack(attacker, appended=1 << 20)
     finally:
         big.unlink(missing_ok=True)
@@ -889,13 +965,17 @@ async def test_download_sends_what_it_announced(jp_serverapp: Any, jp_fetch: Any
 # -- 6. bad input ---------------------------------------------------------------------------
 
 
-async def test_content_length_not_a_number(jp_serverapp: Any, jp_fetch: Any, sandbox: dict[str, str]) -> None:
+async def test_content_length_not_a_number(
+    jp_serverapp: Any, jp_fetch: Any, sandbox: dict[str, str]
+) -> None:
     """``Content-Length: abc`` on an upload (sent raw: tornado's client would fix it).
 
     Required: 400 with a JSON message, no traceback, nothing written.
     """
     sid, ws = sandbox["id"], Path(sandbox["workspace"])
-    request = request_head(jp_serverapp, "PUT", f"api/sandboxes/{sid}/files/cl.txt", "Content-Length: abc")
+    request = request_head(
+        jp_serverapp, "PUT", f"api/sandboxes/{sid}/files/cl.txt", "Content-Length: abc"
+    )
     reply = await asyncio.to_thread(raw_http, jp_serverapp, request, (b"hello",))
     assert reply.is_json_4xx(400), f"Content-Length: abc -> {reply!r}, expected a 400 JSON message"
     assert workspace_leftovers(ws) == []
@@ -917,7 +997,9 @@ async def test_chunked_upload_over_the_limit(jp_fetch: Any, sandbox: dict[str, s
 
     reply = await call(jp_fetch, *files(sid, "chunked.bin"), method="PUT", body_producer=producer)
     await asyncio.sleep(0.5)
-    assert reply.is_json_4xx(413), f"chunked 2.5 MiB upload, limit 1 MiB -> {reply!r}, expected a 413 JSON message"
+    assert reply.is_json_4xx(413), (
+        f"chunked 2.5 MiB upload, limit 1 MiB -> {reply!r}, expected a 413 JSON message"
+    )
     assert workspace_leftovers(ws) == []
 
 
@@ -941,10 +1023,14 @@ async def test_long_names_and_paths(jp_fetch: Any, sandbox: dict[str, str]) -> N
             if not reply.is_json_4xx(400):
                 problems.append(f"{method} {what}: {reply!r}, expected a 400 JSON message")
             elif len(reply.message()) >= 400:
-                problems.append(f"{method} {what}: the message is {len(reply.message())} characters long")
+                problems.append(
+                    f"{method} {what}: the message is {len(reply.message())} characters long"
+                )
     leftovers = workspace_leftovers(ws)
     if leftovers:
-        problems.append(f"left in the workspace: {len(leftovers)} entries, e.g. {leftovers[0][:80]!r}")
+        problems.append(
+            f"left in the workspace: {len(leftovers)} entries, e.g. {leftovers[0][:80]!r}"
+        )
     assert not problems, "\n".join(problems)
 
 
@@ -955,18 +1041,24 @@ async def test_deeply_nested_json(jp_fetch: Any, sandbox: dict[str, str]) -> Non
     a server error); nothing in the workspace.
     """
     sid, ws = sandbox["id"], Path(sandbox["workspace"])
-    reply = await call(jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body="[" * 100_000)
+    reply = await call(
+        jp_fetch, "api", "sandboxes", sid, "snapshots", method="POST", body="[" * 100_000
+    )
     assert reply.is_json_4xx(400), f"{reply!r}, expected a 400 JSON message"
     assert workspace_leftovers(ws) == []
 
 
-async def test_aborted_upload_leaves_nothing(jp_serverapp: Any, jp_fetch: Any, sandbox: dict[str, str]) -> None:
+async def test_aborted_upload_leaves_nothing(
+    jp_serverapp: Any, jp_fetch: Any, sandbox: dict[str, str]
+) -> None:
     """An upload the client abandons half-way (800 KB announced, 300 KB sent, closed).
 
     Required: no partial target and no temporary file in the workspace afterwards.
     """
     sid, ws = sandbox["id"], Path(sandbox["workspace"])
-    request = request_head(jp_serverapp, "PUT", f"api/sandboxes/{sid}/files/way.bin", "Content-Length: 800000")
+    request = request_head(
+        jp_serverapp, "PUT", f"api/sandboxes/{sid}/files/way.bin", "Content-Length: 800000"
+    )
     await asyncio.to_thread(raw_http, jp_serverapp, request, (b"y" * 150_000, b"y" * 150_000), True)
     deadline = time.monotonic() + 5
     while workspace_leftovers(ws) and time.monotonic() < deadline:

@@ -105,11 +105,15 @@ def live_processes(container: Any, procs: dict[int, str]) -> dict[int, str]:
         return {}
     found = json.loads(in_container(container, _PROC_IDENTITY, json.dumps(list(procs))))
     return {
-        int(pid): state for pid, (start, state) in found.items() if procs[int(pid)] == start and state != "Z"
+        int(pid): state
+        for pid, (start, state) in found.items()
+        if procs[int(pid)] == start and state != "Z"
     }
 
 
-def wait_gone(container: Any, procs: dict[int, str], seconds: float = GONE_SECONDS) -> dict[int, str]:
+def wait_gone(
+    container: Any, procs: dict[int, str], seconds: float = GONE_SECONDS
+) -> dict[int, str]:
     """Poll until none of the processes exists; what is left when time is up."""
     deadline = time.monotonic() + seconds
     while True:
@@ -309,7 +313,10 @@ def answers(kc: Any, seconds: float = ANSWER_SECONDS) -> None:
 
 def interpreter(kc: Any) -> dict[int, str]:
     """{pid: start time} of the interpreter behind a kernel."""
-    reply, outputs = run(kc, _START_TIME + "import os, json; print(json.dumps([os.getpid(), _start_time(os.getpid())]))")
+    reply, outputs = run(
+        kc,
+        _START_TIME + "import os, json; print(json.dumps([os.getpid(), _start_time(os.getpid())]))",
+    )
     assert reply["status"] == "ok", reply
     pid, start = json.loads(text_of(outputs, "stdout"))
     return {pid: start}
@@ -497,7 +504,9 @@ def wait_for_spare(container: Any, seconds: float = 20, not_these: tuple[int, ..
 
 
 def read_record(container: Any, record: str) -> list[dict]:
-    out = in_container(container, "import sys; print(open(sys.argv[1]).read())", record, check=False)
+    out = in_container(
+        container, "import sys; print(open(sys.argv[1]).read())", record, check=False
+    )
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
@@ -521,21 +530,31 @@ def test_planted_spare_listener_gets_nothing(kernels: Kernels) -> None:
         spare = wait_for_spare(container, not_these=tuple(plants))
         record = f"/workspace/planted-{round_no}.jsonl"
         planted = json.loads(ok_cell(planter, plant_cell(record, mode)))
-        assert planted["spare"] == spare, f"{mode}: the cell found {planted['spare']} at the path, not the spare {spare}"
+        assert planted["spare"] == spare, (
+            f"{mode}: the cell found {planted['spare']} at the path, not the spare {spare}"
+        )
         if planted["refused"]:
             assert mode == "hijack"  # the spare would not serve the cell: nothing is planted
         else:
             assert planted["planted"], f"{mode}: the planted listener did not start"
             plants.append(planted["planted"])
             # The attack is in place: the planted listener, not a spare, listens at the path.
-            assert listener_at(container, SPARE_SOCKET) == planted["planted"], f"{mode}: displaced before the kernel came"
+            assert listener_at(container, SPARE_SOCKET) == planted["planted"], (
+                f"{mode}: displaced before the kernel came"
+            )
         _, kc_new = kernels.start()
         reply, outputs = run(kc_new, 'print("genuine")')
         seen = read_record(container, record)
         pieces = [e for e in seen if e.get("ev") == "received"]  # logged as they arrive
         received = sum(e["bytes"] for e in pieces), sum(e["fds"] for e in pieces)
-        if reply["status"] != "ok" or text_of(outputs) != "genuine\n" or FORGED in all_text(outputs):
-            problems.append(f"{mode}: the new kernel's first cell gave {reply['status']} {all_text(outputs)!r}")
+        if (
+            reply["status"] != "ok"
+            or text_of(outputs) != "genuine\n"
+            or FORGED in all_text(outputs)
+        ):
+            problems.append(
+                f"{mode}: the new kernel's first cell gave {reply['status']} {all_text(outputs)!r}"
+            )
         if received != (0, 0):
             problems.append(
                 f"{mode} (spare {spare}, listener {planted['planted']}): the planted listener received "
@@ -567,13 +586,17 @@ def test_gil_held_interpreter_ends_with_its_kernel(kernels: Kernels) -> None:
     first = interpreter(kc)  # started cold: the sandbox's first kernel
     spare = wait_for_spare(container)  # what the restarted kernel will take over
     stuck = stuck_cell_then(kc)
-    assert live_processes(container, first) == {pid: "R" for pid in first}, "the cell is not burning CPU"
+    assert live_processes(container, first) == {pid: "R" for pid in first}, (
+        "the cell is not burning CPU"
+    )
     km.interrupt_kernel()  # the proof that it is stuck: not even an interrupt ends it
     with pytest.raises(TimeoutError):
         collect(kc, stuck, time.monotonic() + 2)
     km.restart_kernel(now=False)
     left = wait_gone(container, first)
-    assert not left, f"after restart_kernel the stuck interpreter {left} still exists:\n{process_table(container)}"
+    assert not left, (
+        f"after restart_kernel the stuck interpreter {left} still exists:\n{process_table(container)}"
+    )
     kc.wait_for_ready(timeout=60)
     answers(kc, 30)
     second = interpreter(kc)
@@ -583,12 +606,16 @@ def test_gil_held_interpreter_ends_with_its_kernel(kernels: Kernels) -> None:
     stuck_cell_then(kc)
     km.shutdown_kernel(now=False)
     left = wait_gone(container, second)
-    assert not left, f"after shutdown_kernel the stuck interpreter {left} still exists:\n{process_table(container)}"
+    assert not left, (
+        f"after shutdown_kernel the stuck interpreter {left} still exists:\n{process_table(container)}"
+    )
 
 
 # -- 3: what a killed kernel's cells left running ----------------------------------------
 
-_LEAVE_BEHIND = _START_TIME + """
+_LEAVE_BEHIND = (
+    _START_TIME
+    + """
 import json, os, subprocess, sys, time
 pidfile = '/workspace/daemon-%d.pid' % os.getpid()
 procs = {}
@@ -618,6 +645,7 @@ subprocess.Popen([sys.executable, '-c', hopper, str(time.time() + 30), MARKER], 
 time.sleep(0.3)  # the setsid child has called setsid by now
 print(json.dumps({name: [pid, _start_time(pid)] for name, pid in procs.items()}))
 """
+)
 
 
 # Freezes the processes that watch this interpreter for its kernel: the parent (cold start:
@@ -664,7 +692,9 @@ def leave_behind_then_kill(kernels: Kernels, start: str, stop_supervisors: bool)
         stopped = json.loads(ok_cell(kc, _STOP_SUPERVISORS))
         assert stopped, "the cell found nothing watching its interpreter"
         states = json.loads(in_container(container, _PROC_IDENTITY, json.dumps(stopped)))
-        assert {state for _, state in states.values()} == {"T"}, f"the supervisors were not stopped: {states}"
+        assert {state for _, state in states.values()} == {"T"}, (
+            f"the supervisors were not stopped: {states}"
+        )
     km.signal_kernel(signal.SIGKILL)
     killed = time.monotonic()
     deadline = killed + 10
@@ -675,8 +705,13 @@ def leave_behind_then_kill(kernels: Kernels, start: str, stop_supervisors: bool)
         # Nothing in the sandbox can act now: the host's reaper (run by the server every
         # few minutes, by the next kernel's start, by `sandbox-kernel gc`) ends them.
         assert kernels.env is not None
-        cfg = load_config(environ={}, backend="docker", image=TEST_IMAGE, state_dir=str(kernels.env.root / "state"),
-                          workspace_root=str(kernels.env.root / "workspaces"))
+        cfg = load_config(
+            environ={},
+            backend="docker",
+            image=TEST_IMAGE,
+            state_dir=str(kernels.env.root / "state"),
+            workspace_root=str(kernels.env.root / "workspaces"),
+        )
         gc(SandboxService(cfg).backend, cfg)
     left = wait_gone(container, identities)
     names = {pid: name for name, (pid, _) in procs.items()}
@@ -686,7 +721,8 @@ def leave_behind_then_kill(kernels: Kernels, start: str, stop_supervisors: bool)
             break
     survivors = sorted(names[p] for p in left) + (["pid hopper"] if hoppers else [])
     assert not survivors, (
-        f"{survivors} still exist {GONE_SECONDS} s after the kernel was killed:\n" + process_table(container)
+        f"{survivors} still exist {GONE_SECONDS} s after the kernel was killed:\n"
+        + process_table(container)
     )
 
 
@@ -703,7 +739,9 @@ def test_killed_kernel_leaves_no_process(kernels: Kernels, start: str) -> None:
 
 
 @pytest.mark.parametrize("start", ["cold", "spare"])
-def test_killed_kernel_leaves_no_process_even_with_its_watcher_frozen(kernels: Kernels, start: str) -> None:
+def test_killed_kernel_leaves_no_process_even_with_its_watcher_frozen(
+    kernels: Kernels, start: str
+) -> None:
     """Attack: as above, but first the cell SIGSTOPs whatever in the sandbox watches
     its interpreter for the kernel (same uid: no privilege needed), so no process in
     the sandbox is left to act when the kernel dies. Then the host's reaper must: after
@@ -741,7 +779,10 @@ while view:
 
 # name: (code, whether the cell's output passes the limit, so a notice must say so)
 OUTPUT_CELLS: dict[str, tuple[str, bool]] = {
-    "display x3": ("from IPython.display import HTML, display\nfor _ in range(3):\n    display(HTML('x' * 5_000_000))", True),
+    "display x3": (
+        "from IPython.display import HTML, display\nfor _ in range(3):\n    display(HTML('x' * 5_000_000))",
+        True,
+    ),
     "execute_result": ("'r' * 5_000_000", True),
     "update_display_data": (
         "from IPython.display import HTML, display\n"
@@ -781,15 +822,21 @@ def test_output_limit_covers_every_message(kernels: Kernels) -> None:
             problems.append(f"{name}: the cell failed: {reply.get('ename')}: {reply.get('evalue')}")
         if size > OUTPUT_LIMIT * OUTPUT_SLACK:
             kinds = sorted({m["msg_type"] for m in outputs})
-            problems.append(f"{name}: {size / 1e6:.1f} MB of iopub content ({kinds}) for a 1 MB limit")
+            problems.append(
+                f"{name}: {size / 1e6:.1f} MB of iopub content ({kinds}) for a 1 MB limit"
+            )
         if over_limit and reply["status"] != "hung" and "truncated" not in all_text(outputs):
-            problems.append(f"{name}: no notice that the output was truncated ({size} bytes arrived)")
+            problems.append(
+                f"{name}: no notice that the output was truncated ({size} bytes arrived)"
+            )
         try:
             if reply["status"] == "hung":
                 raise TimeoutError("the kernel is still in the cell")
             answers(kc)
         except (AssertionError, TimeoutError) as exc:
-            problems.append(f"{name}: the next cell did not answer within {ANSWER_SECONDS} s ({exc})")
+            problems.append(
+                f"{name}: the next cell did not answer within {ANSWER_SECONDS} s ({exc})"
+            )
             km.restart_kernel(now=True)
             kc.wait_for_ready(timeout=60)
     assert not problems, "\n".join(problems)
@@ -824,7 +871,9 @@ def test_flood_without_newlines_keeps_kernel_responsive(kernels: Kernels, flood:
     try:
         reply, outputs = collect(kc, msg_id, time.monotonic() + ANSWER_SECONDS)
     except TimeoutError as exc:
-        pytest.fail(f"the flooding cell did not end within {ANSWER_SECONDS} s of the interrupt: {exc}")
+        pytest.fail(
+            f"the flooding cell did not end within {ANSWER_SECONDS} s of the interrupt: {exc}"
+        )
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
     assert "truncated" in all_text(outputs)
     assert content_size(outputs) <= limit * OUTPUT_SLACK
@@ -879,7 +928,9 @@ print(json.dumps(results))
 """
 
 
-def connect_from(backend: DockerBackend, sandbox_id: str, targets: list[str], seconds: float = CONNECT_SECONDS) -> dict[str, str]:
+def connect_from(
+    backend: DockerBackend, sandbox_id: str, targets: list[str], seconds: float = CONNECT_SECONDS
+) -> dict[str, str]:
     """Try TCP connections (at once) from inside the sandbox to each "host:port"; what
     happened to each ("connected: <greeting>" or "refused: <error>")."""
     result = backend.exec(sandbox_id, ["python3", "-c", _CONNECT, str(seconds), *targets])
@@ -949,7 +1000,9 @@ class HostListener:
 
 
 @pytest.mark.usefixtures("docker_cleanup")
-def test_sandboxes_cannot_reach_each_other(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_sandboxes_cannot_reach_each_other(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     """Attack: user 2's code connects to a TCP server user 1's sandbox runs on
     0.0.0.0:8000, at every address user 1's container has. It must fail (within
     CONNECT_SECONDS), while user 1's sandbox reaches its own server (it runs)."""
@@ -967,7 +1020,9 @@ def test_sandboxes_cannot_reach_each_other(make_config: Callable[..., SandboxCon
         if all(v == f"connected: {token}" for v in own.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.3)
-    assert all(v == f"connected: {token}" for v in own.values()), f"user 1's server does not answer its own sandbox: {own}"
+    assert all(v == f"connected: {token}" for v in own.values()), (
+        f"user 1's server does not answer its own sandbox: {own}"
+    )
     started = time.monotonic()
     other = connect_from(backend, b.id, targets)
     reached = {t: v for t, v in other.items() if v.startswith("connected")}
@@ -1024,12 +1079,16 @@ def metadata_service(request: pytest.FixtureRequest) -> Iterator[MetadataService
             link = f"sk-meta{tag}"
             errors = []
             for kind in ("dummy", "bridge"):
-                made = subprocess.run(["ip", "link", "add", link, "type", kind], capture_output=True, text=True)
+                made = subprocess.run(
+                    ["ip", "link", "add", link, "type", kind], capture_output=True, text=True
+                )
                 if made.returncode == 0:
                     break
                 errors.append(f"{kind}: {made.stderr.strip()}")
             else:
-                pytest.skip(f"cannot make an interface for the metadata address ({'; '.join(errors)})")
+                pytest.skip(
+                    f"cannot make an interface for the metadata address ({'; '.join(errors)})"
+                )
             undo.append(["link", "del", link])
             _ip("addr", "add", f"{METADATA}/32", "dev", link)
             _ip("link", "set", link, "up")
@@ -1052,10 +1111,22 @@ def metadata_service(request: pytest.FixtureRequest) -> Iterator[MetadataService
             _ip(*inside, "route", "add", "default", "via", "169.254.169.1", "dev", far)
             prefix = ["ip", "netns", "exec", netns]
         for port in ports:
-            servers.append(subprocess.Popen(
-                [*prefix, sys.executable, "-c", _TCP_SERVER, METADATA, str(port), token, str(PLANT_SECONDS)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
+            servers.append(
+                subprocess.Popen(
+                    [
+                        *prefix,
+                        sys.executable,
+                        "-c",
+                        _TCP_SERVER,
+                        METADATA,
+                        str(port),
+                        token,
+                        str(PLANT_SECONDS),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         yield MetadataService(ports, token)
     finally:
         for server in servers:
@@ -1076,7 +1147,9 @@ def test_cloud_metadata_address_unreachable(
     backend = service.backend
     info = service.ensure(ScopeKey(test_user)).info
     for port in metadata_service.ports:
-        assert metadata_service.reachable_from_host(port), f"the host cannot reach the metadata service on port {port}"
+        assert metadata_service.reachable_from_host(port), (
+            f"the host cannot reach the metadata service on port {port}"
+        )
     got = connect_from(backend, info.id, [f"{METADATA}:{port}" for port in metadata_service.ports])
     reached = {t: v for t, v in got.items() if v.startswith("connected")}
     assert not reached, f"the sandbox reached the metadata address: {reached}"
@@ -1091,7 +1164,9 @@ def host_addresses() -> list[str]:
             gateway = conf.get("Gateway", "")
             if gateway and ":" not in gateway:
                 found.add(gateway)
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
+    out = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True
+    )
     for line in out.stdout.splitlines():
         parts = line.split()
         if "inet" in parts:
@@ -1100,7 +1175,9 @@ def host_addresses() -> list[str]:
 
 
 @pytest.mark.usefixtures("docker_cleanup")
-def test_network_off_means_only_loopback(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_network_off_means_only_loopback(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     """Attack: with ``network=False`` sandbox code looks for any interface but ``lo``
     (/proc/net/dev) and connects to a listener of the host at every host address
     (Docker's gateways, the host's own addresses). Only ``lo``; nothing reached."""
@@ -1108,7 +1185,8 @@ def test_network_off_means_only_loopback(make_config: Callable[..., SandboxConfi
     backend = service.backend
     info = service.ensure(ScopeKey(test_user)).info
     interfaces = sandbox_py(
-        backend, info.id,
+        backend,
+        info.id,
         "print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').read().splitlines()[2:]))",
     ).strip()
     assert interfaces == "['lo']"
@@ -1128,14 +1206,20 @@ def test_network_off_means_only_loopback(make_config: Callable[..., SandboxConfi
 
 
 @pytest.mark.usefixtures("docker_cleanup")
-def test_two_installations_never_touch_each_other(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+def test_two_installations_never_touch_each_other(
+    make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path
+) -> None:
     """Attack (by a user of installation A, or A's reaper): reach installation B's
     sandbox of the same user name on the same engine by every name it has (its
     sandbox id, its container name, its engine id, short or long) through A's
     backend: get, stop, exec, destroy, and A's reaper with no grace after A's own
     records are gone. Only A's own container may ever be reached; B's keeps running."""
-    cfg_a = make_config(state_dir=str(tmp_path / "a" / "state"), workspace_root=str(tmp_path / "a" / "ws"))
-    cfg_b = make_config(state_dir=str(tmp_path / "b" / "state"), workspace_root=str(tmp_path / "b" / "ws"))
+    cfg_a = make_config(
+        state_dir=str(tmp_path / "a" / "state"), workspace_root=str(tmp_path / "a" / "ws")
+    )
+    cfg_b = make_config(
+        state_dir=str(tmp_path / "b" / "state"), workspace_root=str(tmp_path / "b" / "ws")
+    )
     service_a, service_b = SandboxService(cfg_a), SandboxService(cfg_b)
     backend_a, backend_b = service_a.backend, service_b.backend
     key = ScopeKey(test_user)
@@ -1157,22 +1241,34 @@ def test_two_installations_never_touch_each_other(make_config: Callable[..., San
         b_container.reload()
         assert b_container.status == "running", f"B's container is {b_container.status}"
 
-    refs = {b.id, b_container.name, b.engine_id, b.engine_id[:12], engine_name(service_b.installation, b.id)}
+    refs = {
+        b.id,
+        b_container.name,
+        b.engine_id,
+        b.engine_id[:12],
+        engine_name(service_b.installation, b.id),
+    }
     for ref in sorted(refs):
         for action in ("get", "exec", "stop"):
             try:
                 if action == "get":
                     got = backend_a.get(ref).engine_id
                 elif action == "exec":
-                    out = sandbox_py(backend_a, ref, "print(open('/workspace/who.txt').read())").strip()
+                    out = sandbox_py(
+                        backend_a, ref, "print(open('/workspace/who.txt').read())"
+                    ).strip()
                     got = a.engine_id if out == "A" else f"a container whose workspace says {out!r}"
                 else:
                     got = backend_a.stop(ref).engine_id
                     backend_a.start(a.id)
             except SandboxNotFound:
                 continue
-            assert ref == a.id, f"A's backend reached {ref!r} with {action} (only A's own id may resolve)"
-            assert got == a.engine_id, f"{action} {ref!r} through A reached {got}, not A's own container"
+            assert ref == a.id, (
+                f"A's backend reached {ref!r} with {action} (only A's own id may resolve)"
+            )
+            assert got == a.engine_id, (
+                f"{action} {ref!r} through A reached {got}, not A's own container"
+            )
         b_untouched()
     for ref in sorted(refs - {a.id}):
         assert backend_a.destroy(ref) is False, f"A's backend destroyed {ref!r}"
@@ -1181,14 +1277,19 @@ def test_two_installations_never_touch_each_other(make_config: Callable[..., San
     store_a = Store(cfg_a)
     for record in store_a.all("docker"):
         store_a.delete("docker", record.id)
-    actions = gc(backend_a, make_config(state_dir=cfg_a.state_dir, workspace_root=cfg_a.workspace_root, orphan_grace=0))
+    actions = gc(
+        backend_a,
+        make_config(state_dir=cfg_a.state_dir, workspace_root=cfg_a.workspace_root, orphan_grace=0),
+    )
     assert all(act.engine_id != b.engine_id for act in actions), actions
     b_untouched()
     assert backend_b.get(b.id).engine_id == b.engine_id
 
 
 @pytest.mark.usefixtures("docker_cleanup")
-def test_reaper_survives_a_sandbox_without_record(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_reaper_survives_a_sandbox_without_record(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     """A sandbox whose owner record vanished (deleted by hand, a lost state file): the
     reaper with the default grace must neither raise nor act on it."""
     cfg = make_config()
@@ -1202,7 +1303,9 @@ def test_reaper_survives_a_sandbox_without_record(make_config: Callable[..., San
 
 
 @pytest.mark.usefixtures("docker_cleanup")
-def test_state_is_private(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+def test_state_is_private(
+    make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path
+) -> None:
     """The state folder says who owns which sandbox and where warm interpreters wait:
     0700 for the folder, 0600 for state.sqlite."""
     cfg = make_config(state_dir=str(tmp_path / "private-state"))
@@ -1225,7 +1328,9 @@ def host_accounts() -> dict[int, str]:
 
 
 @pytest.mark.usefixtures("docker_cleanup")
-def test_workspace_files_belong_to_the_host_user(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_workspace_files_belong_to_the_host_user(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     """A root server's sandbox writes into its workspace: the folder and what the
     sandbox writes there must belong on the host to root (the host user), never to
     uid 1000 or any other host account, which would gain the files."""
@@ -1234,11 +1339,22 @@ def test_workspace_files_belong_to_the_host_user(make_config: Callable[..., Sand
     service = SandboxService(make_config())
     backend = service.backend
     info = service.ensure(ScopeKey(test_user)).info
-    sandbox_py(backend, info.id, "import os; os.mkdir('/workspace/d'); open('/workspace/d/f.txt', 'w').write('x'); open('/workspace/g.txt', 'w').write('y')")
+    sandbox_py(
+        backend,
+        info.id,
+        "import os; os.mkdir('/workspace/d'); open('/workspace/d/f.txt', 'w').write('x'); open('/workspace/g.txt', 'w').write('y')",
+    )
     workspace = Path(info.workspace)
     accounts = host_accounts()
-    owners = {str(p): p.lstat().st_uid for p in (workspace, workspace / "d", workspace / "d" / "f.txt", workspace / "g.txt")}
-    wrong = {p: f"{uid} ({accounts.get(uid, 'no account')})" for p, uid in owners.items() if uid != os.geteuid()}
+    owners = {
+        str(p): p.lstat().st_uid
+        for p in (workspace, workspace / "d", workspace / "d" / "f.txt", workspace / "g.txt")
+    }
+    wrong = {
+        p: f"{uid} ({accounts.get(uid, 'no account')})"
+        for p, uid in owners.items()
+        if uid != os.geteuid()
+    }
     assert not wrong, f"workspace paths not owned by the host user: {wrong}"
 
 

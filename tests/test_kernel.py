@@ -41,7 +41,9 @@ def _kernelspec_visible(kenv: KernelEnv, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("JUPYTER_PATH", kenv.jupyter_path)
 
 
-def run(kc: Any, code: str, timeout: float = 60, allow_stdin: bool = False) -> tuple[dict, list[dict]]:
+def run(
+    kc: Any, code: str, timeout: float = 60, allow_stdin: bool = False
+) -> tuple[dict, list[dict]]:
     """Execute and collect (reply content, iopub messages of that request)."""
     msg_id = kc.execute(code, allow_stdin=allow_stdin)
     outputs = []
@@ -60,7 +62,11 @@ def run(kc: Any, code: str, timeout: float = 60, allow_stdin: bool = False) -> t
 
 
 def text_of(outputs: list[dict], name: str = "stdout") -> str:
-    return "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == name)
+    return "".join(
+        m["content"]["text"]
+        for m in outputs
+        if m["msg_type"] == "stream" and m["content"]["name"] == name
+    )
 
 
 def container_id(user: str) -> str:
@@ -91,7 +97,9 @@ class TestConformance(ConformanceSuite):
         assert info["supported_features"] == []
 
 
-def test_first_cell_stores_nothing_of_the_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_first_cell_stores_nothing_of_the_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Making the sandbox is the kernel's business, not the cell's output (a CI run must
     store what ipykernel stores); the status bar and the log get the progress."""
     from sandbox_kernel.config import load_config
@@ -104,7 +112,9 @@ def test_first_cell_stores_nothing_of_the_sandbox(tmp_path: Path, monkeypatch: p
         reply, outputs = run(kc, "1")
         assert reply["status"] == "ok"
         assert [m["msg_type"] for m in outputs] == ["execute_result"]
-        progress = Store(load_config(environ={}, state_dir=str(env.root / "state"))).progress("docker", since=0)
+        progress = Store(load_config(environ={}, state_dir=str(env.root / "state"))).progress(
+            "docker", since=0
+        )
         assert any(f"creating sandbox sk-{env.user}" in p["message"] for p in progress), progress
     finally:
         kc.stop_channels()
@@ -114,7 +124,9 @@ def test_first_cell_stores_nothing_of_the_sandbox(tmp_path: Path, monkeypatch: p
 
 def test_streams_incrementally(kernel: tuple[Any, Any]) -> None:
     _, kc = kernel
-    msg_id = kc.execute("import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.6)")
+    msg_id = kc.execute(
+        "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.6)"
+    )
     arrivals = []
     while True:
         msg = kc.get_iopub_msg(timeout=30)
@@ -140,7 +152,9 @@ def test_interrupt_keeps_variables(kernel: tuple[Any, Any]) -> None:
         if reply["parent_header"]["msg_id"] == msg_id:
             break
     assert time.monotonic() - started < 2
-    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert (
+        reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    )
     reply, outputs = run(kc, "print(kept)")
     assert reply["status"] == "ok" and text_of(outputs) == "still here\n"
 
@@ -218,10 +232,15 @@ def spare_pids(user: str, root: Path) -> list[int]:
     from sandbox_kernel.config import load_config
     from sandbox_kernel.store import Store
 
-    record = Store(load_config(environ={}, state_dir=str(root / "state"))).spare("docker", f"sk-{user}")
+    record = Store(load_config(environ={}, state_dir=str(root / "state"))).spare(
+        "docker", f"sk-{user}"
+    )
     if record is None:
         return []
-    alive = sandbox_container(f"sk-{user}").exec_run(["test", "-d", f"/proc/{record.pid}"]).exit_code == 0
+    alive = (
+        sandbox_container(f"sk-{user}").exec_run(["test", "-d", f"/proc/{record.pid}"]).exit_code
+        == 0
+    )
     return [record.pid] if alive else []
 
 
@@ -235,7 +254,9 @@ def wait_for_spare(kenv: KernelEnv, other_than: int = 0) -> int:
     raise AssertionError("no spare interpreter appeared")
 
 
-def test_restart_takes_the_warm_spare_and_leaves_a_new_one(kernel: tuple[Any, Any], kenv: KernelEnv) -> None:
+def test_restart_takes_the_warm_spare_and_leaves_a_new_one(
+    kernel: tuple[Any, Any], kenv: KernelEnv
+) -> None:
     """A kernel leaves a warm interpreter behind; the next start takes it (fresh
     variables, its own settings, same files) and a new spare replaces it."""
     km, kc = kernel
@@ -243,13 +264,21 @@ def test_restart_takes_the_warm_spare_and_leaves_a_new_one(kernel: tuple[Any, An
     spare = wait_for_spare(kenv)
     km.restart_kernel(now=True)
     kc.wait_for_ready(timeout=60)
-    reply, outputs = run(kc, "print(os.getpid() if 'os' in globals() else 'fresh', 'leftover' in globals())")
+    reply, outputs = run(
+        kc, "print(os.getpid() if 'os' in globals() else 'fresh', 'leftover' in globals())"
+    )
     assert text_of(outputs) == "fresh False\n"
-    reply, outputs = run(kc, "import os, sys\nprint(os.getpid(), os.getcwd(), os.environ.get('SANDBOX_AGENT_OUTPUT_LIMIT'), sys.stdin.read())")
+    reply, outputs = run(
+        kc,
+        "import os, sys\nprint(os.getpid(), os.getcwd(), os.environ.get('SANDBOX_AGENT_OUTPUT_LIMIT'), sys.stdin.read())",
+    )
     pid, cwd, limit, *rest = text_of(outputs).split()
     assert (int(pid), cwd, limit, rest) == (spare, "/workspace", "10000000", [])
     assert wait_for_spare(kenv, other_than=spare) != spare  # the next kernel's
-    reply, outputs = run(kc, "import subprocess\nprint(subprocess.run(['echo', 'fd capture'], capture_output=False).returncode)")
+    reply, outputs = run(
+        kc,
+        "import subprocess\nprint(subprocess.run(['echo', 'fd capture'], capture_output=False).returncode)",
+    )
     assert text_of(outputs) == "fd capture\n0\n"
 
 
@@ -258,8 +287,13 @@ def test_container_removed_between_cells(kernel: tuple[Any, Any], kenv: KernelEn
     run(kc, "x = 1\nopen('/workspace/survivor.txt', 'w').write('kept')")
     sandbox_container(f"sk-{kenv.user}").remove(force=True)
     reply, outputs = run(kc, "print(open('/workspace/survivor.txt').read())")
-    notices = [line for line in text_of(outputs, "stderr").splitlines() if "sandbox restarted" in line]
-    assert notices == [notices[0]] and "variables were lost, files in /workspace were kept" in notices[0]
+    notices = [
+        line for line in text_of(outputs, "stderr").splitlines() if "sandbox restarted" in line
+    ]
+    assert (
+        notices == [notices[0]]
+        and "variables were lost, files in /workspace were kept" in notices[0]
+    )
     assert reply["status"] == "ok" and text_of(outputs) == "kept\n"
     reply, outputs = run(kc, "x")
     assert reply["ename"] == "NameError"
@@ -283,7 +317,11 @@ def test_container_removed_during_a_cell(kernel: tuple[Any, Any], kenv: KernelEn
 
 def test_output_flood_is_truncated(kernel: tuple[Any, Any]) -> None:
     _, kc = kernel
-    reply, outputs = run(kc, "import sys\nchunk = 'y' * 1_000_000 + '\\n'\nfor _ in range(200):\n    sys.stdout.write(chunk)", timeout=120)
+    reply, outputs = run(
+        kc,
+        "import sys\nchunk = 'y' * 1_000_000 + '\\n'\nfor _ in range(200):\n    sys.stdout.write(chunk)",
+        timeout=120,
+    )
     assert reply["status"] == "ok"
     total = sum(len(m["content"]["text"]) for m in outputs if m["msg_type"] == "stream")
     assert total < 11_000_000
@@ -295,7 +333,11 @@ def test_output_flood_is_truncated(kernel: tuple[Any, Any]) -> None:
 def _notebook(cells: list[str]) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    nb.metadata["kernelspec"] = {"name": "sandbox", "display_name": "Python 3 (sandbox)", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "sandbox",
+        "display_name": "Python 3 (sandbox)",
+        "language": "python",
+    }
     return nb
 
 
@@ -317,7 +359,13 @@ def test_notebooks_with_nbclient(kenv: KernelEnv) -> None:
             "import os\nprint(os.getcwd())\nopen('made-by-notebook.txt', 'w').write('ok')",
         ]
     )
-    NotebookClient(nb, kernel_name="sandbox", allow_errors=True, timeout=120, resources={"metadata": {"path": str(project)}}).execute()
+    NotebookClient(
+        nb,
+        kernel_name="sandbox",
+        allow_errors=True,
+        timeout=120,
+        resources={"metadata": {"path": str(project)}},
+    ).execute()
     out = [list(c.outputs) for c in nb.cells]
     assert out[0][0]["data"]["text/plain"] == "['a,b', '1,2']"
     assert out[1][0]["data"]["text/plain"] == "2"
@@ -329,8 +377,12 @@ def test_notebooks_with_nbclient(kenv: KernelEnv) -> None:
     assert out[8][0]["text"].strip() == "/workspace/project"
     assert (project / "made-by-notebook.txt").read_text() == "ok"
     # A second run is a new kernel in the same sandbox: files and the package are there.
-    nb2 = _notebook(["import sk_demo_pkg, os\nprint(sk_demo_pkg.VALUE, os.path.exists('made-by-notebook.txt'))"])
-    NotebookClient(nb2, kernel_name="sandbox", timeout=120, resources={"metadata": {"path": str(project)}}).execute()
+    nb2 = _notebook(
+        ["import sk_demo_pkg, os\nprint(sk_demo_pkg.VALUE, os.path.exists('made-by-notebook.txt'))"]
+    )
+    NotebookClient(
+        nb2, kernel_name="sandbox", timeout=120, resources={"metadata": {"path": str(project)}}
+    ).execute()
     assert nb2.cells[0].outputs[0]["text"].strip() == "1.0 True"
 
 
@@ -341,8 +393,20 @@ def test_jupyter_execute(kenv: KernelEnv) -> None:
     path = project / "run.ipynb"
     nbformat.write(_notebook(["n = int(open('input.txt').read())", "print(n + 1)"]), path)
     done = subprocess.run(
-        [sys.executable, "-m", "jupyter", "execute", "--kernel_name=sandbox", "--inplace", str(path)],
-        env=kenv.environ(), cwd=project, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "execute",
+            "--kernel_name=sandbox",
+            "--inplace",
+            str(path),
+        ],
+        env=kenv.environ(),
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr
     assert nbformat.read(path, 4).cells[1].outputs[0]["text"] == "42\n"
@@ -351,8 +415,16 @@ def test_jupyter_execute(kenv: KernelEnv) -> None:
 @pytest.mark.parametrize(
     ("settings", "says", "hint"),
     [
-        ({"DOCKER_HOST": "unix:///nonexistent/docker.sock"}, "cannot reach the Docker engine", "SANDBOX_KERNEL_BACKEND=local"),
-        ({"SANDBOX_KERNEL_IMAGE": "127.0.0.1:9/sandbox-kernel/absent:1"}, "is not present and could not be pulled", "SANDBOX_KERNEL_IMAGE"),
+        (
+            {"DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+            "cannot reach the Docker engine",
+            "SANDBOX_KERNEL_BACKEND=local",
+        ),
+        (
+            {"SANDBOX_KERNEL_IMAGE": "127.0.0.1:9/sandbox-kernel/absent:1"},
+            "is not present and could not be pulled",
+            "SANDBOX_KERNEL_IMAGE",
+        ),
     ],
     ids=["no engine", "image missing"],
 )
@@ -389,14 +461,18 @@ def test_out_of_memory_names_the_limit(kernel: tuple[Any, Any]) -> None:
     assert "sandbox restarted" in text_of(outputs, "stderr")
 
 
-def test_notebook_metadata_picks_the_flavor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_metadata_picks_the_flavor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = make_kernel_env(tmp_path)
     monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
     nb = _notebook(["1"])
     nb.metadata["sandbox"] = {"flavor": "medium"}
     path = tmp_path / "medium.ipynb"
     nbformat.write(nb, path)
-    km, kc = start_new_kernel(kernel_name="sandbox", env={**os.environ, "JPY_SESSION_NAME": str(path)})
+    km, kc = start_new_kernel(
+        kernel_name="sandbox", env={**os.environ, "JPY_SESSION_NAME": str(path)}
+    )
     try:
         reply, _ = run(kc, "1")
         assert reply["status"] == "ok"
@@ -410,27 +486,66 @@ def test_notebook_metadata_picks_the_flavor(tmp_path: Path, monkeypatch: pytest.
 
 def test_install_kernelspec_variant(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "sandbox_kernel.cli", "install", "--prefix", str(tmp_path), "--name", "sandbox-big",
-         "--display-name", "Python 3 (sandbox, large)", "--flavor", "large", "--scope", "thread", "--image", TEST_IMAGE],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "sandbox_kernel.cli",
+            "install",
+            "--prefix",
+            str(tmp_path),
+            "--name",
+            "sandbox-big",
+            "--display-name",
+            "Python 3 (sandbox, large)",
+            "--flavor",
+            "large",
+            "--scope",
+            "thread",
+            "--image",
+            TEST_IMAGE,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     installed = tmp_path / "share" / "jupyter" / "kernels" / "sandbox-big"
     spec = json.loads((installed / "kernel.json").read_text())
     assert spec["display_name"] == "Python 3 (sandbox, large)"
-    assert sorted(p.name for p in installed.glob("logo-*")) == ["logo-32x32.png", "logo-64x64.png", "logo-svg.svg"]
+    assert sorted(p.name for p in installed.glob("logo-*")) == [
+        "logo-32x32.png",
+        "logo-64x64.png",
+        "logo-svg.svg",
+    ]
     assert spec["interrupt_mode"] == "message"
     assert spec["argv"][1:3] == ["-m", "sandbox_kernel"]
     # Another image: the variant's sandboxes are its own (a flavor alone would resize).
     assert spec["env"] == {
-        "SANDBOX_KERNEL_FLAVOR": "large", "SANDBOX_KERNEL_SCOPE": "thread", "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,
+        "SANDBOX_KERNEL_FLAVOR": "large",
+        "SANDBOX_KERNEL_SCOPE": "thread",
+        "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,
         "SANDBOX_KERNEL_VARIANT": "sandbox-big",
     }
-    bad = subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", "install", "--prefix", str(tmp_path), "--scope", "team"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sandbox_kernel.cli",
+            "install",
+            "--prefix",
+            str(tmp_path),
+            "--scope",
+            "team",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 
-def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_busy_cell_is_not_idle_and_a_stop_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A silent cell is activity; once idle past idle_stop_with_kernel the sandbox is
     stopped, and the next cell says what happened."""
     from sandbox_kernel.config import load_config
@@ -438,8 +553,14 @@ def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path, monkeypatc
 
     env = make_kernel_env(tmp_path, SANDBOX_KERNEL_IDLE_STOP_WITH_KERNEL="0.05")  # 3 s
     monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
-    cfg = load_config(environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
-                      state_dir=str(tmp_path / "state"), idle_stop_with_kernel=0.05)
+    cfg = load_config(
+        environ={},
+        backend="docker",
+        image=TEST_IMAGE,
+        workspace_root=str(tmp_path / "workspaces"),
+        state_dir=str(tmp_path / "state"),
+        idle_stop_with_kernel=0.05,
+    )
     backend = SandboxService(cfg).backend
     km, kc = start_new_kernel(kernel_name="sandbox")
     try:
@@ -462,7 +583,9 @@ def test_busy_cell_is_not_idle_and_a_stop_is_reported(tmp_path: Path, monkeypatc
         remove_user_containers(env.user)
 
 
-def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernel_start_applies_the_lifecycle_policies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Hosts without a server still get idle stops: every kernel start runs the reaper
     (a moment after starting, off the first cell's path)."""
     from sandbox_kernel.config import load_config
@@ -472,8 +595,12 @@ def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path, monkeypatch
     monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
     idle_user = f"{env.user}-idle"
     cfg = load_config(
-        environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
-        state_dir=str(tmp_path / "state"), idle_stop=1 / 60,
+        environ={},
+        backend="docker",
+        image=TEST_IMAGE,
+        workspace_root=str(tmp_path / "workspaces"),
+        state_dir=str(tmp_path / "state"),
+        idle_stop=1 / 60,
     )
     idle = SandboxService(cfg).ensure(ScopeKey(idle_user)).info
     time.sleep(1.5)  # idle for longer than idle_stop, and no kernel attached
@@ -481,7 +608,10 @@ def test_kernel_start_applies_the_lifecycle_policies(tmp_path: Path, monkeypatch
     try:
         assert run(kc, "1")[0]["status"] == "ok"
         deadline = time.monotonic() + 20
-        while docker.from_env().containers.get(idle.engine_id).status == "running" and time.monotonic() < deadline:
+        while (
+            docker.from_env().containers.get(idle.engine_id).status == "running"
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.5)
         assert docker.from_env().containers.get(idle.engine_id).status == "exited"
         assert sandbox_container(f"sk-{env.user}").status == "running"  # its own is busy
@@ -499,7 +629,10 @@ def test_sandbox_with_too_few_processes_says_how_to_recover(tmp_path: Path) -> N
 
     env = make_kernel_env(tmp_path)
     cfg = load_config(
-        environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
+        environ={},
+        backend="docker",
+        image=TEST_IMAGE,
+        workspace_root=str(tmp_path / "workspaces"),
         state_dir=str(tmp_path / "state"),
     )
     cfg._trait_values["pids_limit"] = 5  # what validation now refuses
@@ -514,7 +647,10 @@ def test_sandbox_with_too_few_processes_says_how_to_recover(tmp_path: Path) -> N
                 kc.stop_channels()
                 km.shutdown_kernel(now=True)
         assert reply["status"] == "error"
-        assert "allows only 5 processes" in reply["evalue"] and "SANDBOX_KERNEL_PIDS_LIMIT" in reply["evalue"]
+        assert (
+            "allows only 5 processes" in reply["evalue"]
+            and "SANDBOX_KERNEL_PIDS_LIMIT" in reply["evalue"]
+        )
         assert f"sandbox-kernel destroy sk-{env.user}" in reply["evalue"]
     finally:
         remove_user_containers(env.user)
@@ -535,7 +671,11 @@ def _counts(kc: Any, code: str, **options: Any) -> tuple[Any, Any, Any]:
     while True:
         reply = kc.get_shell_msg(timeout=60)
         if reply["parent_header"].get("msg_id") == msg_id:
-            return published["execute_input"], published["execute_result"], reply["content"]["execution_count"]
+            return (
+                published["execute_input"],
+                published["execute_result"],
+                reply["content"]["execution_count"],
+            )
 
 
 def test_execution_counts_are_ipykernels(kenv: KernelEnv) -> None:

@@ -27,6 +27,8 @@ def test_data_layer_vitest() -> None:
         if os.environ.get("SANDBOX_KERNEL_REQUIRE_BROWSER") == "1":
             pytest.fail(f"the lab extension unit tests are required here but cannot run: {problem}")
         pytest.skip(problem)
-    done = subprocess.run([jlpm, "test"], cwd=LABEXTENSION, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [jlpm, "test"], cwd=LABEXTENSION, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "passed" in done.stdout

@@ -44,7 +44,9 @@ def engine() -> docker.DockerClient:
     return docker.from_env()
 
 
-def test_idle_stop_then_delete_keeps_workspace(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_idle_stop_then_delete_keeps_workspace(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     cfg = make_config(idle_stop=1 * SECONDS, idle_delete=1 * SECONDS)
     service = SandboxService(cfg)
     backend = service.backend
@@ -99,28 +101,44 @@ def test_busy_kernel_is_not_idle(make_config: Callable[..., SandboxConfig], test
     assert action.action == "stop" and "idle kernel" in action.reason
 
 
-def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_orphans_reaped_foreign_untouched(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     cfg = make_config(orphan_grace=1 * SECONDS)
     service = SandboxService(cfg)
     backend = service.backend
     client = engine()
     image = cfg.image
-    foreign = client.containers.create(image, ["python3", "-c", "import time; time.sleep(600)"], name=f"{test_user}-foreign")
+    foreign = client.containers.create(
+        image, ["python3", "-c", "import time; time.sleep(600)"], name=f"{test_user}-foreign"
+    )
     foreign.start()
     labelled_foreign = client.containers.create(
-        image, ["python3", "-c", "pass"], name=f"{test_user}-other-tool", labels={"sandbox-kernel.user-id": test_user}
+        image,
+        ["python3", "-c", "pass"],
+        name=f"{test_user}-other-tool",
+        labels={"sandbox-kernel.user-id": test_user},
     )
     try:
         no_record = service.ensure(ScopeKey(test_user + "-a")).info
         Store(cfg).delete("docker", no_record.id)  # its owner record is gone
         key = ScopeKey(test_user + "-b")
         half = client.containers.create(  # a create that crashed before start
-            image, ["python3", "-c", "pass"], name=engine_name(service.installation, key.name),
-            labels=sandbox_labels(key, service.spec(key.user), service.installation, str(Path(cfg.workspace_root) / key.user_id)),
+            image,
+            ["python3", "-c", "pass"],
+            name=engine_name(service.installation, key.name),
+            labels=sandbox_labels(
+                key,
+                service.spec(key.user),
+                service.installation,
+                str(Path(cfg.workspace_root) / key.user_id),
+            ),
         )
         # Made with flavor medium; its owner's configuration has since become small: it is
         # resized, never reaped for it (its installed packages are the user's).
-        resized = SandboxService(make_config(flavor="medium")).ensure(ScopeKey(test_user + "-c")).info
+        resized = (
+            SandboxService(make_config(flavor="medium")).ensure(ScopeKey(test_user + "-c")).info
+        )
         notice = " ".join(service.ensure(ScopeKey(test_user + "-c")).notes)
         assert "now has flavor small" in notice and "it had medium" in notice
         healthy = service.ensure(ScopeKey(test_user + "-d")).info
@@ -142,7 +160,9 @@ def test_orphans_reaped_foreign_untouched(make_config: Callable[..., SandboxConf
         labelled_foreign.remove(force=True)
 
 
-def test_other_installations_are_left_alone(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+def test_other_installations_are_left_alone(
+    make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path
+) -> None:
     mine = make_config(orphan_grace=0, idle_stop=0)
     theirs = make_config(state_dir=str(tmp_path / "elsewhere"))
     other = SandboxService(theirs).ensure(ScopeKey(test_user)).info
@@ -176,15 +196,21 @@ def test_quotas(make_config: Callable[..., SandboxConfig], test_user: str) -> No
         service.ensure(ScopeKey(f"{test_user}-over"))
     assert "max_sandboxes=2" in str(err.value) and "sandbox-kernel destroy" in str(err.value)
     listed = {i.id for i in backend.list()}
-    assert set(created) <= listed and service.sandbox_id(ScopeKey(f"{test_user}-over")) not in listed  # refused: nothing made
+    assert (
+        set(created) <= listed and service.sandbox_id(ScopeKey(f"{test_user}-over")) not in listed
+    )  # refused: nothing made
     service.ensure(ScopeKey(f"{test_user}-0"))  # an existing one is still reachable
     mem_cfg = make_config(max_sandboxes=0, max_total_memory="1m")
     with pytest.raises(QuotaExceeded, match="max_total_memory=1m"):
         SandboxService(mem_cfg).ensure(ScopeKey(f"{test_user}-mem"))
 
 
-@pytest.mark.parametrize(("flavor", "cpus", "memory"), [("small", 1, 1 << 30), ("large", 4, 4 << 30)])
-def test_flavor_limits(make_config: Callable[..., SandboxConfig], test_user: str, flavor: str, cpus: int, memory: int) -> None:
+@pytest.mark.parametrize(
+    ("flavor", "cpus", "memory"), [("small", 1, 1 << 30), ("large", 4, 4 << 30)]
+)
+def test_flavor_limits(
+    make_config: Callable[..., SandboxConfig], test_user: str, flavor: str, cpus: int, memory: int
+) -> None:
     info = SandboxService(make_config(flavor=flavor)).ensure(ScopeKey(test_user)).info
     host = engine().containers.get(info.engine_id).attrs["HostConfig"]
     cpus = min(cpus, engine().info()["NCPU"])  # clamped to what the machine has
@@ -208,14 +234,22 @@ def test_stats_add_up(make_config: Callable[..., SandboxConfig], test_user: str)
     assert totals["quota"]["sandboxes_left"] == 1000 - len(everything)
 
 
-def test_snapshot_round_trip(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+def test_snapshot_round_trip(
+    make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path
+) -> None:
     cfg = make_config()
     service = SandboxService(cfg)
     backend = service.backend
     info = service.ensure(ScopeKey(test_user)).info
     wheel = make_wheel(tmp_path / "w")
     backend.put_file(info.id, f"w/{wheel.name}", wheel.read_bytes())
-    assert backend.exec(info.id, ["python3", "-m", "pip", "install", "--no-index", "-q", f"/workspace/w/{wheel.name}"]).exit_code == 0
+    assert (
+        backend.exec(
+            info.id,
+            ["python3", "-m", "pip", "install", "--no-index", "-q", f"/workspace/w/{wheel.name}"],
+        ).exit_code
+        == 0
+    )
     name = f"{test_user}-snap"
     with pytest.raises(BadRequest, match="bad snapshot name"):
         service.create_snapshot(test_user, info.id, "Bad Name!")
@@ -229,8 +263,17 @@ def test_snapshot_round_trip(make_config: Callable[..., SandboxConfig], test_use
         from_snap = SandboxService(make_config(snapshot=name, scope="thread"))
         clone = from_snap.ensure(ScopeKey(test_user, "thread", "clone.ipynb")).info
         assert clone.snapshot == name
-        out = from_snap.backend.exec(clone.id, ["python3", "-c", "import sk_demo_pkg, os; print(sk_demo_pkg.VALUE, os.listdir('/workspace'))"])
-        assert out.output.decode().strip().startswith("1.0 [")  # package kept: the workspace is the user's own
+        out = from_snap.backend.exec(
+            clone.id,
+            [
+                "python3",
+                "-c",
+                "import sk_demo_pkg, os; print(sk_demo_pkg.VALUE, os.listdir('/workspace'))",
+            ],
+        )
+        assert (
+            out.output.decode().strip().startswith("1.0 [")
+        )  # package kept: the workspace is the user's own
         with pytest.raises(Conflict, match="used by"):
             service.delete_snapshot(test_user, name)
         from_snap.destroy(test_user, clone.id)
@@ -241,18 +284,30 @@ def test_snapshot_round_trip(make_config: Callable[..., SandboxConfig], test_use
         remove_user_snapshots(test_user)
 
 
-def test_cli_gc_stats_snapshot(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+def test_cli_gc_stats_snapshot(
+    make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path
+) -> None:
     cfg = make_config()
     env = {
-        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JUPYTER_CONFIG_DIR": str(tmp_path / "c"),
-        "SANDBOX_KERNEL_BACKEND": "docker", "SANDBOX_KERNEL_IMAGE": cfg.image,
-        "SANDBOX_KERNEL_WORKSPACE_ROOT": cfg.workspace_root, "SANDBOX_KERNEL_STATE_DIR": cfg.state_dir,
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "c"),
+        "SANDBOX_KERNEL_BACKEND": "docker",
+        "SANDBOX_KERNEL_IMAGE": cfg.image,
+        "SANDBOX_KERNEL_WORKSPACE_ROOT": cfg.workspace_root,
+        "SANDBOX_KERNEL_STATE_DIR": cfg.state_dir,
         "SANDBOX_KERNEL_USER": test_user,
         "SANDBOX_KERNEL_WORK_ROOT": "none",
     }
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "sandbox_kernel.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     assert cli("exec", "--", "true").returncode == 0
     totals = json.loads(cli("stats", "--json").stdout)

@@ -31,12 +31,18 @@ from .conftest import require_bwrap
 
 def config(tmp_path: Path, **extra: object) -> SandboxConfig:
     return load_config(
-        environ={}, backend="local", workspace_root=str(tmp_path / "ws"), state_dir=str(tmp_path / "st"), **extra
+        environ={},
+        backend="local",
+        workspace_root=str(tmp_path / "ws"),
+        state_dir=str(tmp_path / "st"),
+        **extra,
     )
 
 
 @pytest.fixture(params=["bwrap", "plain"])
-def service(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SandboxService]:
+def service(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[SandboxService]:
     """The orchestrator over the local backend, with and without bubblewrap."""
     if request.param == "bwrap":
         require_bwrap()
@@ -65,7 +71,11 @@ def test_reuse_state_and_tiers(backend: LocalBackend, service: SandboxService) -
     assert (first.event, again.event) == ("created", "existing")
     assert first.info.engine_id == again.info.engine_id
     sid = first.info.id
-    py(backend, sid, "import os; open('note.txt', 'w').write('w'); open(os.path.expanduser('~/t2.txt'), 'w').write('h')")
+    py(
+        backend,
+        sid,
+        "import os; open('note.txt', 'w').write('w'); open(os.path.expanduser('~/t2.txt'), 'w').write('h')",
+    )
     assert py(backend, sid, "print(open('note.txt').read())") == "w"
     backend.stop(sid)
     assert backend.get(sid).started == 0.0
@@ -79,7 +89,14 @@ def test_reuse_state_and_tiers(backend: LocalBackend, service: SandboxService) -
         backend.get(sid)
     fresh = service.ensure(key).info
     assert fresh.engine_id != first.info.engine_id
-    assert py(backend, fresh.id, "import os; print(os.path.exists(os.path.expanduser('~/t2.txt')), open('note.txt').read())") == "False w"
+    assert (
+        py(
+            backend,
+            fresh.id,
+            "import os; print(os.path.exists(os.path.expanduser('~/t2.txt')), open('note.txt').read())",
+        )
+        == "False w"
+    )
 
 
 def test_sharing_and_separation(backend: LocalBackend, service: SandboxService) -> None:
@@ -87,7 +104,11 @@ def test_sharing_and_separation(backend: LocalBackend, service: SandboxService) 
     two = service.ensure(ScopeKey("ann", "thread", "/b.ipynb")).info
     bob = service.ensure(ScopeKey("bob")).info
     assert one.id != two.id and one.workspace == two.workspace != bob.workspace
-    py(backend, one.id, "open('/workspace/s.txt' if __import__('os').path.isdir('/workspace') else 's.txt', 'w').write('1')")
+    py(
+        backend,
+        one.id,
+        "open('/workspace/s.txt' if __import__('os').path.isdir('/workspace') else 's.txt', 'w').write('1')",
+    )
     assert py(backend, two.id, "import os; print(os.path.exists('s.txt'))") == "True"
     assert py(backend, bob.id, "import os; print(os.path.exists('s.txt'))") == "False"
     assert [i.id for i in backend.list("bob")] == [bob.id]
@@ -95,7 +116,15 @@ def test_sharing_and_separation(backend: LocalBackend, service: SandboxService) 
 
 def test_channel_ends_with_close(backend: LocalBackend, service: SandboxService) -> None:
     info = service.ensure(ScopeKey("ann")).info
-    channel = backend.open_channel(info.id, ["python3", "-u", "-c", "import sys\nfor l in sys.stdin: print(l.strip()[::-1], flush=True)"])
+    channel = backend.open_channel(
+        info.id,
+        [
+            "python3",
+            "-u",
+            "-c",
+            "import sys\nfor l in sys.stdin: print(l.strip()[::-1], flush=True)",
+        ],
+    )
     channel.write(b"abc\n")
     got = b""
     while not got.endswith(b"\n"):
@@ -156,10 +185,20 @@ def test_bubblewrap_hides_the_host(tmp_path: Path) -> None:
     secret.write_text("host only")
     info = service.ensure(ScopeKey("ann")).info
     assert info.isolation == BWRAP_ISOLATION
-    assert py(backend, info.id, f"import os; print(os.path.exists({str(secret)!r}), os.getcwd())") == "False /workspace"
+    assert (
+        py(backend, info.id, f"import os; print(os.path.exists({str(secret)!r}), os.getcwd())")
+        == "False /workspace"
+    )
     py(backend, info.id, "open('/workspace/w.txt', 'w').write('ok')")
     assert (Path(info.workspace) / "w.txt").read_text() == "ok"
-    assert py(backend, info.id, "import os; print(os.path.exists('/etc/passwd'), os.access('/usr', os.W_OK))") == "True False"
+    assert (
+        py(
+            backend,
+            info.id,
+            "import os; print(os.path.exists('/etc/passwd'), os.access('/usr', os.W_OK))",
+        )
+        == "True False"
+    )
 
 
 def test_plain_mode_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,15 +240,29 @@ def test_kernel_on_local_backend_with_jupyter_execute(tmp_path: Path) -> None:
         "SANDBOX_KERNEL_USER": "me",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "jupyter", "execute", "--kernel_name=sandbox", "--inplace", str(ws / "nb.ipynb")],
-        env=env, cwd=ws, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "execute",
+            "--kernel_name=sandbox",
+            "--inplace",
+            str(ws / "nb.ipynb"),
+        ],
+        env=env,
+        cwd=ws,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     out = nbformat.read(ws / "nb.ipynb", 4).cells
     expected_cwd = "/workspace/project" if bwrap_works() else str(ws)
     stdout = [o for o in out[0].outputs if o.get("name") == "stdout"]
     assert stdout[0]["text"].strip() == f"{expected_cwd} 1,2"
-    assert [o["output_type"] for o in out[0].outputs] == ["stream"]  # the cell's print, nothing of ours
+    assert [o["output_type"] for o in out[0].outputs] == [
+        "stream"
+    ]  # the cell's print, nothing of ours
     assert "[SandboxKernel] creating local sandbox sk-me" in done.stderr  # in the job's log instead
     assert out[1].outputs[0]["data"]["text/html"] == "<b>x</b>"
 
@@ -218,14 +271,24 @@ def test_kernel_on_local_backend_with_jupyter_execute(tmp_path: Path) -> None:
 def test_local_sandboxes_stay_visible_once_an_engine_answers(tmp_path: Path) -> None:
     """Made while no engine answered (backend auto), a local sandbox is still listed and
     managed by the CLI once Docker is up: nothing of yours hides behind the engine."""
-    env = {**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(tmp_path / "st"),
-           "SANDBOX_KERNEL_WORKSPACE_ROOT": str(tmp_path / "ws"), "SANDBOX_KERNEL_USER": "me-local",
-           "SANDBOX_KERNEL_WORK_ROOT": "none", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {
+        **os.environ,
+        "SANDBOX_KERNEL_STATE_DIR": str(tmp_path / "st"),
+        "SANDBOX_KERNEL_WORKSPACE_ROOT": str(tmp_path / "ws"),
+        "SANDBOX_KERNEL_USER": "me-local",
+        "SANDBOX_KERNEL_WORK_ROOT": "none",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
     env.pop("SANDBOX_KERNEL_BACKEND", None)
 
     def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", *args], env={**env, **extra},
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "sandbox_kernel.cli", *args],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     made = cli("exec", "--", "true", DOCKER_HOST="unix:///nonexistent/docker.sock")
     assert made.returncode == 0, made.stderr

@@ -45,9 +45,22 @@ def nbclient_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     where = tmp_path_factory.mktemp("nbclient-sdist")
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-         f"nbclient=={nbclient.__version__}", "-d", str(where)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"nbclient=={nbclient.__version__}",
+            "-d",
+            str(where),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if done.returncode != 0:
         pytest.fail(f"could not download nbclient's sources from PyPI: {done.stderr[-500:]}")
@@ -74,19 +87,50 @@ def kenv(tmp_path_factory: pytest.TempPathFactory, nbclient_files: Path) -> Iter
 
     env = make_kernel_env(tmp_path_factory.mktemp("kernel"), SANDBOX_KERNEL_WORK_ROOT="auto")
     wheels = env.workspace / "wheels"
-    wanted = [f"comm=={comm.__version__}", f"ipywidgets=={ipywidgets.__version__}", "widgetsnbextension", "jupyterlab_widgets"]
+    wanted = [
+        f"comm=={comm.__version__}",
+        f"ipywidgets=={ipywidgets.__version__}",
+        "widgetsnbextension",
+        "jupyterlab_widgets",
+    ]
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", *wanted, "-d", str(wheels)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            *wanted,
+            "-d",
+            str(wheels),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if done.returncode != 0:
         pytest.fail(f"could not download the widget wheels from PyPI: {done.stderr[-500:]}")
-    service = SandboxService(load_config(environ={}, backend="docker", image=TEST_IMAGE, user=env.user,
-                                          workspace_root=str(env.root / "workspaces"), state_dir=str(env.root / "state")))
+    service = SandboxService(
+        load_config(
+            environ={},
+            backend="docker",
+            image=TEST_IMAGE,
+            user=env.user,
+            workspace_root=str(env.root / "workspaces"),
+            state_dir=str(env.root / "state"),
+        )
+    )
     # The sandbox of the notebooks' folder (the one their kernels use).
-    info = service.ensure(ScopeKey(env.user), work_folder=service.work_folder(str(nbclient_files))).info
+    info = service.ensure(
+        ScopeKey(env.user), work_folder=service.work_folder(str(nbclient_files))
+    ).info
     names = [f"/workspace/wheels/{w.name}" for w in wheels.glob("*.whl")]
-    installed = service.backend.exec(info.id, ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", *names])
+    installed = service.backend.exec(
+        info.id, ["python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", *names]
+    )
     assert installed.exit_code == 0, installed.output[-2000:]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JUPYTER_PATH", env.jupyter_path)
@@ -126,14 +170,19 @@ def _scrub(text: Any) -> Any:
 def run_with(kernel: str, path: Path) -> list[list[dict[str, Any]]]:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
-        nb, kernel_name=kernel, timeout=120, allow_errors=True,  # errors are outputs to compare too
+        nb,
+        kernel_name=kernel,
+        timeout=120,
+        allow_errors=True,  # errors are outputs to compare too
         resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute()
     return normalized(nb)
 
 
-@pytest.mark.timeout(900)  # some 30 notebooks, each run by two kernels: a hang guard, not a speed test
+@pytest.mark.timeout(
+    900
+)  # some 30 notebooks, each run by two kernels: a hang guard, not a speed test
 def test_nbclient_notebooks_match_ipykernel(nbclient_files: Path, kenv: KernelEnv) -> None:
     """Every notebook not in DIFFERENT: same outputs, cell by cell, as ipykernel's."""
     checked, mismatched = [], {}
@@ -146,7 +195,9 @@ def test_nbclient_notebooks_match_ipykernel(nbclient_files: Path, kenv: KernelEn
         if got != expected:
             mismatched[path.name] = (expected, got)
     assert checked, "no notebooks found in nbclient's sources"
-    assert not mismatched, "\n".join(f"{name}: {first_difference(e, g)}" for name, (e, g) in mismatched.items())
+    assert not mismatched, "\n".join(
+        f"{name}: {first_difference(e, g)}" for name, (e, g) in mismatched.items()
+    )
 
 
 def first_difference(expected: Any, got: Any, where: str = "") -> str:

@@ -33,23 +33,50 @@ def run_cell(kc: Any, code: str) -> str:
     """stdout of one cell (raises with the error when it fails)."""
     chunks: list[str] = []
     reply = kc.execute_interactive(
-        code, timeout=120, output_hook=lambda m: chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
+        code,
+        timeout=120,
+        output_hook=lambda m: (
+            chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
+        ),
     )
     assert reply["content"]["status"] == "ok", reply["content"]
     return "".join(chunks)
 
 
-def test_flavor_variant_resizes_in_place_and_gc_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flavor_variant_resizes_in_place_and_gc_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A kernelspec variant with a larger flavor on a user's existing sandbox: the same
     sandbox grows (its packages stay), the kernel says so, and the reaper keeps it."""
     env = make_kernel_env(tmp_path)
     monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
-    cfg = load_config(environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(tmp_path / "workspaces"),
-                      state_dir=str(tmp_path / "state"), user=env.user, orphan_grace=0)
+    cfg = load_config(
+        environ={},
+        backend="docker",
+        image=TEST_IMAGE,
+        workspace_root=str(tmp_path / "workspaces"),
+        state_dir=str(tmp_path / "state"),
+        user=env.user,
+        orphan_grace=0,
+    )
     plain = SandboxService(cfg)
     info = plain.ensure(ScopeKey(env.user)).info
     wheel = make_wheel(env.workspace / "wheels")
-    assert plain.backend.exec(info.id, ["python3", "-m", "pip", "install", "-q", "--no-index", f"/workspace/wheels/{wheel.name}"]).exit_code == 0
+    assert (
+        plain.backend.exec(
+            info.id,
+            [
+                "python3",
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                f"/workspace/wheels/{wheel.name}",
+            ],
+        ).exit_code
+        == 0
+    )
     # The variant kernelspec: same sandbox settings but flavor large.
     spec = json.loads((Path(env.jupyter_path) / "kernels" / "sandbox" / "kernel.json").read_text())
     spec["env"]["SANDBOX_KERNEL_FLAVOR"] = "large"
@@ -58,43 +85,63 @@ def test_flavor_variant_resizes_in_place_and_gc_loses_nothing(tmp_path: Path, mo
     try:
         said: list[str] = []
         kc.execute_interactive(
-            "import sk_demo_pkg; print(sk_demo_pkg.VALUE)", timeout=120,
-            output_hook=lambda m: said.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+            "import sk_demo_pkg; print(sk_demo_pkg.VALUE)",
+            timeout=120,
+            output_hook=lambda m: (
+                said.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
+            ),
         )
         assert "1.0" in "".join(said)  # the package installed before is still there
         # The resize is the kernel's news, not the cell's output: the status bar has it.
-        assert any("now has flavor large" in p["message"] for p in plain.store.progress("docker", since=0))
+        assert any(
+            "now has flavor large" in p["message"] for p in plain.store.progress("docker", since=0)
+        )
         grown = plain.backend.get(info.id)
         assert grown.engine_id == info.engine_id and grown.limits["memory"] == 4 << 30
     finally:
         kc.stop_channels()
         km.shutdown_kernel()  # a clean shutdown: the kernel's heartbeat record goes with it
     assert plain.store.live_kernels("docker").get(info.id, []) == []
-    assert [a for a in gc(plain.backend, cfg) if a.sandbox_id == info.id and a.action == "destroy"] == []
+    assert [
+        a for a in gc(plain.backend, cfg) if a.sandbox_id == info.id and a.action == "destroy"
+    ] == []
     assert plain.backend.get(info.id).engine_id == info.engine_id
     # Back to small: the sandbox shrinks (no other kernel uses it) and still has the package.
     again = plain.ensure(ScopeKey(env.user))
-    assert "now has flavor small" in " ".join(again.notes) and again.info.limits["memory"] == 1 << 30
+    assert (
+        "now has flavor small" in " ".join(again.notes) and again.info.limits["memory"] == 1 << 30
+    )
     assert plain.backend.exec(info.id, ["python3", "-c", "import sk_demo_pkg"]).exit_code == 0
 
 
-def test_image_variant_gets_its_own_sandbox_and_outdated_is_said(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_image_variant_gets_its_own_sandbox_and_outdated_is_said(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     """Another image with a variant name: a second sandbox beside the plain one. Another
     image without one: the existing sandbox is used, and the notice says how to switch."""
     plain = SandboxService(make_config())
     base = plain.ensure(ScopeKey(test_user)).info
-    variant = SandboxService(make_config(image="sandbox-kernel-test:bookworm-alias", variant="py-other"))
+    variant = SandboxService(
+        make_config(image="sandbox-kernel-test:bookworm-alias", variant="py-other")
+    )
     _alias_test_image("sandbox-kernel-test:bookworm-alias")
     other = variant.ensure(ScopeKey(test_user))
     assert other.info.id.startswith(f"sk-{test_user}--v") and other.info.id != base.id
     assert other.info.workspace == base.workspace  # one workspace per user
     assert plain.backend.get(base.id).engine_id == base.engine_id  # untouched
     # The same image change without a variant: not silent, and nothing is lost.
-    changed = SandboxService(make_config(image="sandbox-kernel-test:bookworm-alias")).ensure(ScopeKey(test_user))
+    changed = SandboxService(make_config(image="sandbox-kernel-test:bookworm-alias")).ensure(
+        ScopeKey(test_user)
+    )
     assert changed.info.engine_id == base.engine_id
     assert "your settings now make sandbox-kernel-test:bookworm-alias" in " ".join(changed.notes)
     assert f"sandbox-kernel destroy {base.id}" in " ".join(changed.notes)
-    listed = {i["id"]: i for i in SandboxService(make_config(image="sandbox-kernel-test:bookworm-alias")).list(test_user)}
+    listed = {
+        i["id"]: i
+        for i in SandboxService(make_config(image="sandbox-kernel-test:bookworm-alias")).list(
+            test_user
+        )
+    }
     assert listed[base.id]["outdated"] and not listed[other.info.id]["outdated"]
 
 
@@ -106,10 +153,18 @@ def _alias_test_image(tag: str) -> None:
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sandbox_kernel.cli", *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox_kernel.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-def test_snapshots_are_per_user_on_the_cli(make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path) -> None:
+def test_snapshots_are_per_user_on_the_cli(
+    make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path
+) -> None:
     """Two users each make a snapshot called 'base'; neither sees, deletes or starts from
     the other's; an administrator sees both with --all."""
     cfg = make_config()
@@ -127,7 +182,10 @@ def test_snapshots_are_per_user_on_the_cli(make_config: Callable[..., SandboxCon
     bob = {**base_env, "SANDBOX_KERNEL_USER": f"{test_user}-b"}
     try:
         for env, mark in ((alice, "from-alice"), (bob, "from-bob")):
-            assert _cli(env, "exec", "--", "sh", "-c", f"echo {mark} > /home/sandbox/mark").returncode == 0
+            assert (
+                _cli(env, "exec", "--", "sh", "-c", f"echo {mark} > /home/sandbox/mark").returncode
+                == 0
+            )
             made = _cli(env, "snapshot", "create", f"sk-{env['SANDBOX_KERNEL_USER']}", "base")
             assert made.returncode == 0, made.stderr
         assert _cli(alice, "snapshot", "list").stdout.count("base") == 1
@@ -136,7 +194,12 @@ def test_snapshots_are_per_user_on_the_cli(make_config: Callable[..., SandboxCon
         # Bob cannot snapshot Alice's sandbox, nor start from her snapshot by name: his own "base" is used.
         refused = _cli(bob, "snapshot", "create", f"sk-{test_user}-a", "stolen")
         assert refused.returncode == 1 and "belongs to another user" in refused.stderr
-        thread = {**bob, "SANDBOX_KERNEL_SCOPE": "thread", "SANDBOX_KERNEL_THREAD": "t1", "SANDBOX_KERNEL_SNAPSHOT": "base"}
+        thread = {
+            **bob,
+            "SANDBOX_KERNEL_SCOPE": "thread",
+            "SANDBOX_KERNEL_THREAD": "t1",
+            "SANDBOX_KERNEL_SNAPSHOT": "base",
+        }
         assert _cli(thread, "exec", "--", "cat", "/home/sandbox/mark").stdout.strip() == "from-bob"
         # Bob deleting "base" deletes his (once the sandbox made from it is gone), never Alice's.
         assert _cli(bob, "destroy", f"sk-{test_user}-b--{_thread_tag('t1')}").returncode == 0
@@ -155,7 +218,6 @@ def _thread_tag(thread: str) -> str:
     return thread_id(thread)
 
 
-
 def _make_one(args: tuple[dict[str, Any], str]) -> str:
     values, user = args
     try:
@@ -164,11 +226,18 @@ def _make_one(args: tuple[dict[str, Any], str]) -> str:
         return f"refused: {exc}"
 
 
-def test_quota_race_makes_exactly_the_allowed_number(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_quota_race_makes_exactly_the_allowed_number(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     """Ten processes at once, room for three: three sandboxes, seven clear refusals."""
     cfg = make_config(max_sandboxes=3)
-    values = {"backend": "docker", "image": cfg.image, "workspace_root": cfg.workspace_root,
-              "state_dir": cfg.state_dir, "max_sandboxes": 3}
+    values = {
+        "backend": "docker",
+        "image": cfg.image,
+        "workspace_root": cfg.workspace_root,
+        "state_dir": cfg.state_dir,
+        "max_sandboxes": 3,
+    }
     with ProcessPoolExecutor(10) as pool:
         results = list(pool.map(_make_one, [(values, f"{test_user}-{n}") for n in range(10)]))
     made = [r for r in results if not r.startswith("refused")]
@@ -198,10 +267,15 @@ def test_quota_is_checked_on_start_and_counts_this_installation_only(
     # Another installation (its own state folder) on the same engine: not counted.
     other = SandboxService(make_config(state_dir=str(tmp_path / "other-state"), max_sandboxes=1))
     assert other.ensure(ScopeKey(f"{test_user}-x")).event == "created"
-    assert other.stats(None)["sandboxes"] == 1 and "this installation only" in other.stats(None)["quota"]["counts"]
+    assert (
+        other.stats(None)["sandboxes"] == 1
+        and "this installation only" in other.stats(None)["quota"]["counts"]
+    )
 
 
-def test_listing_says_which_kernels_are_busy_and_what_comes_next(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_listing_says_which_kernels_are_busy_and_what_comes_next(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     service = SandboxService(make_config(idle_stop=15))
     info = service.ensure(ScopeKey(test_user)).info
     service.store.kernel_heartbeat("k-busy", "docker", info.id, busy=True)
@@ -215,7 +289,9 @@ def test_listing_says_which_kernels_are_busy_and_what_comes_next(make_config: Ca
     assert item["next"]["action"] == "stop" and item["next"]["at"] > item["last_activity"]
 
 
-def test_a_policy_the_administrator_pinned_is_not_loosened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_policy_the_administrator_pinned_is_not_loosened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """network=false in the configuration file holds against a user's environment; a
     personal setting (the flavor) is theirs to choose among those allowed."""
     conf = tmp_path / "conf"
@@ -232,7 +308,9 @@ def test_a_policy_the_administrator_pinned_is_not_loosened(tmp_path: Path, monke
         load_config(environ={"SANDBOX_KERNEL_FLAVOR": "large"})
 
 
-def test_snapshot_of_another_user_is_not_found_on_rest_paths(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+def test_snapshot_of_another_user_is_not_found_on_rest_paths(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
     """Through the service the REST handlers use: names are per user."""
     service = SandboxService(make_config())
     a = service.ensure(ScopeKey(f"{test_user}-a")).info

@@ -38,7 +38,9 @@ def test_one_version() -> None:
     ("node_version", "expected"),
     [(None, "`node` is not on PATH"), ("v12.22.9", "is v12.22.9"), ("v20.11.1", None)],
 )
-def test_node_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_version: str | None, expected: str | None) -> None:
+def test_node_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_version: str | None, expected: str | None
+) -> None:
     sys.path.insert(0, str(ROOT))
     try:
         from hatch_build import node_problem
@@ -64,14 +66,20 @@ def test_node_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_versio
 def _clean_copy(dest: Path, with_built_panel: bool = False) -> Path:
     """The sources as a fresh clone has them (optionally with the panel already built,
     which saves a node build): nothing of a developer's tree besides."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     for name in tracked:
         if (ROOT / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
     built = ROOT / "jupyter_ext" / "labextension"
     if with_built_panel and (built / "static" / "style.js").exists():
-        shutil.copytree(built, dest / "jupyter_ext" / "labextension", ignore=shutil.ignore_patterns("install.json", "build_log.json"))
+        shutil.copytree(
+            built,
+            dest / "jupyter_ext" / "labextension",
+            ignore=shutil.ignore_patterns("install.json", "build_log.json"),
+        )
     return dest
 
 
@@ -85,8 +93,21 @@ def test_pip_install_without_node_says_so_in_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
     env["PATH"] = str(no_node)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(tmp_path / "out"), str(source)],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-w",
+            str(tmp_path / "out"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     output = done.stdout + done.stderr
     assert done.returncode != 0
@@ -99,10 +120,26 @@ def test_wheel_ships_what_an_installation_needs(tmp_path: Path) -> None:
     config, the built panel with its settings schema, the programs sent into sandboxes."""
     import zipfile
 
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", str(tmp_path), str(_clean_copy(tmp_path / "src", with_built_panel=True))],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-w",
+            str(tmp_path),
+            str(_clean_copy(tmp_path / "src", with_built_panel=True)),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (wheel,) = tmp_path.glob("sandbox_kernel-*.whl")
@@ -121,5 +158,7 @@ def test_wheel_ships_what_an_installation_needs(tmp_path: Path) -> None:
         "sandbox_kernel/resources/logo-64x64.png",
     ]:
         assert needed in names, needed
-    assert any(n.startswith(f"{data}/labextensions/sandbox-kernel-labextension/static/") for n in names)
+    assert any(
+        n.startswith(f"{data}/labextensions/sandbox-kernel-labextension/static/") for n in names
+    )
     assert any(n.endswith("jupyter_server_config.d/jupyter_ext.json") for n in names)

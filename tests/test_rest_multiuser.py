@@ -59,7 +59,9 @@ async def call(jp_fetch: Any, user: str, *parts: str, **kw: Any) -> tuple[int, A
     return response.code, json.loads(response.body) if response.body else None
 
 
-async def test_users_are_separate(jp_fetch: Any, users: tuple[str, str], make_config: Callable[..., SandboxConfig], tmp_path: Path) -> None:
+async def test_users_are_separate(
+    jp_fetch: Any, users: tuple[str, str], make_config: Callable[..., SandboxConfig], tmp_path: Path
+) -> None:
     alice, bob = users
     cfg = make_config(workspace_root=str(tmp_path / "ws"), state_dir=str(tmp_path / "st"))
     service = SandboxService(cfg)
@@ -70,9 +72,12 @@ async def test_users_are_separate(jp_fetch: Any, users: tuple[str, str], make_co
     assert code == 200 and [s["id"] for s in listed] == [a.id]
     code, listed = await call(jp_fetch, bob, "api", "sandboxes")
     assert code == 200 and [s["id"] for s in listed] == [b.id]
-    for method, parts in (("GET", ("api", "sandboxes", b.id)), ("DELETE", ("api", "sandboxes", b.id)),
-                          ("GET", ("api", "sandboxes", b.id, "files")),
-                          ("PUT", ("api", "sandboxes", b.id, "files", "planted.txt"))):
+    for method, parts in (
+        ("GET", ("api", "sandboxes", b.id)),
+        ("DELETE", ("api", "sandboxes", b.id)),
+        ("GET", ("api", "sandboxes", b.id, "files")),
+        ("PUT", ("api", "sandboxes", b.id, "files", "planted.txt")),
+    ):
         kw: dict[str, Any] = {"method": method}
         if method == "PUT":
             kw["body"] = b"x"

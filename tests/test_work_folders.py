@@ -81,8 +81,14 @@ def outputs(path: Path) -> list[list[dict[str, Any]]]:
 
 def service_for(kenv: KernelEnv) -> SandboxService:
     return SandboxService(
-        load_config(environ={}, backend="docker", image=TEST_IMAGE, workspace_root=str(kenv.root / "workspaces"),
-                    state_dir=str(kenv.root / "state"), user=kenv.user)
+        load_config(
+            environ={},
+            backend="docker",
+            image=TEST_IMAGE,
+            workspace_root=str(kenv.root / "workspaces"),
+            state_dir=str(kenv.root / "state"),
+            user=kenv.user,
+        )
     )
 
 
@@ -91,7 +97,17 @@ def test_ci_checkout_with_jupyter_execute_inplace(kenv: KernelEnv, tmp_path: Pat
     the picture shows, the result lands beside it, owned by the host user."""
     checkout = make_checkout(tmp_path / "ci")
     folder = checkout / "notebooks"
-    run_tool(kenv, folder, sys.executable, "-m", "jupyter", "execute", "--inplace", "--kernel_name=sandbox", "report.ipynb")
+    run_tool(
+        kenv,
+        folder,
+        sys.executable,
+        "-m",
+        "jupyter",
+        "execute",
+        "--inplace",
+        "--kernel_name=sandbox",
+        "report.ipynb",
+    )
     cells = outputs(folder / "report.ipynb")
     stdout = [o for o in cells[0] if o.get("name") == "stdout"]
     assert stdout[0]["text"] == f"3 {folder}\n"  # os.getcwd() is the notebook's folder
@@ -101,7 +117,9 @@ def test_ci_checkout_with_jupyter_execute_inplace(kenv: KernelEnv, tmp_path: Pat
     assert out.stat().st_uid == os.getuid() and out.stat().st_gid == os.getgid()
     # One sandbox for the checkout (the repository around the notebook), not the user's plain one.
     (item,) = service_for(kenv).list(kenv.user)
-    assert item["id"] == f"sk-{kenv.user}--w{folder_tag(str(checkout))}" and item["work_folder"] == str(checkout)
+    assert item["id"] == f"sk-{kenv.user}--w{folder_tag(str(checkout))}" and item[
+        "work_folder"
+    ] == str(checkout)
 
 
 def test_papermill_with_parameters_in_a_checkout(kenv: KernelEnv, tmp_path: Path) -> None:
@@ -114,7 +132,20 @@ def test_papermill_with_parameters_in_a_checkout(kenv: KernelEnv, tmp_path: Path
     nb.cells.insert(0, params)
     nb.cells.append(nbformat.v4.new_code_cell("print('scaled', factor * len(rows))"))
     nbformat.write(nb, folder / "param.ipynb")
-    run_tool(kenv, folder, sys.executable, "-m", "papermill", "-k", "sandbox", "param.ipynb", "param-out.ipynb", "-p", "factor", "10")
+    run_tool(
+        kenv,
+        folder,
+        sys.executable,
+        "-m",
+        "papermill",
+        "-k",
+        "sandbox",
+        "param.ipynb",
+        "param-out.ipynb",
+        "-p",
+        "factor",
+        "10",
+    )
     cells = outputs(folder / "param-out.ipynb")
     texts = ["".join(o.get("text", "") for o in c) for c in cells]
     assert any("scaled 30" in t for t in texts), texts
@@ -129,31 +160,45 @@ def test_host_folder_is_hostile_ground(kenv: KernelEnv, tmp_path: Path) -> None:
     folder = checkout / "notebooks"
     probe = folder / "probe.ipynb"
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
-        "import os, socket, errno\n"
-        "def attempt(name, fn):\n"
-        "    try:\n"
-        "        fn(); print(name, 'made')\n"
-        "    except OSError as e:\n"
-        "        print(name, 'refused', errno.errorcode.get(e.errno))\n"
-        "attempt('symlink', lambda: os.symlink('/etc/passwd', 'report-link.ipynb'))\n"
-        "attempt('dirlink', lambda: os.symlink('/', 'rootlink'))\n"
-        "attempt('fifo', lambda: os.mkfifo('pipe'))\n"
-        "attempt('socket', lambda: socket.socket(socket.AF_UNIX).bind('sock'))\n"
-        "attempt('hook', lambda: open('../.git/hooks/post-checkout', 'w').write('#!/bin/sh\\necho pwned'))\n"
-        "attempt('setuid', lambda: (open('x', 'w').close(), os.chmod('x', 0o4755)))\n"
-        "attempt('tmp-symlink', lambda: os.symlink('/etc/passwd', '/home/sandbox/ok-link'))\n"
-        "attempt('write', lambda: open('fine.txt', 'w').write('ok'))\n"
-    )]
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import os, socket, errno\n"
+            "def attempt(name, fn):\n"
+            "    try:\n"
+            "        fn(); print(name, 'made')\n"
+            "    except OSError as e:\n"
+            "        print(name, 'refused', errno.errorcode.get(e.errno))\n"
+            "attempt('symlink', lambda: os.symlink('/etc/passwd', 'report-link.ipynb'))\n"
+            "attempt('dirlink', lambda: os.symlink('/', 'rootlink'))\n"
+            "attempt('fifo', lambda: os.mkfifo('pipe'))\n"
+            "attempt('socket', lambda: socket.socket(socket.AF_UNIX).bind('sock'))\n"
+            "attempt('hook', lambda: open('../.git/hooks/post-checkout', 'w').write('#!/bin/sh\\necho pwned'))\n"
+            "attempt('setuid', lambda: (open('x', 'w').close(), os.chmod('x', 0o4755)))\n"
+            "attempt('tmp-symlink', lambda: os.symlink('/etc/passwd', '/home/sandbox/ok-link'))\n"
+            "attempt('write', lambda: open('fine.txt', 'w').write('ok'))\n"
+        )
+    ]
     nb.metadata["kernelspec"] = {"name": "sandbox", "display_name": "sandbox", "language": "python"}
     nbformat.write(nb, probe)
-    run_tool(kenv, folder, sys.executable, "-m", "jupyter", "execute", "--inplace", "--kernel_name=sandbox", "probe.ipynb")
+    run_tool(
+        kenv,
+        folder,
+        sys.executable,
+        "-m",
+        "jupyter",
+        "execute",
+        "--inplace",
+        "--kernel_name=sandbox",
+        "probe.ipynb",
+    )
     stdout = "".join(o.get("text", "") for o in outputs(probe)[0] if o.get("name") == "stdout")
     said = dict(line.split(" ", 1) for line in stdout.splitlines())
     assert said["symlink"].startswith("refused") and said["dirlink"].startswith("refused")
     assert said["fifo"].startswith("refused") and said["socket"].startswith("refused")
     assert said["hook"].startswith("refused") and said["setuid"].startswith("refused")
-    assert said["tmp-symlink"] == "made" and said["write"] == "made"  # elsewhere, and plain files: fine
+    assert (
+        said["tmp-symlink"] == "made" and said["write"] == "made"
+    )  # elsewhere, and plain files: fine
     for name in ("report-link.ipynb", "rootlink", "pipe", "sock"):
         assert not os.path.lexists(folder / name)
     assert not (checkout / ".git" / "hooks" / "post-checkout").exists()
@@ -166,9 +211,23 @@ def test_one_user_two_folders(kenv: KernelEnv, tmp_path: Path) -> None:
     two = make_checkout(tmp_path / "two") / "notebooks"
     for folder in (one, two):
         nb = nbformat.read(folder / "report.ipynb", as_version=4)
-        nb.cells.append(nbformat.v4.new_code_cell("open('/workspace/shared.txt', 'a').write(os.getcwd() + '\\n')"))
+        nb.cells.append(
+            nbformat.v4.new_code_cell(
+                "open('/workspace/shared.txt', 'a').write(os.getcwd() + '\\n')"
+            )
+        )
         nbformat.write(nb, folder / "report.ipynb")
-        run_tool(kenv, folder, sys.executable, "-m", "jupyter", "execute", "--inplace", "--kernel_name=sandbox", "report.ipynb")
+        run_tool(
+            kenv,
+            folder,
+            sys.executable,
+            "-m",
+            "jupyter",
+            "execute",
+            "--inplace",
+            "--kernel_name=sandbox",
+            "report.ipynb",
+        )
         assert (folder / "out.csv").read_text() == "total,3"
     ids = sorted(i["id"] for i in service_for(kenv).list(kenv.user))
     assert len(ids) == 2
@@ -213,8 +272,13 @@ async def _run_in_session(jp_fetch: Any, jp_serverapp: Any, path: str, code: str
         await client.wait_for_ready(timeout=120)
         chunks: list[str] = []
         reply = await client.execute_interactive(
-            code, timeout=120,
-            output_hook=lambda m: chunks.append(m["content"].get("text", "")) if m["msg_type"] == "stream" and m["content"]["name"] == "stdout" else None,
+            code,
+            timeout=120,
+            output_hook=lambda m: (
+                chunks.append(m["content"].get("text", ""))
+                if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+                else None
+            ),
         )
         assert reply["content"]["status"] == "ok", reply["content"]
         return "".join(chunks)
@@ -222,21 +286,30 @@ async def _run_in_session(jp_fetch: Any, jp_serverapp: Any, path: str, code: str
         client.stop_channels()
 
 
-async def test_jupyterlab_sees_what_cells_write(jp_fetch: Any, jp_serverapp: Any, server_env: Path, test_user: str) -> None:
+async def test_jupyterlab_sees_what_cells_write(
+    jp_fetch: Any, jp_serverapp: Any, server_env: Path, test_user: str
+) -> None:
     """Through a real server: a file put by the contents API (a drag into the file
     browser) is read by the cell; what the cell writes beside its notebook is listed by
     the contents API. Notebooks in two folders of the server share one sandbox."""
     put = json.dumps({"type": "file", "format": "text", "content": "dragged in"})
     await jp_fetch("api", "contents", "projects", "a", "dropped.txt", method="PUT", body=put)
     said = await _run_in_session(
-        jp_fetch, jp_serverapp, "projects/a/one.ipynb",
+        jp_fetch,
+        jp_serverapp,
+        "projects/a/one.ipynb",
         "import os\nprint(open('dropped.txt').read(), os.getcwd())\nopen('from-cell.csv', 'w').write('x,y')",
     )
     assert said == f"dragged in {server_env / 'projects' / 'a'}\n"
     listed = json.loads((await jp_fetch("api", "contents", "projects", "a")).body)
     assert "from-cell.csv" in [item["name"] for item in listed["content"]]
     assert (server_env / "projects" / "a" / "from-cell.csv").stat().st_uid == os.getuid()
-    said = await _run_in_session(jp_fetch, jp_serverapp, "projects/b/two.ipynb", "import os\nprint(os.getcwd(), os.path.exists('../a/from-cell.csv'))")
+    said = await _run_in_session(
+        jp_fetch,
+        jp_serverapp,
+        "projects/b/two.ipynb",
+        "import os\nprint(os.getcwd(), os.path.exists('../a/from-cell.csv'))",
+    )
     assert said == f"{server_env / 'projects' / 'b'} True\n"
     sandboxes = json.loads((await jp_fetch("api", "sandboxes")).body)
     assert [s["id"] for s in sandboxes] == [f"sk-{test_user}"]  # the server's root: the plain id
@@ -250,9 +323,23 @@ def test_readme_quick_start_shows_the_counter(kenv: KernelEnv, tmp_path: Path) -
     source = Path(__file__).resolve().parent.parent / "examples" / "hello.ipynb"
     (checkout / "examples" / "hello.ipynb").write_bytes(source.read_bytes())
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert "jupyter execute --kernel_name=sandbox examples/hello.ipynb && cat examples/runs.txt" in readme
+    assert (
+        "jupyter execute --kernel_name=sandbox examples/hello.ipynb && cat examples/runs.txt"
+        in readme
+    )
     for run in (1, 2):
-        run_tool(kenv, checkout, sys.executable, "-m", "jupyter", "execute", "--kernel_name=sandbox", "examples/hello.ipynb")
+        run_tool(
+            kenv,
+            checkout,
+            sys.executable,
+            "-m",
+            "jupyter",
+            "execute",
+            "--kernel_name=sandbox",
+            "examples/hello.ipynb",
+        )
         lines = (checkout / "examples" / "runs.txt").read_text().splitlines()
-        assert len(lines) == run and all("uid 1000" in line and "sandbox " in line for line in lines), lines
+        assert len(lines) == run and all(
+            "uid 1000" in line and "sandbox " in line for line in lines
+        ), lines
     assert len({line.split("sandbox ")[1] for line in lines}) == 1  # the same sandbox both times

@@ -28,7 +28,15 @@ def restricted(command: list[str], folders: list[str]) -> list[str]:
         return command
     import json
 
-    return ["python3", "-c", agent_source().decode(), "--restricted", json.dumps(folders), "--", *command]
+    return [
+        "python3",
+        "-c",
+        agent_source().decode(),
+        "--restricted",
+        json.dumps(folders),
+        "--",
+        *command,
+    ]
 
 
 @lru_cache(maxsize=1)
@@ -43,7 +51,9 @@ def fs_helper_source() -> str:
     return (Path(__file__).parent / "fs_helper.py").read_text()
 
 
-def bootstrap_command(python: str = "python3", spare: tuple[str, int, str] | None = None) -> list[str]:
+def bootstrap_command(
+    python: str = "python3", spare: tuple[str, int, str] | None = None
+) -> list[str]:
     """The command that starts the agent; send :func:`agent_source` on its stdin next.
 
     ``spare`` is (socket path, pid, start time) of a warm interpreter the host started

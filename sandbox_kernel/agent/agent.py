@@ -65,7 +65,7 @@ class Wire:
         with self.lock:
             view = memoryview(line)
             while view:
-                view = view[os.write(self.wfd, view):]
+                view = view[os.write(self.wfd, view) :]
 
     def recv(self):
         line = self.reader.readline()
@@ -172,7 +172,10 @@ class Output:
 
 
 def truncation_notice():
-    return "\n[output truncated: this cell sent more than %.0f MB of output; the rest was discarded]\n" % (OUTPUT_LIMIT / 1e6)
+    return (
+        "\n[output truncated: this cell sent more than %.0f MB of output; the rest was discarded]\n"
+        % (OUTPUT_LIMIT / 1e6)
+    )
 
 
 def tidy_bundle(data):
@@ -180,7 +183,12 @@ def tidy_bundle(data):
     an image wraps them every 76 characters; stored notebooks would differ)."""
     if isinstance(data, dict):
         for mime, value in data.items():
-            if mime.startswith("image/") and mime != "image/svg+xml" and isinstance(value, str) and "\n" in value:
+            if (
+                mime.startswith("image/")
+                and mime != "image/svg+xml"
+                and isinstance(value, str)
+                and "\n" in value
+            ):
                 data[mime] = value.replace("\n", "")
     return data
 
@@ -355,11 +363,30 @@ class Agent:
             self.wire.send(ev="begin", id=request_id)  # what follows belongs to this request
             handler = getattr(self, "do_" + str(op), None)
             try:
-                content = handler(msg) if handler else {"status": "error", "ename": "ValueError", "evalue": "unknown op %r" % op, "traceback": []}
+                content = (
+                    handler(msg)
+                    if handler
+                    else {
+                        "status": "error",
+                        "ename": "ValueError",
+                        "evalue": "unknown op %r" % op,
+                        "traceback": [],
+                    }
+                )
             except KeyboardInterrupt:
-                content = {"status": "error", "ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
+                content = {
+                    "status": "error",
+                    "ename": "KeyboardInterrupt",
+                    "evalue": "",
+                    "traceback": [],
+                }
             except Exception as exc:  # an agent bug must not kill the interpreter
-                content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": traceback.format_exc().splitlines()}
+                content = {
+                    "status": "error",
+                    "ename": type(exc).__name__,
+                    "evalue": str(exc),
+                    "traceback": traceback.format_exc().splitlines(),
+                }
             self.output.flush()
             self.wire.send(ev="reply", id=request_id, content=content)
 
@@ -393,7 +420,9 @@ class Agent:
     # -- input() ---------------------------------------------------------------
     def read_input(self, prompt="", password=False):
         if not self.allow_stdin:
-            raise StdinNotImplementedError("raw_input was called, but this frontend does not support input requests.")
+            raise StdinNotImplementedError(
+                "raw_input was called, but this frontend does not support input requests."
+            )
         self.output.flush()
         with self.cond:
             self.inputs = []
@@ -414,7 +443,9 @@ class Agent:
             except OSError as exc:
                 self.output.write("stderr", "could not change to %s: %s\n" % (msg["cwd"], exc))
         code = msg.get("code", "")
-        self.parent = {"header": {"msg_id": str(msg.get("msg_id") or ""), "msg_type": "execute_request"}}
+        self.parent = {
+            "header": {"msg_id": str(msg.get("msg_id") or ""), "msg_type": "execute_request"}
+        }
         silent = bool(msg.get("silent"))
         store = bool(msg.get("store_history", True)) and not silent
         self.allow_stdin = bool(msg.get("allow_stdin"))
@@ -445,8 +476,14 @@ class Agent:
         if not ok:
             if error is None:
                 error = {"ename": "Error", "evalue": "", "traceback": []}
-            if CELL_TIMEOUT > 0 and getattr(self, "timed_out", False) and error.get("ename") == "KeyboardInterrupt":
-                error["evalue"] = "cell time limit of %g s reached (SANDBOX_KERNEL_CELL_TIMEOUT)" % CELL_TIMEOUT
+            if (
+                CELL_TIMEOUT > 0
+                and getattr(self, "timed_out", False)
+                and error.get("ename") == "KeyboardInterrupt"
+            ):
+                error["evalue"] = (
+                    "cell time limit of %g s reached (SANDBOX_KERNEL_CELL_TIMEOUT)" % CELL_TIMEOUT
+                )
             if not silent:
                 self.output.flush()
                 self.wire.send(ev="error", **error)
@@ -458,7 +495,12 @@ class Agent:
         if self.shell is not None:  # `obj?` and friends page through payloads, as in ipykernel
             payload = self.shell.payload_manager.read_payload()
             self.shell.payload_manager.clear_payload()
-        return {"status": "ok", "execution_count": count, "user_expressions": user_expressions, "payload": payload}
+        return {
+            "status": "ok",
+            "execution_count": count,
+            "user_expressions": user_expressions,
+            "payload": payload,
+        }
 
     def _timeout(self):
         if self.running:
@@ -472,7 +514,12 @@ class Agent:
             value = eval(expr, self.namespace)
             return {"status": "ok", "data": mime_bundle(value), "metadata": {}}
         except Exception as exc:
-            return {"status": "error", "ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+            return {
+                "status": "error",
+                "ename": type(exc).__name__,
+                "evalue": str(exc),
+                "traceback": [],
+            }
 
     def run_plain(self, code, silent):
         """exec everything but a trailing expression, whose value becomes the result."""
@@ -483,13 +530,20 @@ class Agent:
                 last = ast.Expression(tree.body.pop().value)
             exec(compile(tree, "<cell-%d>" % self.execution_count, "exec"), self.namespace)
             if last is not None:
-                value = eval(compile(last, "<cell-%d>" % self.execution_count, "eval"), self.namespace)
+                value = eval(
+                    compile(last, "<cell-%d>" % self.execution_count, "eval"), self.namespace
+                )
                 if value is not None and not silent:
                     self.namespace["_"] = value
                     self.output.flush()
                     data = mime_bundle(value)
                     if self.output.allow(data):
-                        self.wire.send(ev="result", execution_count=self.execution_count, data=data, metadata={})
+                        self.wire.send(
+                            ev="result",
+                            execution_count=self.execution_count,
+                            data=data,
+                            metadata={},
+                        )
             return True, None
         except BaseException as exc:  # SystemExit and KeyboardInterrupt included: the cell failed
             if isinstance(exc, SystemExit) and not exc.code:
@@ -497,7 +551,11 @@ class Agent:
             tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
             # Drop the agent's own frame from the top of the traceback.
             tb = [line for i, line in enumerate(tb) if not (i == 1 and "sandbox_agent.py" in line)]
-            return False, {"ename": type(exc).__name__, "evalue": str(exc), "traceback": [line.rstrip("\n") for line in tb]}
+            return False, {
+                "ename": type(exc).__name__,
+                "evalue": str(exc),
+                "traceback": [line.rstrip("\n") for line in tb],
+            }
 
     # -- introspection -------------------------------------------------------------
     def do_complete(self, msg):
@@ -518,7 +576,13 @@ class Agent:
             if match is None:
                 break
             matches.append(match.rstrip("("))
-        return {"status": "ok", "matches": sorted(set(matches)), "cursor_start": start, "cursor_end": pos, "metadata": {}}
+        return {
+            "status": "ok",
+            "matches": sorted(set(matches)),
+            "cursor_start": start,
+            "cursor_end": pos,
+            "metadata": {},
+        }
 
     def do_inspect(self, msg):
         code, pos = msg.get("code", ""), msg.get("cursor_pos")
@@ -550,9 +614,16 @@ class Agent:
             compiled = codeop.compile_command(code, "<cell>", "exec")
         except (SyntaxError, ValueError, OverflowError):
             return {"status": "invalid"}
-        if compiled is None or code.rstrip("\n").endswith(":") or (code.count("\n") and not code.endswith("\n")):
+        if (
+            compiled is None
+            or code.rstrip("\n").endswith(":")
+            or (code.count("\n") and not code.endswith("\n"))
+        ):
             if compiled is None:
-                return {"status": "incomplete", "indent": "    " if code.rstrip().endswith(":") else ""}
+                return {
+                    "status": "incomplete",
+                    "indent": "    " if code.rstrip().endswith(":") else "",
+                }
         return {"status": "complete"}
 
     def do_history(self, msg):
@@ -575,7 +646,7 @@ class Agent:
             items = [h for h in items if h[1] >= start and (stop is None or h[1] < stop)]
         n = msg.get("n")
         if n and kind in ("tail", "search"):
-            items = items[-int(n):]
+            items = items[-int(n) :]
         if msg.get("output"):
             history = [[s, line, [src, None]] for s, line, src in items]
         else:
@@ -591,8 +662,12 @@ def mime_bundle(value):
     """text/plain plus whatever _repr_*_ methods the object offers."""
     data = {"text/plain": repr(value)}
     for method, mime in (
-        ("_repr_html_", "text/html"), ("_repr_markdown_", "text/markdown"), ("_repr_svg_", "image/svg+xml"),
-        ("_repr_png_", "image/png"), ("_repr_jpeg_", "image/jpeg"), ("_repr_latex_", "text/latex"),
+        ("_repr_html_", "text/html"),
+        ("_repr_markdown_", "text/markdown"),
+        ("_repr_svg_", "image/svg+xml"),
+        ("_repr_png_", "image/png"),
+        ("_repr_jpeg_", "image/jpeg"),
+        ("_repr_latex_", "text/latex"),
         ("_repr_json_", "application/json"),
     ):
         fn = getattr(value, method, None)
@@ -623,7 +698,13 @@ def plain_display(agent):
             data = obj if raw else mime_bundle(obj)
             if not agent.output.allow(data):
                 return
-            agent.wire.send(ev="display", data=data, metadata=metadata or {}, transient=transient, update=bool(update))
+            agent.wire.send(
+                ev="display",
+                data=data,
+                metadata=metadata or {},
+                transient=transient,
+                update=bool(update),
+            )
 
     def clear_output(wait=False):
         agent.output.flush()
@@ -647,7 +728,13 @@ def install_comms(agent):
             agent.output.flush()
             content = dict(keys, data=data or {}, comm_id=self.comm_id)
             encoded = [base64.b64encode(bytes(b)).decode("ascii") for b in buffers or []]
-            agent.wire.send(ev="comm", msg_type=msg_type, content=content, metadata=metadata or {}, buffers=encoded)
+            agent.wire.send(
+                ev="comm",
+                msg_type=msg_type,
+                content=content,
+                metadata=metadata or {},
+                buffers=encoded,
+            )
 
     manager = CommManager()
     comm.create_comm = WireComm
@@ -673,12 +760,20 @@ def make_shell(agent):
     from IPython.core.interactiveshell import InteractiveShell
 
     class Publisher(DisplayPublisher):
-        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+        def publish(
+            self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs
+        ):
             agent.output.flush()
             data = tidy_bundle(data)
             if not agent.output.allow(data):
                 return
-            agent.wire.send(ev="display", data=data, metadata=metadata or {}, transient=transient or {}, update=bool(update))
+            agent.wire.send(
+                ev="display",
+                data=data,
+                metadata=metadata or {},
+                transient=transient or {},
+                update=bool(update),
+            )
 
         def clear_output(self, wait=False):
             agent.output.flush()
@@ -729,10 +824,18 @@ def make_shell(agent):
             result = self.run_cell(code, store_history=store, silent=silent)
             if result.success:
                 return True, None
-            return False, self.last_error or {"ename": "Error", "evalue": str(result.error_in_exec or result.error_before_exec), "traceback": []}
+            return False, self.last_error or {
+                "ename": "Error",
+                "evalue": str(result.error_in_exec or result.error_before_exec),
+                "traceback": [],
+            }
 
         def _showtraceback(self, etype, evalue, stb):
-            self.last_error = {"ename": getattr(etype, "__name__", str(etype)), "evalue": str(evalue), "traceback": stb}
+            self.last_error = {
+                "ename": getattr(etype, "__name__", str(etype)),
+                "evalue": str(evalue),
+                "traceback": stb,
+            }
 
         def complete_content(self, code, pos):
             from IPython.core.completer import provisionalcompleter
@@ -742,7 +845,7 @@ def make_shell(agent):
             if completions:
                 start = min(c.start for c in completions)
                 end = max(c.end for c in completions)
-                matches = [code[start:c.start] + c.text + code[c.end:end] for c in completions]
+                matches = [code[start : c.start] + c.text + code[c.end : end] for c in completions]
             else:
                 start = end = pos
                 matches = []
@@ -750,7 +853,13 @@ def make_shell(agent):
             for m in matches:
                 if m not in seen:
                     seen.append(m)
-            return {"status": "ok", "matches": seen, "cursor_start": start, "cursor_end": end, "metadata": {}}
+            return {
+                "status": "ok",
+                "matches": seen,
+                "cursor_start": start,
+                "cursor_end": end,
+                "metadata": {},
+            }
 
         def inspect_content(self, code, pos, detail_level):
             from IPython.utils.tokenutil import token_at_cursor
@@ -776,7 +885,9 @@ def make_shell(agent):
     config = Config()
     # The kernel keeps the history it serves; IPython's SQLite history only costs start-up time.
     config.HistoryManager.enabled = False
-    shell = Shell.instance(config=config, colors="NoColor" if os.environ.get("SANDBOX_AGENT_NO_COLOR") else "Linux")
+    shell = Shell.instance(
+        config=config, colors="NoColor" if os.environ.get("SANDBOX_AGENT_NO_COLOR") else "Linux"
+    )
     # What ipywidgets' Output widget asks ipykernel (the request whose outputs it takes).
     shell.kernel = ParentOnly(agent)
     shell.enable_html_pager = False
@@ -849,7 +960,9 @@ def harden():
     this repeats it and refuses to run when someone attached before that."""
     prctl(PR_SET_DUMPABLE, 0)
     if tracer_of() != 0:
-        sys.stderr.write("sandbox agent: another process traces this interpreter; refusing to run\n")
+        sys.stderr.write(
+            "sandbox agent: another process traces this interpreter; refusing to run\n"
+        )
         os._exit(70)
 
 
@@ -907,7 +1020,9 @@ def restrict_special_files(folders):
                 except OSError:
                     continue  # a file, a link: no folder to grant beneath
                 try:
-                    rule = ctypes.create_string_buffer(struct.pack("=Qi", LANDLOCK_MAKE_SPECIAL, fd))
+                    rule = ctypes.create_string_buffer(
+                        struct.pack("=Qi", LANDLOCK_MAKE_SPECIAL, fd)
+                    )
                     libc.syscall(LANDLOCK_ADD_RULE, ruleset, 1, rule, 0)
                 finally:
                     os.close(fd)
@@ -934,7 +1049,7 @@ def run_restricted(argv):
 
 
 def socket_address(path):
-    """"@name" is an abstract unix socket (no file: nothing to unlink, nothing Landlock
+    """ "@name" is an abstract unix socket (no file: nothing to unlink, nothing Landlock
     restricts in a shared /tmp); anything else a path."""
     return "\0" + path[1:] if path.startswith("@") else path
 
@@ -1131,7 +1246,9 @@ def hand_over(path, pid, start):
     conn.settimeout(5)
     try:
         conn.connect(socket_address(path))
-        peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        peer = struct.unpack(
+            "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )[0]
         if peer != pid or start_time_of(peer) != start:
             conn.close()
             return False
@@ -1141,7 +1258,10 @@ def hand_over(path, pid, start):
             "secret": secret,  # proves to the spare that the host sent us (a cell cannot know it)
         }
         before = oom_kills()
-        conn.sendmsg([json.dumps(settings).encode() + b"\n"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1]))])
+        conn.sendmsg(
+            [json.dumps(settings).encode() + b"\n"],
+            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1]))],
+        )
         if conn.recv(1) != b"k":
             conn.close()
             return False
@@ -1183,7 +1303,9 @@ def displace(path):
     try:
         probe.settimeout(2)
         probe.connect(socket_address(path))
-        pid = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        pid = struct.unpack(
+            "3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )[0]
         if pid > 1 and pid != os.getpid():
             os.kill(pid, signal.SIGKILL)
     except OSError:
@@ -1241,7 +1363,9 @@ def wait_as_spare(path):
         import struct
 
         global SUPERVISOR
-        SUPERVISOR = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        SUPERVISOR = struct.unpack(
+            "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        )[0]
         try:
             msg, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(2 * 4))
         except OSError:
@@ -1256,7 +1380,12 @@ def wait_as_spare(path):
         except ValueError:
             offered = {}
         proof = offered.get("secret") if isinstance(offered, dict) else None
-        if len(fds) < 2 or not secret or not isinstance(proof, str) or not hmac.compare_digest(proof, secret):
+        if (
+            len(fds) < 2
+            or not secret
+            or not isinstance(proof, str)
+            or not hmac.compare_digest(proof, secret)
+        ):
             for fd in fds:
                 os.close(fd)
             conn.close()  # a probe, or a hand-over from anyone but the host's kernel
@@ -1265,7 +1394,9 @@ def wait_as_spare(path):
     listener.close()
     settings = offered
     env = settings.get("env")
-    os.environ.update({k: str(v) for k, v in (env or {}).items() if str(k).startswith("SANDBOX_AGENT_")})
+    os.environ.update(
+        {k: str(v) for k, v in (env or {}).items() if str(k).startswith("SANDBOX_AGENT_")}
+    )
     OUTPUT_LIMIT = int(os.environ.get("SANDBOX_AGENT_OUTPUT_LIMIT") or 10_000_000)
     CELL_TIMEOUT = float(os.environ.get("SANDBOX_AGENT_CELL_TIMEOUT") or 0)
     try:
@@ -1287,19 +1418,32 @@ def send_ready(wire):
     kernel answers kernel_info and its client settles meanwhile; requests wait in the pipe."""
     import importlib.util
 
-    ipython = not os.environ.get("SANDBOX_AGENT_NO_IPYTHON") and importlib.util.find_spec("IPython") is not None
+    ipython = (
+        not os.environ.get("SANDBOX_AGENT_NO_IPYTHON")
+        and importlib.util.find_spec("IPython") is not None
+    )
     # The processes that carry this kernel (interpreter, and its watcher or the spare's
     # supervisor), each with its start time: the host's reaper ends them if the kernel
     # dies and they do not end by themselves (a cell may have frozen the watcher).
     keeper = SUPERVISOR or os.getppid()
     procs = [[os.getpid(), start_time_of(os.getpid())], [keeper, start_time_of(keeper)]]
-    wire.send(ev="ready", python_version="%d.%d.%d" % sys.version_info[:3], ipython=ipython, pid=os.getpid(), procs=procs)
+    wire.send(
+        ev="ready",
+        python_version="%d.%d.%d" % sys.version_info[:3],
+        ipython=ipython,
+        pid=os.getpid(),
+        procs=procs,
+    )
 
 
 def end_processes(argv):
     """``--end-processes JSON``: kill the trees of [pid, start time] pairs that still
     are those very processes (the host's reaper, after their kernel died)."""
-    targets = [(pid, start) for pid, start in json.loads(argv[1]) if isinstance(pid, int) and pid > 1 and start]
+    targets = [
+        (pid, start)
+        for pid, start in json.loads(argv[1])
+        if isinstance(pid, int) and pid > 1 and start
+    ]
     # Freeze every process of this user here first (all but us and init): a cell that
     # forks without pause cannot outrun the kill, and nothing of it runs meanwhile.
     # Other interpreters of the sandbox pause for these milliseconds, then go on.
@@ -1334,7 +1478,9 @@ def main():
             hand_over(spare[0], int(spare[1]), spare[2])
         watch_child()
     # The kernel's (or, for a spare, the taking kernel's) host folders: no links there.
-    restrict_special_files(json.loads(os.environ.pop("SANDBOX_AGENT_NO_SPECIAL_FILES", "[]") or "[]"))
+    restrict_special_files(
+        json.loads(os.environ.pop("SANDBOX_AGENT_NO_SPECIAL_FILES", "[]") or "[]")
+    )
     wire = Wire()
     send_ready(wire)
     enable_user_site()
@@ -1355,7 +1501,9 @@ def main():
     import getpass
 
     builtins.input = lambda prompt="": agent.read_input(prompt)
-    getpass.getpass = lambda prompt="Password: ", stream=None: agent.read_input(prompt, password=True)
+    getpass.getpass = lambda prompt="Password: ", stream=None: agent.read_input(
+        prompt, password=True
+    )
     agent.comms = install_comms(agent)
     if agent.shell is None:
         display, clear_output = plain_display(agent)

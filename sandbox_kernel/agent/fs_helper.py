@@ -87,7 +87,11 @@ def main():
         # Regular files below a folder (no link followed, dot-entries skipped): a sync's view.
         files = []
         for top, dirs, names in os.walk(path):
-            dirs[:] = [d for d in dirs if not d.startswith(".") and not os.path.islink(os.path.join(top, d))]
+            dirs[:] = [
+                d
+                for d in dirs
+                if not d.startswith(".") and not os.path.islink(os.path.join(top, d))
+            ]
             for name in names:
                 if name.startswith("."):
                     continue
@@ -155,7 +159,10 @@ def write_file(path, expected):
                 size += len(chunk)
         if size != expected:
             os.unlink(tmp)
-            out(error="the upload ended after %d of %d bytes; nothing was written" % (size, expected))
+            out(
+                error="the upload ended after %d of %d bytes; nothing was written"
+                % (size, expected)
+            )
         os.replace(tmp, path)
     except OSError as exc:
         try:
