@@ -941,16 +941,21 @@ def prctl(option, value):
         return -1
 
 
+def number_after(path, label):
+    """The number after ``label`` on its line of a /proc or cgroup file, or None."""
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith(label):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def tracer_of(pid="self"):
     """The pid tracing a process (0: none), from /proc."""
-    try:
-        with open("/proc/%s/status" % pid) as fh:
-            for line in fh:
-                if line.startswith("TracerPid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
+    return number_after("/proc/%s/status" % pid, "TracerPid:") or 0
 
 
 def harden():
@@ -1207,13 +1212,9 @@ def watch_child():
 def oom_kills():
     """The sandbox's count of out-of-memory kills so far (cgroup v2 or v1)."""
     for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
-        try:
-            with open(path) as fh:
-                for line in fh:
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
-        except (OSError, ValueError):
-            pass
+        found = number_after(path, "oom_kill ")
+        if found is not None:
+            return found
     return 0
 
 

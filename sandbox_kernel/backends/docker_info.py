@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ..config import FLAVORS
+from ..units import format_size
 from .base import (
     LABEL_FLAVOR,
     LABEL_IMAGE,
@@ -127,7 +128,7 @@ def summary_info(installation: str, summary: dict[str, Any]) -> SandboxInfo:
 def _exit_reason(state: dict[str, Any], host: dict[str, Any]) -> str:
     """Why a container is not running, in the words a user needs (the limit it hit)."""
     if state.get("OOMKilled"):
-        return f"out of memory (limit {_human_bytes(host.get('Memory') or 0)})"
+        return f"out of memory (limit {format_size(host.get('Memory') or 0)})"
     if state.get("Status") == "exited":
         return f"exited with code {state.get('ExitCode')}"
     return ""
@@ -138,14 +139,6 @@ def _flavor_of(limits: dict[str, Any]) -> str:
     return next(
         (name for name, size in FLAVORS.items() if size["memory"] == limits.get("memory")), ""
     )
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}".replace(".0 ", " ")
-        n /= 1024
-    return f"{n} B"
 
 
 _UNITS = {
