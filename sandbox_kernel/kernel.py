@@ -525,6 +525,9 @@ def _event_content(kind: Any, msg: dict[str, Any]) -> tuple[str, dict[str, Any]]
 
 def main() -> None:
     """``python -m sandbox_kernel -f CONNECTION_FILE``."""
+    # ipykernel's app imports debugpy, whose check of Python's frozen modules prints four
+    # lines of "Debugger warning" into every job log; this kernel has no debugger.
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     from ipykernel.kernelapp import IPKernelApp
 
     if sys.argv[1:2] == ["install"]:
