@@ -433,7 +433,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif dashes:
         parser.error(f"`{args.command}` takes no command after --")
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        sys.stdout.flush()  # a reader gone (`| head`) shows here, not as an error at exit
+        return code
     except (ConfigError, _UsageError) as exc:
         print(f"sandbox-kernel: {exc}", file=sys.stderr)
         return 2
@@ -442,6 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `sandbox-kernel list | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _log_warnings() -> None:

@@ -408,6 +408,7 @@ def test_the_kernels_own_messages_go_to_the_job_log_not_the_notebook(tmp_path: P
         ]
         assert "ignoring SANDBOX_KERNEL_NETWORK='true'" in done.stderr, done.stderr
         assert f"creating sandbox sk-{kenv.user}" in done.stderr, done.stderr
-        assert "Debugger warning" not in done.stderr, done.stderr  # no noise a user must learn to ignore
+        # No noise a user must learn to ignore.
+        assert "Debugger warning" not in done.stderr, done.stderr
     finally:
         remove_user_containers(kenv.user)

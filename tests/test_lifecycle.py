@@ -7,6 +7,7 @@ the real defaults.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -313,6 +314,21 @@ def test_cli_gc_stats_snapshot(
     totals = json.loads(cli("stats", "--json").stdout)
     assert totals["sandboxes"] >= 1 and "by_state" in totals
     assert "sandboxes of this installation, all users: 1 (yours: 1)" in cli("stats").stdout
+    # `sandbox-kernel stats | head -1`: a reader that stops early is no error and no traceback.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        piped = subprocess.run(
+            [sys.executable, "-m", "sandbox_kernel.cli", "stats"],
+            env=env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert (piped.returncode, piped.stderr) == (0, "")
     assert json.loads(cli("gc", "--dry-run", "--json").stdout) == []
     name = f"{test_user}-cli"
     made = cli("snapshot", "create", f"sk-{test_user}", name, "--json")
