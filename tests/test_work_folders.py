@@ -343,3 +343,47 @@ def test_readme_quick_start_shows_the_counter(kenv: KernelEnv, tmp_path: Path) -
             "uid 1000" in line and "sandbox " in line for line in lines
         ), lines
     assert len({line.split("sandbox ")[1] for line in lines}) == 1  # the same sandbox both times
+
+
+def test_checkout_deleted_and_cloned_again_at_the_same_path(
+    kenv: KernelEnv, tmp_path: Path
+) -> None:
+    """A persistent CI runner: each job deletes the checkout and clones it again at the
+    same path, and the sandbox stays from the job before. It must see the new folder
+    (not the deleted one it bound), also when parallel jobs find it so at once."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    for job in range(2):
+        if job:
+            shutil.rmtree(tmp_path / "ci")
+        checkout = make_checkout(tmp_path / "ci")
+        folder = checkout / "notebooks"
+        for n in range(3):
+            shutil.copy(folder / "report.ipynb", folder / f"report{n}.ipynb")
+
+        def execute(name: str, folder: Path = folder) -> subprocess.CompletedProcess[str]:
+            return run_tool(
+                kenv,
+                folder,
+                sys.executable,
+                "-m",
+                "jupyter",
+                "execute",
+                "--inplace",
+                "--kernel_name=sandbox",
+                name,
+            )
+
+        with ThreadPoolExecutor(3) as pool:
+            done = list(pool.map(execute, [f"report{n}.ipynb" for n in range(3)]))
+        for n in range(3):
+            stdout = [
+                o for o in outputs(folder / f"report{n}.ipynb")[0] if o.get("name") == "stdout"
+            ]
+            assert stdout[0]["text"] == f"3 {folder}\n", (job, n, stdout)
+        assert (folder / "out.csv").read_text() == "total,3"
+        restarts = sum("had been replaced since it started" in d.stderr for d in done)
+        assert restarts == (1 if job else 0), [d.stderr[-500:] for d in done]
+    (item,) = service_for(kenv).list(kenv.user)  # still the one sandbox of the checkout
+    assert item["work_folder"] == str(checkout)
