@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import builtins
 import hashlib
-import os
 import re
 import time
 import uuid
@@ -222,57 +221,7 @@ class SandboxService:
             ensured.info.spec,
             ensured.info.flavor,
         )
-        if self.backend.binds_folders_at_start:
-            ensured = self._see_replaced_folders(ensured, say)
         return ensured
-
-    def _see_replaced_folders(self, ensured: Ensured, say: Progress) -> Ensured:
-        """Restart a running sandbox whose bound folders were replaced since it started.
-
-        A CI runner deletes the checkout and clones it again at the same path; the
-        sandbox kept from the last job still holds the deleted folder, and every cell
-        there fails. The folders' identity (device, inode) at start is recorded; a
-        different one now means the sandbox must start again to bind the new folder.
-        Of several processes that find it so at once (parallel jobs), one restarts it
-        and the others wait for that, so no restart cuts off a kernel just connected.
-        """
-        info = ensured.info
-        now = _folder_identity(info)
-        seen = self._mounted_settled(info.id)
-        if ensured.event != "existing":
-            self.store.set_mounted(self.backend.name, info.id, now)
-            return ensured
-        replaced = _replaced(seen, now) if not seen.startswith(_RESTARTING) else "a folder"
-        if not replaced:
-            if now != seen:
-                self.store.swap_mounted(self.backend.name, info.id, seen, now)
-            return ensured
-        if not self.store.swap_mounted(
-            self.backend.name, info.id, seen, f"{_RESTARTING} {os.getpid()}"
-        ):
-            # Another process took it on: wait for it, then look again.
-            self._mounted_settled(info.id)
-            return Ensured(self.backend.get(info.id), ensured.event, ensured.notice, ensured.notes)
-        try:
-            with self._reservation(info.id, int(info.limits.get("memory") or 0), new=False):
-                self.backend.stop(info.id)
-                info = self.backend.start(info.id, say)
-        finally:
-            self.store.set_mounted(self.backend.name, info.id, _folder_identity(info))
-        # Nothing of the caller's is lost (it is connecting now); kernels still attached
-        # learn it from their channel, as from any restart.
-        note = f"restarted sandbox {info.id}: {replaced} had been replaced since it started"
-        return Ensured(info, "started", ensured.notice, [*ensured.notes, note])
-
-    def _mounted_settled(self, sid: str) -> str:
-        """The recorded folders, once no other process is restarting the sandbox (or it
-        has taken too long: then the caller takes over)."""
-        deadline = time.monotonic() + max(self.config.start_timeout, 30)
-        seen = self.store.mounted(self.backend.name, sid)
-        while seen.startswith(_RESTARTING) and time.monotonic() < deadline:
-            time.sleep(0.1)
-            seen = self.store.mounted(self.backend.name, sid)
-        return seen
 
     def _made(self, sid: str, key: ScopeKey, spec: Spec, say: Progress, record: Any) -> Ensured:
         """A new sandbox, or the one another process made meanwhile."""
@@ -444,9 +393,7 @@ class SandboxService:
         info = self.owned(user, sandbox_id)
         if info.state != "running":
             with self._reservation(sandbox_id, int(info.limits.get("memory") or 0), new=False):
-                info = self.backend.start(sandbox_id, progress)
-            if self.backend.binds_folders_at_start:
-                self.store.set_mounted(self.backend.name, sandbox_id, _folder_identity(info))
+                self.backend.start(sandbox_id, progress)
         self.store.touch(self.backend.name, sandbox_id)
         return self.get(user, sandbox_id)
 
@@ -539,29 +486,3 @@ class SandboxService:
         raise SandboxNotFound(
             f"you have no snapshot named {name!r}; `sandbox-kernel snapshot list` shows yours"
         )
-
-
-_RESTARTING = "restarting"  # the record while one process restarts a sandbox for its folders
-
-
-def _folder_identity(info: SandboxInfo) -> str:
-    """The host folders a sandbox binds, each as path=device:inode (or path=missing)."""
-    parts = []
-    for path in (info.workspace, info.work_folder):
-        if path:
-            try:
-                st = os.stat(path)
-                parts.append(f"{path}={st.st_dev}:{st.st_ino}")
-            except OSError:
-                parts.append(f"{path}=missing")
-    return "\n".join(parts)
-
-
-def _replaced(seen: str, now: str) -> str:
-    """The first folder bound at start that is another folder now, or ""."""
-    before = dict(line.rsplit("=", 1) for line in seen.splitlines() if "=" in line)
-    for line in now.splitlines():
-        path, ident = line.rsplit("=", 1)
-        if before.get(path) not in (None, "missing", ident) and ident != "missing":
-            return path
-    return ""

@@ -141,7 +141,6 @@ class Store:
             ("kernels", "host", "TEXT NOT NULL DEFAULT ''"),
             ("kernels", "host_pid", "INTEGER NOT NULL DEFAULT 0"),
             ("kernels", "procs", "TEXT NOT NULL DEFAULT ''"),
-            ("sandboxes", "mounted", "TEXT NOT NULL DEFAULT ''"),
         ):
             try:
                 conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
@@ -177,32 +176,6 @@ class Store:
                 (backend, sandbox_id),
             ).fetchone()
         return Record(*row) if row else None
-
-    def mounted(self, backend: str, sandbox_id: str) -> str:
-        """Which host folders the sandbox bound when it last started (see ``set_mounted``)."""
-        with closing(self._connect()) as conn:
-            row = conn.execute(
-                "SELECT mounted FROM sandboxes WHERE backend = ? AND id = ?", (backend, sandbox_id)
-            ).fetchone()
-        return row[0] if row else ""
-
-    def set_mounted(self, backend: str, sandbox_id: str, folders: str) -> None:
-        """Record the identity (device, inode) of the folders a sandbox has just bound."""
-        with closing(self._connect()) as conn:
-            conn.execute(
-                "UPDATE sandboxes SET mounted = ? WHERE backend = ? AND id = ?",
-                (folders, backend, sandbox_id),
-            )
-
-    def swap_mounted(self, backend: str, sandbox_id: str, expected: str, new: str) -> bool:
-        """Set ``new`` only if the record still says ``expected``: of several processes
-        that find a sandbox's folders replaced, one restarts it."""
-        with closing(self._connect()) as conn:
-            done = conn.execute(
-                "UPDATE sandboxes SET mounted = ? WHERE backend = ? AND id = ? AND mounted = ?",
-                (new, backend, sandbox_id, expected),
-            )
-            return done.rowcount == 1
 
     def all(self, backend: str) -> list[Record]:
         with closing(self._connect()) as conn:

@@ -322,9 +322,6 @@ class Backend(abc.ABC):
     # Whether sandboxes are made from the image or snapshot of the Spec (not so for the
     # local backend: the host's own Python).
     uses_images: bool = True
-    # Whether host folders are bound into a sandbox when it starts, for its whole run (a
-    # folder deleted and made again at the same path then stays unseen until a restart).
-    binds_folders_at_start: bool = False
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings

@@ -103,7 +103,6 @@ class DockerBackend(Backend):
     name = "docker"
     finds_engine_ids = True
     keeps_spares = True
-    binds_folders_at_start = True
     resizes = True
 
     def __init__(self, settings: EngineSettings) -> None:

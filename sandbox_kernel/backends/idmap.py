@@ -128,14 +128,10 @@ def mount(
 ) -> None:
     """Mount ``source`` at ``target`` so that ``host_uid`` files appear owned by ``inside_uid``.
 
-    Idempotent: an existing mount of ``source`` at ``target`` is kept; one of a folder
-    since deleted and made again at that path (a fresh checkout) is replaced, else the
-    sandbox would keep the deleted folder. Raises :class:`IdmapError`.
+    Idempotent: an existing mount at ``target`` is kept. Raises :class:`IdmapError`.
     """
     if is_mountpoint(target):
-        if _same_folder(source, target):
-            return
-        _detach(target)
+        return
     target.mkdir(parents=True, exist_ok=True)
     libc = _libc()
     ns_fd = _userns_fd(inside_uid, inside_gid, host_uid, host_gid)
@@ -194,28 +190,14 @@ def mounts_of(source_root: Path) -> list[tuple[str, str]]:
     return found
 
 
-def _same_folder(source: Path, target: Path) -> bool:
-    """Whether the mount at ``target`` shows ``source`` (an idmapped mount keeps the
-    device and inode of the folder it was made from)."""
-    try:
-        a, b = os.stat(source), os.stat(target)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def _detach(target: Path) -> None:
+def unmount(target: Path) -> None:
+    """Detach the mount at ``target`` (if any) and remove the empty folder."""
     libc = _libc()
     for _ in range(4):  # stacked mounts (made twice in a race) come off one by one
         if not is_mountpoint(target):
             break
         if libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
             break
-
-
-def unmount(target: Path) -> None:
-    """Detach the mount at ``target`` (if any) and remove the empty folder."""
-    _detach(target)
     # The mount point, its lock file and the folders above it that are left empty.
     for leftover in (target, target.parent / ".lock", target.parent, target.parent.parent):
         try:
