@@ -37,6 +37,7 @@ class Housekeeping:
         self.busy = False
         self._wake = threading.Event()
         self._started = False
+        self._gone = False
         self._start_lock = threading.Lock()
 
     @property
@@ -91,7 +92,9 @@ class Housekeeping:
             log.debug("could not record the kernel's processes: %s", exc)
 
     def gone(self) -> None:
-        """The kernel shuts down: it no longer holds its sandbox busy or alive."""
+        """The kernel shuts down: it no longer holds its sandbox busy or alive (and no
+        later beat may say otherwise)."""
+        self._gone = True
         try:
             self.service.store.kernel_gone(self.kernel_id)
         except Exception as exc:
@@ -111,7 +114,7 @@ class Housekeeping:
             self._beat()
 
     def _beat(self) -> None:
-        if not self.sandbox_id:
+        if not self.sandbox_id or self._gone:
             return
         try:
             self.service.store.kernel_heartbeat(

@@ -97,7 +97,9 @@ class SandboxKernel(Kernel):
     def execution_count(self) -> int:
         """The number the next stored cell gets: the sandbox interpreter's, as ipykernel
         reports its shell's, so execute_input, Out[n] and the reply agree. KernelBase's
-        own increments are ignored."""
+        own increments are ignored. No live interpreter: the next one counts from 1."""
+        if self._agent is None or not self._agent.alive:
+            return 1
         return self._next_count
 
     @execution_count.setter
@@ -190,10 +192,11 @@ class SandboxKernel(Kernel):
         cell_id: Any = None,
     ) -> dict[str, Any]:
         parent = self.get_parent("shell")
+        count = self.execution_count  # what execute_input said; a lost cell's reply says it too
         try:
             agent = await self._ensure_agent()
         except Exception as exc:
-            return self._fail("SandboxUnavailable", one_line(exc), parent)
+            return self._fail("SandboxUnavailable", one_line(exc), parent, count)
         assert self.sandbox is not None  # an agent means a session
         for notice in self.sandbox.take_notices():
             self._send(parent, "stream", {"name": "stderr", "text": notice + "\n"})
@@ -217,12 +220,12 @@ class SandboxKernel(Kernel):
             )
             reply = await request.reply
         except (AgentGone, SandboxError):
-            return self._fail("SandboxLost", await asyncio.to_thread(self._why_lost), parent)
+            return self._fail("SandboxLost", await asyncio.to_thread(self._why_lost), parent, count)
         finally:
             housekeeping.set_busy(False)  # idle from now: the reaper's clock starts here
-        count = reply.get("execution_count")
-        if isinstance(count, int):  # the last stored cell's number, whether or not this one was
-            self._next_count = count + 1
+        stored = reply.get("execution_count")
+        if isinstance(stored, int):  # the last stored cell's number, whether or not this one was
+            self._next_count = stored + 1
         return reply
 
     def _publisher(
@@ -328,23 +331,24 @@ class SandboxKernel(Kernel):
     async def _answer_input(
         self, agent: AgentConnection, msg: dict[str, Any], stdin_parent: Any
     ) -> None:
-        if stdin_parent is None:
-            agent.send(op="input_reply", value="\x04")
-            return
-        ident, parent = stdin_parent
+        """Ask the frontend for the line a cell's input() waits for (EOF when it cannot)."""
+        value = "\x04"
+        if stdin_parent is not None:
+            ident, parent = stdin_parent
+            try:
+                value = await asyncio.to_thread(
+                    self._input_request,
+                    msg.get("prompt", ""),
+                    ident,
+                    parent,
+                    msg.get("password", False),
+                )
+            except Exception:  # EOFError, a frontend gone: the cell sees end of input
+                value = "\x04"
         try:
-            value = await asyncio.to_thread(
-                self._input_request,
-                msg.get("prompt", ""),
-                ident,
-                parent,
-                msg.get("password", False),
-            )
-        except EOFError:
-            value = "\x04"
-        except Exception:
-            value = "\x04"
-        agent.send(op="input_reply", value=value)
+            agent.send(op="input_reply", value=value)
+        except SandboxError:
+            pass  # the interpreter is gone: the cell's reply says so
 
     def _why_lost(self) -> str:
         """One line on what happened to the sandbox, for the cell that lost it (worker thread)."""
@@ -357,14 +361,14 @@ class SandboxKernel(Kernel):
         assert self.sandbox is not None
         return self.sandbox.why_lost(status)
 
-    def _fail(self, ename: str, evalue: str, parent: dict[str, Any]) -> dict[str, Any]:
+    def _fail(self, ename: str, evalue: str, parent: dict[str, Any], count: int) -> dict[str, Any]:
         """One clear error in the cell (what went wrong, what to do), never a traceback."""
         self._send(
             parent, "error", {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
         )
         return {
             "status": "error",
-            "execution_count": self.execution_count,
+            "execution_count": count,
             "ename": ename,
             "evalue": evalue,
             "traceback": [],

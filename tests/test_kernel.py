@@ -699,3 +699,14 @@ def test_execution_counts_are_ipykernels(kenv: KernelEnv) -> None:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
     assert seen["sandbox"] == seen["python3"], seen
+
+
+def test_execution_counts_start_again_with_a_new_interpreter(kernel: tuple[Any, Any]) -> None:
+    """The interpreter ends mid-cell: that cell's reply keeps its number, and the next
+    cell, in a new interpreter, is 1 everywhere (execute_input, Out[n], the reply)."""
+    _, kc = kernel
+    assert _counts(kc, "1") == (1, 1, 1)
+    assert _counts(kc, "2") == (2, 2, 2)
+    lost_input, _, lost_reply = _counts(kc, "import os; os._exit(3)")
+    assert lost_input == lost_reply == 3
+    assert _counts(kc, "5") == (1, 1, 1)
