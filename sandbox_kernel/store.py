@@ -101,7 +101,11 @@ class Store:
         try:
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             if not self._checked:  # WAL mode and the schema persist in the file: set them up once
-                self._set_up(conn)
+                try:
+                    self._set_up(conn)
+                except sqlite3.Error:
+                    conn.close()
+                    raise
                 self._checked = True
         except sqlite3.Error as exc:
             raise SandboxError(
@@ -128,7 +132,9 @@ class Store:
     @staticmethod
     def _set_up_once(conn: sqlite3.Connection) -> None:
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
+            # SQLite may answer with the old mode instead of an error: that is "locked" too.
+            if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+                raise sqlite3.OperationalError("database is locked (switching to WAL)")
         conn.executescript(_SCHEMA)
         # State files from before owner specs were kept, and before flavors could
         # change in place. Several processes may upgrade at once: one wins.
