@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,7 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from sandbox_kernel.backends import EngineUnavailable, SandboxNotFound
+from sandbox_kernel.backends import EngineUnavailable, SandboxError, SandboxNotFound
 from sandbox_kernel.backends.base import LABEL_MANAGED, engine_name
 from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig
@@ -476,3 +478,51 @@ def test_missing_image_that_cannot_be_pulled(
     assert "SANDBOX_KERNEL_IMAGE" in str(err.value)
     assert any("pulling" in line for line in seen)
     assert backend.list(test_user) == []
+
+
+def test_remount_refuses_a_folder_swapped_for_a_link(
+    make_config: Callable[..., SandboxConfig], test_user: str, tmp_path: Path
+) -> None:
+    """Nested checkouts: sandbox B binds outer/sub, and a sandbox that binds outer (or
+    anyone writing there) swaps sub for a link to a root-only folder while B is stopped
+    and its idmapped mounts are gone (a reboot). B's next start must refuse, never give
+    B the link's target writable as the sandbox user; unchanged folders start as before."""
+    from sandbox_kernel.backends import idmap
+
+    if os.geteuid() != 0 or not idmap.supported(str(tmp_path)):
+        pytest.skip("idmapped mounts need a root server and a kernel that has them")
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    (secret / "secret.txt").write_text("host only")
+    outer = tmp_path / "outer"
+    inner = outer / "sub"
+    inner.mkdir(parents=True)
+    (inner / "data.csv").write_text("a,1\n")
+    service = SandboxService(make_config(work_root="auto"))
+    info = service.ensure(ScopeKey(test_user), work_folder=str(inner)).info
+    assert info.work_folder == str(inner)
+    labels = docker.from_env().containers.get(info.engine_id).labels
+
+    def reboot() -> None:
+        service.backend.stop(info.id)
+        for point in (
+            labels["sandbox-kernel.work-mount"],
+            labels["sandbox-kernel.workspace-mount"],
+        ):
+            idmap.unmount(Path(point))
+
+    # Nothing changed: a start after a reboot remakes the mounts of the same folders.
+    reboot()
+    service.start(None, info.id)
+    assert (
+        run(service.backend, info.id, f"print(open({str(inner / 'data.csv')!r}).read())") == "a,1"
+    )
+    # The folder swapped for a link to a root-only one: refused, and nothing of it shown.
+    reboot()
+    shutil.rmtree(inner)
+    inner.symlink_to(secret)
+    with pytest.raises(SandboxError, match="no longer the folder this sandbox was made with"):
+        service.start(None, info.id)
+    assert idmap.mounts_of(secret) == []
+    assert (secret / "secret.txt").read_text() == "host only"
+    assert secret.stat().st_mode & 0o777 == 0o700

@@ -41,6 +41,7 @@ from docker.types import Mount
 
 from ..agent import SPARE_SOCKET, agent_source, bootstrap_command
 from ..identity import ScopeKey
+from . import idmap
 from .base import (
     LABEL_INSTALLATION,
     LABEL_MANAGED,
@@ -76,12 +77,14 @@ from .docker_info import (
     LABEL_CPUS,
     LABEL_MEMORY,
     LABEL_MOUNT,
+    LABEL_MOUNT_ID,
     LABEL_OWNERSHIP,
     LABEL_PIDS,
     LABEL_RUNTIME,
     LABEL_SNAPSHOT_REF,
     LABEL_UID,
     LABEL_WORK_MOUNT,
+    LABEL_WORK_MOUNT_ID,
     STATES,
     container_info,
     summary_info,
@@ -331,6 +334,8 @@ class DockerBackend(Backend):
                 LABEL_OWNERSHIP: how,
                 LABEL_MOUNT: str(source) if how == "idmap" else "",
                 LABEL_WORK_MOUNT: work_point,
+                LABEL_MOUNT_ID: idmap.identity(Path(source)) if how == "idmap" else "",
+                LABEL_WORK_MOUNT_ID: idmap.identity(Path(work_point)) if work_point else "",
                 LABEL_RUNTIME: spec.runtime,
                 LABEL_SNAPSHOT_REF: spec.snapshot_ref,
             },

@@ -42,6 +42,10 @@ LABEL_UID = LABEL_PREFIX + "uid"  # "uid:gid" the sandbox runs as
 LABEL_OWNERSHIP = LABEL_PREFIX + "ownership"  # same-user | idmap | chown (see docker_mounts)
 LABEL_MOUNT = LABEL_PREFIX + "workspace-mount"  # the idmapped mount given to Docker, if any
 LABEL_WORK_MOUNT = LABEL_PREFIX + "work-mount"  # the same for the work folder
+# "device:inode" of the folder each idmapped mount showed when made: a remount (after a
+# reboot) must show the same folder, not whatever a path leads to by then.
+LABEL_MOUNT_ID = LABEL_PREFIX + "workspace-mount-id"
+LABEL_WORK_MOUNT_ID = LABEL_PREFIX + "work-mount-id"
 LABEL_SNAPSHOT_REF = LABEL_PREFIX + "snapshot-ref"  # on snapshots and the sandboxes made from them
 
 # Docker's container states, as the rest of sandbox-kernel names them.

@@ -27,7 +27,14 @@ from ..identity import ScopeKey
 from ..safefs import make_folder
 from . import idmap
 from .base import LABEL_WORK_FOLDER, LABEL_WORKSPACE, EngineSettings, SandboxFailed, Spec
-from .docker_info import LABEL_MOUNT, LABEL_OWNERSHIP, LABEL_UID, LABEL_WORK_MOUNT
+from .docker_info import (
+    LABEL_MOUNT,
+    LABEL_MOUNT_ID,
+    LABEL_OWNERSHIP,
+    LABEL_UID,
+    LABEL_WORK_MOUNT,
+    LABEL_WORK_MOUNT_ID,
+)
 
 DEFAULT_UID = 1000
 
@@ -101,16 +108,17 @@ class WorkspaceMounts:
                 mounts.append(Mount(path, "/dev/null", type="bind", read_only=True))
         return mounts, point
 
-    def _idmap(self, folder: Path, point: Path, uid: int, gid: int) -> None:
-        """Make (or keep) the idmapped mount; one process at a time per sandbox."""
+    def _idmap(self, folder: Path, point: Path, uid: int, gid: int, expect: str = "") -> None:
+        """Make (or keep) the idmapped mount; one process at a time per sandbox. With
+        ``expect`` ("device:inode"), only of that very folder."""
         point.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         with open(point.parent / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                idmap.mount(folder, point, uid, gid)
+                idmap.mount(folder, point, uid, gid, expect=expect)
             except OSError as exc:
                 raise SandboxFailed(
-                    f"cannot present the workspace {folder} to the sandbox: {exc}"
+                    f"cannot present the folder {folder} to the sandbox: {exc.strerror or exc}"
                 ) from None
 
     def remount(self, labels: dict[str, str]) -> None:
@@ -118,12 +126,18 @@ class WorkspaceMounts:
         if labels.get(LABEL_OWNERSHIP) != "idmap":
             return
         uid, _, gid = labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
-        for source, point in (
-            (LABEL_WORKSPACE, LABEL_MOUNT),
-            (LABEL_WORK_FOLDER, LABEL_WORK_MOUNT),
+        for source, point, ident in (
+            (LABEL_WORKSPACE, LABEL_MOUNT, LABEL_MOUNT_ID),
+            (LABEL_WORK_FOLDER, LABEL_WORK_MOUNT, LABEL_WORK_MOUNT_ID),
         ):
             if labels.get(source) and labels.get(point):
-                self._idmap(Path(labels[source]), Path(labels[point]), int(uid), int(gid or uid))
+                self._idmap(
+                    Path(labels[source]),
+                    Path(labels[point]),
+                    int(uid),
+                    int(gid or uid),
+                    expect=labels.get(ident, ""),
+                )
 
     def release(self, name: str) -> None:
         """Unmount what container ``name`` had (it is gone, or was never made)."""

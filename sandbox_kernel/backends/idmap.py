@@ -125,8 +125,14 @@ def mount(
     inside_gid: int,
     host_uid: int = 0,
     host_gid: int = 0,
+    expect: str = "",
 ) -> None:
     """Mount ``source`` at ``target`` so that ``host_uid`` files appear owned by ``inside_uid``.
+
+    With ``expect`` ("device:inode", see :func:`identity`), the folder the path leads to
+    must be that one: a sandbox's folders are remade by path after a reboot, and code in
+    another sandbox whose folder holds this path may have put a link there meanwhile.
+    The check is on the opened tree itself, so nothing can change between check and mount.
 
     Idempotent: an existing mount at ``target`` is kept. Raises :class:`IdmapError`.
     """
@@ -147,6 +153,14 @@ def mount(
             ),
             f"open_tree({source})",
         )
+        if expect:
+            st = os.fstat(tree_fd)
+            if f"{st.st_dev}:{st.st_ino}" != expect:
+                raise IdmapError(
+                    errno.EPERM,
+                    f"{source} is no longer the folder this sandbox was made with (replaced, or "
+                    "a link): destroy the sandbox (your files stay) and open the notebook again",
+                )
         attr = struct.pack(
             "QQQQ", _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, ns_fd
         )
@@ -170,6 +184,12 @@ def mount(
         os.close(ns_fd)
         if tree_fd >= 0:
             os.close(tree_fd)
+
+
+def identity(path: Path) -> str:
+    """ "device:inode" of the folder at ``path`` (an idmapped mount keeps its source's)."""
+    st = os.stat(path)
+    return f"{st.st_dev}:{st.st_ino}"
 
 
 def mounts_of(source_root: Path) -> list[tuple[str, str]]:
