@@ -448,7 +448,7 @@ class SandboxKernel(Kernel):
         """End the interpreter; the sandbox stays for the next kernel."""
         agent, self._agent = self._agent, None
         if self.sandbox is not None:
-            self.sandbox.housekeeping.gone()
+            self.sandbox.forget_kernel()
         if agent is not None and agent.alive:
             try:
                 agent.send(op="shutdown")

@@ -232,6 +232,12 @@ class SandboxSession:
         return f"the interpreter in {info.id} ended: {LOST_NOTICE}; the next cell starts a new one"
 
     # -- ending ------------------------------------------------------------------------------
+    def forget_kernel(self) -> None:
+        """The kernel shuts down: its records go (if it ever made any: a kernel that never
+        reached its sandbox must not set the state file up now, on the event loop)."""
+        if self._housekeeping is not None:
+            self._housekeeping.gone()
+
     def copy_back(self) -> list[str]:
         """What the cells wrote beside the notebook goes back beside it (copied sandboxes)."""
         if self.folder_copy is None or not self.sandbox_id:
