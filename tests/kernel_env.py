@@ -14,10 +14,12 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jupyter_kernel_test
 import pytest
 
+from sandbox_kernel.config import SandboxConfig, load_config
 from sandbox_kernel.kernelspec import kernelspec
 
 from .conftest import TEST_IMAGE
@@ -38,6 +40,18 @@ class KernelEnv:
     @property
     def workspace(self) -> Path:
         return self.root / "workspaces" / self.user
+
+    def config(self, **overrides: Any) -> SandboxConfig:
+        """The settings this kernelspec's kernels run with, for the same sandboxes from
+        the test (a service, the reaper), with ``overrides``."""
+        values: dict[str, Any] = {
+            "backend": "docker",
+            "image": TEST_IMAGE,
+            "workspace_root": str(self.root / "workspaces"),
+            "state_dir": str(self.root / "state"),
+            "user": self.user,
+        }
+        return load_config(environ={}, **{**values, **overrides})
 
     def environ(self) -> dict[str, str]:
         """Environment for a process (jupyter execute) that should find the test kernelspec."""

@@ -705,13 +705,7 @@ def leave_behind_then_kill(kernels: Kernels, start: str, stop_supervisors: bool)
         # Nothing in the sandbox can act now: the host's reaper (run by the server every
         # few minutes, by the next kernel's start, by `sandbox-kernel gc`) ends them.
         assert kernels.env is not None
-        cfg = load_config(
-            environ={},
-            backend="docker",
-            image=TEST_IMAGE,
-            state_dir=str(kernels.env.root / "state"),
-            workspace_root=str(kernels.env.root / "workspaces"),
-        )
+        cfg = kernels.env.config()
         gc(SandboxService(cfg).backend, cfg)
     left = wait_gone(container, identities)
     names = {pid: name for name, (pid, _) in procs.items()}

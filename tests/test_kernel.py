@@ -548,17 +548,11 @@ def test_busy_cell_is_not_idle_and_a_stop_is_reported(
 ) -> None:
     """A silent cell is activity; once idle past idle_stop_with_kernel the sandbox is
     stopped, and the next cell says what happened."""
-    from sandbox_kernel.config import load_config
     from sandbox_kernel.lifecycle import gc
 
     env = make_kernel_env(tmp_path, SANDBOX_KERNEL_IDLE_STOP_WITH_KERNEL="0.05")  # 3 s
     monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
-    cfg = load_config(
-        environ={},
-        backend="docker",
-        image=TEST_IMAGE,
-        workspace_root=str(tmp_path / "workspaces"),
-        state_dir=str(tmp_path / "state"),
+    cfg = env.config(
         idle_stop_with_kernel=0.05,
     )
     backend = SandboxService(cfg).backend
@@ -588,18 +582,12 @@ def test_kernel_start_applies_the_lifecycle_policies(
 ) -> None:
     """Hosts without a server still get idle stops: every kernel start runs the reaper
     (a moment after starting, off the first cell's path)."""
-    from sandbox_kernel.config import load_config
     from sandbox_kernel.identity import ScopeKey
 
     env = make_kernel_env(tmp_path, SANDBOX_KERNEL_IDLE_STOP=str(1 / 60))
     monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
     idle_user = f"{env.user}-idle"
-    cfg = load_config(
-        environ={},
-        backend="docker",
-        image=TEST_IMAGE,
-        workspace_root=str(tmp_path / "workspaces"),
-        state_dir=str(tmp_path / "state"),
+    cfg = env.config(
         idle_stop=1 / 60,
     )
     idle = SandboxService(cfg).ensure(ScopeKey(idle_user)).info
@@ -624,17 +612,10 @@ def test_kernel_start_applies_the_lifecycle_policies(
 def test_sandbox_with_too_few_processes_says_how_to_recover(tmp_path: Path) -> None:
     """A sandbox made with a process limit too low for an interpreter (before the setting
     was checked, or by hand) is not a dead end: the cell says how to get out."""
-    from sandbox_kernel.config import load_config
     from sandbox_kernel.identity import ScopeKey
 
     env = make_kernel_env(tmp_path)
-    cfg = load_config(
-        environ={},
-        backend="docker",
-        image=TEST_IMAGE,
-        workspace_root=str(tmp_path / "workspaces"),
-        state_dir=str(tmp_path / "state"),
-    )
+    cfg = env.config()
     cfg._trait_values["pids_limit"] = 5  # what validation now refuses
     SandboxService(cfg).ensure(ScopeKey(env.user))
     try:

@@ -79,11 +79,10 @@ def kenv(tmp_path_factory: pytest.TempPathFactory, nbclient_files: Path) -> Iter
     import comm
     import ipywidgets
 
-    from sandbox_kernel.config import load_config
     from sandbox_kernel.identity import ScopeKey
     from sandbox_kernel.service import SandboxService
 
-    from .conftest import TEST_IMAGE, remove_user_containers
+    from .conftest import remove_user_containers
 
     env = make_kernel_env(tmp_path_factory.mktemp("kernel"), SANDBOX_KERNEL_WORK_ROOT="auto")
     wheels = env.workspace / "wheels"
@@ -113,16 +112,7 @@ def kenv(tmp_path_factory: pytest.TempPathFactory, nbclient_files: Path) -> Iter
     )
     if done.returncode != 0:
         pytest.fail(f"could not download the widget wheels from PyPI: {done.stderr[-500:]}")
-    service = SandboxService(
-        load_config(
-            environ={},
-            backend="docker",
-            image=TEST_IMAGE,
-            user=env.user,
-            workspace_root=str(env.root / "workspaces"),
-            state_dir=str(env.root / "state"),
-        )
-    )
+    service = SandboxService(env.config())
     # The sandbox of the notebooks' folder (the one their kernels use).
     info = service.ensure(
         ScopeKey(env.user), work_folder=service.work_folder(str(nbclient_files))

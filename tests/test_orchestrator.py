@@ -50,13 +50,7 @@ def test_flavor_variant_resizes_in_place_and_gc_loses_nothing(
     sandbox grows (its packages stay), the kernel says so, and the reaper keeps it."""
     env = make_kernel_env(tmp_path)
     monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
-    cfg = load_config(
-        environ={},
-        backend="docker",
-        image=TEST_IMAGE,
-        workspace_root=str(tmp_path / "workspaces"),
-        state_dir=str(tmp_path / "state"),
-        user=env.user,
+    cfg = env.config(
         orphan_grace=0,
     )
     plain = SandboxService(cfg)

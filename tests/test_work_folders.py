@@ -21,11 +21,10 @@ import nbformat
 import pytest
 from jupyter_client import AsyncKernelClient
 
-from sandbox_kernel.config import load_config
 from sandbox_kernel.folders import folder_tag
 from sandbox_kernel.service import SandboxService
 
-from .conftest import TEST_IMAGE, remove_user_containers
+from .conftest import remove_user_containers
 from .kernel_env import KernelEnv, make_kernel_env
 
 pytestmark = pytest.mark.docker
@@ -80,16 +79,7 @@ def outputs(path: Path) -> list[list[dict[str, Any]]]:
 
 
 def service_for(kenv: KernelEnv) -> SandboxService:
-    return SandboxService(
-        load_config(
-            environ={},
-            backend="docker",
-            image=TEST_IMAGE,
-            workspace_root=str(kenv.root / "workspaces"),
-            state_dir=str(kenv.root / "state"),
-            user=kenv.user,
-        )
-    )
+    return SandboxService(kenv.config())
 
 
 def test_ci_checkout_with_jupyter_execute_inplace(kenv: KernelEnv, tmp_path: Path) -> None:
