@@ -216,10 +216,7 @@ class Store:
     def touch(self, backend: str, sandbox_id: str, when: float | None = None) -> None:
         """Mark activity (a cell, a file transfer, an API call)."""
         with closing(self._connect()) as conn:
-            conn.execute(
-                "UPDATE sandboxes SET last_activity = MAX(last_activity, ?) WHERE backend = ? AND id = ?",
-                (when or time.time(), backend, sandbox_id),
-            )
+            _touch(conn, backend, sandbox_id, when or time.time())
 
     def delete(self, backend: str, sandbox_id: str) -> None:
         with closing(self._connect()) as conn:
@@ -238,10 +235,7 @@ class Store:
                 (kernel_id, backend, sandbox_id, now, int(busy)),
             )
             if busy:
-                conn.execute(
-                    "UPDATE sandboxes SET last_activity = MAX(last_activity, ?) WHERE backend = ? AND id = ?",
-                    (now, backend, sandbox_id),
-                )
+                _touch(conn, backend, sandbox_id, now)
 
     def kernel_progress(self, kernel_id: str, backend: str, sandbox_id: str, message: str) -> None:
         """What a kernel is waiting for (making or starting its sandbox), or what changed:
@@ -397,3 +391,11 @@ class Store:
                 (backend, sandbox_id),
             ).fetchone()
         return Spare(*row) if row else None
+
+
+def _touch(conn: sqlite3.Connection, backend: str, sandbox_id: str, when: float) -> None:
+    """Activity at ``when``; never moves a sandbox's last activity back."""
+    conn.execute(
+        "UPDATE sandboxes SET last_activity = MAX(last_activity, ?) WHERE backend = ? AND id = ?",
+        (when, backend, sandbox_id),
+    )

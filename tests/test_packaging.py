@@ -83,6 +83,27 @@ def _clean_copy(dest: Path, with_built_panel: bool = False) -> Path:
     return dest
 
 
+def _pip_wheel(source: Path, out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`pip wheel` of ``source`` with this environment's build tools (no isolation)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
 @pytest.mark.fast
 def test_pip_install_without_node_says_so_in_one_line(tmp_path: Path) -> None:
     """The real build (pip, hatchling, the jupyter-builder hook) on a clean copy of the
@@ -92,23 +113,7 @@ def test_pip_install_without_node_says_so_in_one_line(tmp_path: Path) -> None:
     no_node.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV"))}
     env["PATH"] = str(no_node)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-build-isolation",
-            "--no-deps",
-            "-w",
-            str(tmp_path / "out"),
-            str(source),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    done = _pip_wheel(source, tmp_path / "out", env)
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert "needs Node.js 18 or newer" in output and "apt-get install nodejs" in output, output
@@ -124,23 +129,7 @@ def test_wheel_ships_what_an_installation_needs(tmp_path: Path) -> None:
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-build-isolation",
-            "--no-deps",
-            "-w",
-            str(tmp_path),
-            str(_clean_copy(tmp_path / "src", with_built_panel=True)),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    done = _pip_wheel(_clean_copy(tmp_path / "src", with_built_panel=True), tmp_path, env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (wheel,) = tmp_path.glob("sandbox_kernel-*.whl")
     assert wheel.name.startswith(f"sandbox_kernel-{sandbox_kernel.__version__}-")
