@@ -16,6 +16,7 @@ from sandbox_kernel.lifecycle import gc
 from sandbox_kernel.service import SandboxService
 
 from .handlers import handlers
+from .webdav import DavService, dav_handlers
 
 
 class SandboxExtension(ExtensionApp):
@@ -56,10 +57,12 @@ class SandboxExtension(ExtensionApp):
             sandbox_service=SandboxService(config),
             sandbox_owner=None if self.owner_from == "request" else resolve_user(config),
             sandbox_max_upload=self.max_upload_size,
+            sandbox_dav=DavService(self.serverapp.base_url),
         )
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers())
+        self.handlers.extend(dav_handlers())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         if self.gc_interval > 0:
@@ -85,3 +88,6 @@ class SandboxExtension(ExtensionApp):
         reaper = getattr(self, "_reaper", None)
         if reaper is not None:
             reaper.cancel()
+        dav = self.settings.get("sandbox_dav")
+        if dav is not None:
+            dav.close()

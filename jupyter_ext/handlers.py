@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
-from jupyter_server.base.handlers import APIHandler
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web
 from tornado.http1connection import HTTP1Connection
 
@@ -65,19 +65,14 @@ class BaseHandler(APIHandler):
     @property
     def owner(self) -> str:
         """The sandbox owner this request acts for (see SandboxExtension.owner_from)."""
-        return self.settings.get("sandbox_owner") or self.current_user.username
+        return request_owner(self)
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a service call in a thread (the docker SDK blocks) and map its errors."""
         try:
             return await asyncio.to_thread(fn, *args)
         except SandboxError as exc:
-            raise self.http_error(exc) from None
-
-    def http_error(self, exc: SandboxError) -> web.HTTPError:
-        status = next(code for kind, code in _STATUS if isinstance(exc, kind))
-        # log_message is %-formatted by tornado's logger: keep the text out of the format.
-        return web.HTTPError(status, "%s", shorten(str(exc), MESSAGE_LIMIT), reason=_reason(exc))
+            raise http_error(exc) from None
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Always JSON with a message; never a traceback."""
@@ -109,6 +104,18 @@ class BaseHandler(APIHandler):
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(data))
+
+
+def request_owner(handler: JupyterHandler) -> str:
+    """The sandbox owner a request acts for (see SandboxExtension.owner_from)."""
+    return handler.settings.get("sandbox_owner") or handler.current_user.username
+
+
+def http_error(exc: SandboxError) -> web.HTTPError:
+    """The HTTP error of a domain error: its status, its message, never a traceback."""
+    status = next(code for kind, code in _STATUS if isinstance(exc, kind))
+    # log_message is %-formatted by tornado's logger: keep the text out of the format.
+    return web.HTTPError(status, "%s", shorten(str(exc), MESSAGE_LIMIT), reason=_reason(exc))
 
 
 def _reason(exc: Exception) -> str:

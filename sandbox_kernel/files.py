@@ -17,7 +17,7 @@ import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from .agent import fs_helper_source
 from .errors import BadRequest, FileMissing, SandboxError, shorten
@@ -60,6 +60,30 @@ class Workspace:
         if not split_path(path):
             raise BadRequest("refusing to delete the workspace itself")
         self._fs.delete(path)
+
+    # -- what WebDAV needs besides (same names and errors on RemoteWorkspace) ----------
+    def stat(self, path: str) -> Entry:
+        """The item itself; ``""`` is the workspace."""
+        return self._fs.entry(path)
+
+    def open_file(self, path: str) -> BinaryIO:
+        """A seekable reader of a regular file, ending at its size when opened."""
+        return cast(BinaryIO, self._fs.open_file(path))
+
+    def make_folder(self, path: str) -> None:
+        self._fs.make_folder(path)
+
+    def remove(self, path: str) -> None:
+        """A file, link or whole folder tree (never following a link)."""
+        if not split_path(path):
+            raise BadRequest("refusing to remove the workspace itself")
+        self._fs.remove(path)
+
+    def move(self, src: str, dst: str) -> None:
+        self._fs.move(src, dst)
+
+    def copy_file(self, src: str, dst: str) -> None:
+        self._fs.copy_file(src, dst)
 
 
 class RemoteWorkspace:

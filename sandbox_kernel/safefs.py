@@ -24,6 +24,7 @@ and the sandbox sees it as its mount point, which it cannot replace.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import secrets
 import stat
@@ -39,6 +40,8 @@ from .errors import BadRequest, Conflict, FileMissing, SandboxError, shorten
 CHUNK = 1 << 20
 MAX_PATH = 4096  # bytes of a workspace-relative path (PATH_MAX)
 MAX_ENTRIES = 10_000  # a listing stops here: a folder of millions must not hold a thread
+MAX_DEPTH = 256  # folders deep a removal goes (each level holds a descriptor)
+REMOVE_ROUNDS = 8  # passes over a folder that keeps filling while it is removed
 TEMP_PREFIX = ".sk-upload-"
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -149,13 +152,15 @@ class Beneath:
             raise
         return fd
 
-    def _mkdir(self, dir_fd: int, name: str) -> None:
+    def _mkdir(self, dir_fd: int, name: str, exist_ok: bool = True, shown: str = "") -> None:
         try:
             os.mkdir(name, 0o755, dir_fd=dir_fd)
         except FileExistsError:
-            return
+            if exist_ok:
+                return
+            raise Conflict(f"{shorten(shown or name)!r} already exists") from None
         except OSError as exc:
-            raise _refusal(exc, name) from None
+            raise _refusal(exc, shown or name) from None
         if self.owner is not None:
             # Hand the new folder over through a descriptor: if the sandbox swapped the
             # name for a link meanwhile, the open fails instead of chowning its target.
@@ -205,6 +210,18 @@ class Beneath:
             except OSError as exc:
                 raise _refusal(exc, path) from None
 
+    def entry(self, path: str) -> Entry:
+        """The item ``path`` itself (a link is described, never followed)."""
+        parts = split_path(path)
+        st = self.stat(path)
+        return Entry(
+            parts[-1] if parts else "",
+            str(PurePosixPath(*parts)) if parts else "",
+            kind_of(st.st_mode),
+            st.st_size,
+            st.st_mtime,
+        )
+
     def list(self, path: str = "", limit: int = MAX_ENTRIES) -> tuple[list[Entry], bool]:
         """(entries, truncated) of a folder; links and special files are described, not opened."""
         prefix = split_path(path)
@@ -246,6 +263,11 @@ class Beneath:
         os.set_blocking(fd, True)
         return fd, st.st_size
 
+    def open_file(self, path: str) -> FileReader:
+        """A seekable reader of a regular file that ends at its size when opened."""
+        fd, size = self.open_read(path)
+        return FileReader(fd, size)
+
     def read_chunks(self, path: str) -> tuple[int, Iterator[bytes]]:
         """(size, chunks) of a regular file: exactly ``size`` bytes or an error, never more."""
         fd, size = self.open_read(path)
@@ -265,6 +287,54 @@ class Beneath:
                 ) from None
             except OSError as exc:
                 raise _refusal(exc, path) from None
+
+    def make_folder(self, path: str) -> None:
+        """Create exactly one folder; its parent must exist (:class:`Conflict` if taken)."""
+        with self.parent_of(path) as (dir_fd, name):
+            self._mkdir(dir_fd, name, exist_ok=False, shown=path)
+
+    def remove(self, path: str) -> None:
+        """Remove a file, link, special file or a whole folder tree.
+
+        Every level is opened ``O_NOFOLLOW`` beneath its parent's descriptor, so a
+        folder swapped for a link mid-way stops the removal (:class:`Conflict`) instead
+        of emptying the link's target.
+        """
+        with self.parent_of(path) as (dir_fd, name):
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError as exc:
+                raise _refusal(exc, path) from None
+            _remove_item(dir_fd, name, stat.S_ISDIR(st.st_mode), path, 0)
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename a file or folder tree (an existing destination file is replaced)."""
+        with self.parent_of(src) as (src_fd, src_name), self.parent_of(dst) as (dst_fd, dst_name):
+            try:
+                os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:
+                    raise BadRequest(
+                        f"cannot move {shorten(src)!r} into itself ({shorten(dst)!r})"
+                    ) from None
+                if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise Conflict(
+                        f"{shorten(dst)!r} is a folder that is in the way; remove it first"
+                    ) from None
+                raise _refusal(exc, src if exc.errno == errno.ENOENT else dst) from None
+
+    def copy_file(self, src: str, dst: str) -> None:
+        """Copy a regular file; the copy appears whole at ``dst`` or not at all."""
+        with self.open_file(src) as reader:
+            upload = self.start_write(dst)
+            try:
+                while chunk := reader.read(CHUNK):
+                    upload.write(chunk)
+                if upload.size != reader.size:
+                    raise Conflict(f"{shorten(src)!r} shrank while it was copied; try again")
+                upload.commit()
+            finally:
+                upload.abort()
 
     def start_write(self, path: str) -> AtomicWrite:
         """Begin replacing the regular file ``path`` (parents created); see :class:`AtomicWrite`."""
@@ -304,6 +374,83 @@ def _chunks(fd: int, size: int, path: str) -> Iterator[bytes]:
             yield chunk
     finally:
         os.close(fd)
+
+
+def _remove_item(dir_fd: int, name: str, is_dir: bool, shown: str, depth: int) -> None:
+    """Remove ``name`` beneath ``dir_fd``: unlink it, or empty it first if it is a folder."""
+    try:
+        if is_dir:
+            _empty_folder(dir_fd, name, shown, depth + 1)
+            os.rmdir(name, dir_fd=dir_fd)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return  # gone already: the goal is met
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.ENOTDIR, errno.ELOOP, errno.EISDIR):
+            raise Conflict(
+                f"{shorten(shown)!r} changed while it was removed (from inside the sandbox); "
+                "try again"
+            ) from None
+        raise _refusal(exc, shown) from None
+
+
+def _empty_folder(parent_fd: int, name: str, shown: str, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise BadRequest(f"{shorten(shown)!r} is more than {MAX_DEPTH} folders deep")
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)  # ELOOP/ENOTDIR if swapped for a link
+    try:
+        for _ in range(REMOVE_ROUNDS):
+            with os.scandir(fd) as it:
+                items = [(item.name, item.is_dir(follow_symlinks=False)) for item in it]
+            if not items:
+                return
+            for child, is_dir in items:
+                _remove_item(fd, child, is_dir, f"{shown}/{child}", depth)
+        raise Conflict(
+            f"{shorten(shown)!r} kept filling while it was removed (from inside the sandbox)"
+        )
+    finally:
+        os.close(fd)
+
+
+class FileReader(io.RawIOBase):
+    """A regular file's bytes as a seekable stream that never goes past the size it had
+    when opened: a file that grows while it is served cannot make a response endless."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self.size = size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self.size - self._pos)
+        if want <= 0:
+            return 0
+        data = os.pread(self._fd, want, self._pos)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
 
 
 class AtomicWrite:
