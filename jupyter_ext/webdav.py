@@ -64,7 +64,10 @@ class DavService:
     """The WsgiDAV application of this server and the threads it runs in."""
 
     def __init__(self, base_url: str) -> None:
-        self.mount_path = url_path_join(base_url, MOUNT).rstrip("/")
+        # As routed (percent-encoded, like the request's raw path) and as WSGI and
+        # WsgiDAV see it (decoded, like the Destination paths it compares it with).
+        self.route_prefix = url_path_join(base_url, MOUNT).rstrip("/")
+        self.mount_path = urllib.parse.unquote(self.route_prefix)
         self.app = make_app(self.mount_path)
         self.executor = ThreadPoolExecutor(THREADS, thread_name_prefix="sandbox-dav")
 
@@ -275,7 +278,7 @@ class DavHandler(JupyterHandler):
 
     def _wsgi_environ(self, sandbox_id: str, workspace: Any) -> dict[str, Any]:
         request = self.request
-        raw = request.path[len(self.dav.mount_path) :] or "/"
+        raw = request.path[len(self.dav.route_prefix) :] or "/"
         host, _, port = (
             request.host.rpartition(":") if ":" in request.host else (request.host, "", "")
         )

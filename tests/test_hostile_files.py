@@ -495,7 +495,7 @@ def read_nofollow(path: Path) -> tuple[str, bytes]:
 def workspace_leftovers(workspace: Path) -> list[str]:
     """Everything under the workspace, walked on the host (os.walk)."""
     found = []
-    for folder, dirs, names in os.walk(workspace):
+    for folder, _dirs, names in os.walk(workspace):
         for name in dirs + names:
             found.append(os.path.relpath(os.path.join(folder, name), workspace))
     return sorted(found)
@@ -1064,3 +1064,138 @@ async def test_aborted_upload_leaves_nothing(
     while workspace_leftovers(ws) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert workspace_leftovers(ws) == []
+
+
+# -- the same races through WebDAV -----------------------------------------------------
+
+
+def dav(sid: str, path: str = "") -> tuple[str, ...]:
+    return ("sandbox-kernel", "dav", sid, *([path] if path else []))
+
+
+def secret_copies(workspace: Path) -> list[str]:
+    """Files under the workspace (links not followed) whose bytes are the host secret."""
+    found = []
+    for folder, _dirs, names in os.walk(workspace):
+        for name in names:
+            path = Path(folder, name)
+            kind, data = read_nofollow(path)
+            if kind == "file" and SECRET in data:
+                found.append(str(path.relative_to(workspace)))
+    return found
+
+
+def restore_d_and_x(ws: Path, host: Path) -> None:
+    """After a removal of ``d`` took one of the two swapped names, put it back."""
+    have = {name: os.path.lexists(ws / name) for name in ("d", "x")}
+    if all(have.values()):
+        return
+    missing, other = ("d", "x") if not have["d"] else ("x", "d")
+    if not have[other]:
+        raise AssertionError("both d and x are gone (test bug)")
+    if os.path.islink(ws / other):
+        (ws / missing).mkdir()
+        (ws / missing / "f").write_bytes(b"inside")
+        os.chown(ws / missing / "f", 1000, 1000)
+        os.chown(ws / missing, 1000, 1000)
+    else:
+        os.symlink(host, ws / missing)
+        os.lchown(ws / missing, 1000, 1000)
+
+
+DAV_TRIES = {"propfind": 100, "get": 100, "put": 60, "delete": 60, "copy": 60, "move": 60}
+DAV_TRIES |= {"mkcol": 60, "rmtree": 40}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("operation", sorted(DAV_TRIES))
+async def test_webdav_folder_swap_race(
+    jp_fetch: Any,
+    jp_serverapp: Any,
+    sandbox: dict[str, str],
+    secrets: HostSecrets,
+    operation: str,
+) -> None:
+    """Every WebDAV method on ``d/...`` while the sandbox swaps ``d`` with a link out.
+
+    The same attack as :func:`test_folder_swap_race` (``x`` -> the host folder, the two
+    names exchanged atomically in a loop), through the WebDAV methods a desktop client
+    uses: PROPFIND, GET, PUT, DELETE of a file and of a whole tree, COPY, MOVE, MKCOL.
+    Required on every try: no answer carries HOST-SECRET or lists ``host-only.txt``, the
+    host folder and secret stay as they were, no copy of the secret ever lands in the
+    workspace, and no answer is a 5xx.
+    """
+    sid, ws = sandbox["id"], Path(sandbox["workspace"])
+    sandbox_run(
+        sandbox["engine_id"], _MAKE_D_AND_X, real="d", file="f", link="x", host=str(secrets.folder)
+    )
+    inside = os.open(ws / "d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    problems: list[str] = []
+    codes: dict[int, int] = {}
+    raw = {"allow_nonstandard_methods": True}
+    target = f"http://127.0.0.1:{jp_serverapp.port}{jp_serverapp.base_url}sandbox-kernel/dav/{sid}"
+    try:
+        attacker = start_attack(sandbox["engine_id"], _EXCHANGE, a="d", b="x")
+        saw_both(ws / "d")
+        deadline = time.monotonic() + PHASE_SECONDS
+        done = 0
+        for i in range(DAV_TRIES[operation]):
+            if time.monotonic() > deadline:
+                break
+            done += 1
+            if operation in ("delete", "copy", "move") and "f" not in os.listdir(inside):
+                fd = os.open("f", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=inside)
+                os.write(fd, b"inside")
+                os.close(fd)
+            if operation == "propfind":
+                reply = await call(
+                    jp_fetch,
+                    *dav(sid, "d/"),
+                    method="PROPFIND",
+                    body=b"",
+                    headers={"Depth": "1"},
+                    **raw,
+                )
+                if b"host-only.txt" in reply.body:
+                    problems.append("a PROPFIND of d listed the host folder")
+            elif operation == "get":
+                reply = await call(jp_fetch, *dav(sid, "d/f"))
+            elif operation == "put":
+                reply = await call(jp_fetch, *dav(sid, f"d/new-{i}"), method="PUT", body=b"new")
+            elif operation == "delete":
+                reply = await call(jp_fetch, *dav(sid, "d/f"), method="DELETE")
+            elif operation == "rmtree":
+                reply = await call(jp_fetch, *dav(sid, "d"), method="DELETE")
+            elif operation == "mkcol":
+                reply = await call(
+                    jp_fetch, *dav(sid, f"d/sub-{i}"), method="MKCOL", body=b"", **raw
+                )
+            else:
+                reply = await call(
+                    jp_fetch,
+                    *dav(sid, "d/f"),
+                    method=operation.upper(),
+                    body=b"",
+                    headers={"Destination": f"{target}/d/{operation}-{i}", "Overwrite": "T"},
+                    **raw,
+                )
+            codes[reply.code] = codes.get(reply.code, 0) + 1
+            if SECRET in reply.body:
+                problems.append(f"{operation}: the answer carried HOST-SECRET")
+            if reply.code >= 500:
+                problems.append(f"{operation}: answer {reply!r}")
+            found = secrets.problems()
+            if found:
+                problems.extend(f"{operation}: {text}" for text in found)
+                secrets.restore()
+            if operation == "rmtree":
+                restore_d_and_x(ws, secrets.folder)
+        stats = finish_attack(attacker, swaps=1000)
+    finally:
+        os.close(inside)
+    leaked = secret_copies(ws)
+    if leaked:
+        problems.append(f"{operation}: the host secret was copied into the workspace: {leaked}")
+    print(f"{operation}: answers {codes} in {done} tries; attacker {stats}")
+    assert not problems, f"{summary(problems)}\nanswers {codes} in {done} tries; attacker {stats}"
+    assert done >= min(DAV_TRIES[operation], 30), f"too few tries in {PHASE_SECONDS} s: {codes}"
