@@ -9,6 +9,8 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { nullTranslator, TranslationBundle } from '@jupyterlab/translation';
 
+import { davUrl } from './format';
+
 export type SandboxState = 'creating' | 'running' | 'stopped' | 'error';
 
 export interface ISandbox {
@@ -223,6 +225,11 @@ export class SandboxAPI {
     return this.url(
       `sandboxes/${encodeURIComponent(id)}/files/${encodePath(path)}`
     );
+  }
+
+  /** The absolute WebDAV URL of a sandbox's whole workspace (see davUrl). */
+  davUrl(id: string): string {
+    return davUrl(this.serverSettings.baseUrl, id);
   }
 
   async deleteFile(id: string, path: string): Promise<void> {

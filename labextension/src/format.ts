@@ -6,7 +6,7 @@
  */
 import { nullTranslator, TranslationBundle } from '@jupyterlab/translation';
 
-import { ISandbox } from './api';
+import type { ISandbox } from './api';
 
 /** The translation domain of the panel's strings. */
 export const TRANSLATION_DOMAIN = 'sandbox_kernel';
@@ -200,4 +200,22 @@ export function nextLabel(
   return left <= 0
     ? trans.__('removed (workspace kept) at the next cleanup')
     : trans.__('removed (workspace kept) in %1', formatDuration(left, trans));
+}
+
+/**
+ * The absolute WebDAV URL of a sandbox's workspace: the server extension serves it at
+ * `{base_url}sandbox-kernel/dav/{sandbox id}/`. A desktop client needs the whole URL, so
+ * a relative base URL is resolved against `location` (the page's address by default);
+ * a base URL without its trailing slash is taken as the folder it names.
+ */
+export function davUrl(
+  baseUrl: string,
+  id: string,
+  location: string | undefined = globalThis.location?.href
+): string {
+  const base = baseUrl.endsWith('/') ? baseUrl : `${baseUrl}/`;
+  return new URL(
+    `${base}sandbox-kernel/dav/${encodeURIComponent(id)}/`,
+    location
+  ).href;
 }

@@ -81,6 +81,16 @@ describe('SandboxAPI', () => {
     );
   });
 
+  it('gives the WebDAV URL of a sandbox under the same base URL', () => {
+    const api = new SandboxAPI(new FakeServer().settings());
+    expect(api.davUrl('sk-alice')).toBe(
+      'http://lab.test/base/sandbox-kernel/dav/sk-alice/'
+    );
+    expect(api.davUrl('sk-alice--t 1')).toBe(
+      'http://lab.test/base/sandbox-kernel/dav/sk-alice--t%201/'
+    );
+  });
+
   it.each([
     [403, 'sandbox sk-bob belongs to another user'],
     [404, "no sandbox with id 'sk-x'"],

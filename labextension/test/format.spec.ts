@@ -5,6 +5,7 @@ import { describe, expect, it } from 'vitest';
 import type { ISandbox } from '../src/api';
 import {
   age,
+  davUrl,
   formatAgo,
   formatBytes,
   formatCpu,
@@ -144,5 +145,54 @@ describe('format', () => {
         marked
       )
     ).toBe('«2 (1 busy)»');
+  });
+
+  it.each([
+    // base URL as the page config gives it (absolute), with and without its slash
+    ['http://lab.test/', 'http://lab.test/sandbox-kernel/dav/sk-alice/'],
+    ['http://lab.test', 'http://lab.test/sandbox-kernel/dav/sk-alice/'],
+    [
+      'http://lab.test/user/alice/',
+      'http://lab.test/user/alice/sandbox-kernel/dav/sk-alice/'
+    ],
+    [
+      'http://lab.test/user/alice',
+      'http://lab.test/user/alice/sandbox-kernel/dav/sk-alice/'
+    ],
+    // relative base URLs are resolved against the page, never against its folder
+    ['/', 'https://hub.test/sandbox-kernel/dav/sk-alice/'],
+    [
+      '/user/alice/',
+      'https://hub.test/user/alice/sandbox-kernel/dav/sk-alice/'
+    ],
+    ['/user/alice', 'https://hub.test/user/alice/sandbox-kernel/dav/sk-alice/'],
+    ['', 'https://hub.test/sandbox-kernel/dav/sk-alice/']
+  ])('makes the absolute WebDAV URL from base URL %j', (base, expected) => {
+    expect(
+      davUrl(base, 'sk-alice', 'https://hub.test/user/alice/lab/tree/x')
+    ).toBe(expected);
+  });
+
+  it('encodes a sandbox id into one path segment of the WebDAV URL', () => {
+    const page = 'http://lab.test/lab';
+    expect(davUrl('/', 'sk-alice--t1.a_b', page)).toBe(
+      'http://lab.test/sandbox-kernel/dav/sk-alice--t1.a_b/'
+    );
+    expect(davUrl('/', 'sk-a b/c?d#e%f', page)).toBe(
+      'http://lab.test/sandbox-kernel/dav/sk-a%20b%2Fc%3Fd%23e%25f/'
+    );
+    expect(davUrl('/', 'sk-zoë@host', page)).toBe(
+      'http://lab.test/sandbox-kernel/dav/sk-zo%C3%AB%40host/'
+    );
+    // The segment stays one: the server gets the id back with one decode.
+    const url = new URL(davUrl('/base/', 'a/../../b', page));
+    expect(url.pathname).toBe('/base/sandbox-kernel/dav/a%2F..%2F..%2Fb/');
+    expect(decodeURIComponent(url.pathname.split('/')[4])).toBe('a/../../b');
+  });
+
+  it('keeps the host, port and scheme of an absolute base URL', () => {
+    expect(
+      davUrl('https://other.test:8443/jl/', 'sk-alice', 'http://lab.test/lab')
+    ).toBe('https://other.test:8443/jl/sandbox-kernel/dav/sk-alice/');
   });
 });
