@@ -4,8 +4,8 @@ the wheel, a real Docker sandbox, Debian's chromium driven by Playwright.
 Skipped with a reason when chromium, Playwright or the built extension is missing;
 with ``SANDBOX_KERNEL_REQUIRE_BROWSER=1`` (set by .ci/run) that is a failure instead.
 Runs at two window sizes (1000x700 and 1600x1000), clicking every action of the panel
-with real mouse clicks at each. Screenshots of the panel (light, dark, files, server
-gone; one set per size) go to tests/output/lab-ui/.
+with real mouse clicks at each. Screenshots of the panel (light, dark, files, WebDAV URL
+copied, server gone; one set per size) go to tests/output/lab-ui/.
 """
 
 from __future__ import annotations
@@ -279,7 +279,9 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         context = browser.new_context(
-            viewport={"width": width, "height": height}, accept_downloads=True
+            viewport={"width": width, "height": height},
+            accept_downloads=True,
+            permissions=["clipboard-read", "clipboard-write"],
         )
         page = context.new_page()
         page.on(
@@ -319,6 +321,13 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
             expect(card).to_contain_text(TEST_IMAGE)
             expect(card.locator(".jp-SandboxPanel-memory")).to_contain_text(
                 "/ 1.00 GiB", timeout=20_000
+            )
+            _check_webdav(
+                page,
+                card,
+                f"{lab.url}/sandbox-kernel/dav/{sid}/",
+                sid,
+                OUTPUT / f"webdav-copied-{size}.png",
             )
             # The refresh button says how often the panel refreshes by itself (the setting).
             refresh = panel.locator("[data-command='sandbox-kernel:refresh']")
@@ -563,6 +572,52 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
             context.close()
             browser.close()
     print(f"\nscreenshots in {OUTPUT}; console errors seen: {errors}")
+
+
+def _check_webdav(page: Any, card: Any, expected: str, sid: str, shot: Path) -> None:
+    """The card shows the workspace's WebDAV URL (absolute, whole, inside the card), a
+    copy button that says "Copied" (the Clipboard API, then the `copy` command when the
+    API refuses) and the mount hint."""
+    from playwright.sync_api import expect
+
+    url = card.locator(".jp-SandboxPanel-davUrl")
+    status = card.locator(".jp-SandboxPanel-davStatus")
+    expect(url).to_have_text(expected)
+    expect(url).to_have_attribute("title", expected)
+    expect(card.locator(".jp-SandboxPanel-mountHint")).to_contain_text(
+        "your Jupyter token as password"
+    )
+    # The long URL wraps in its own box: nothing sticks out of the card, no sideways scroll.
+    box = card.evaluate("""card => {
+        const own = card.getBoundingClientRect();
+        const right = sel => card.querySelector(sel).getBoundingClientRect().right;
+        const body = card.closest('.jp-SandboxPanel-body');
+        return { url: right('.jp-SandboxPanel-davUrl'), copy: right('.jp-SandboxPanel-copy'),
+                 card: own.right, scroll: body.scrollWidth - body.clientWidth };
+    }""")
+    assert max(box["url"], box["copy"]) <= box["card"], box
+    assert box["scroll"] <= 0, f"the sandboxes list scrolls sideways: {box}"
+    copy = card.get_by_role("button", name=f"Copy the WebDAV URL of {sid}", exact=True)
+    page.evaluate("navigator.clipboard.writeText('')")
+    _click_in_view(copy)
+    expect(status).to_have_text("Copied")
+    card.locator(".jp-SandboxPanel-dav").scroll_into_view_if_needed()
+    page.locator(".jp-SandboxPanel-sandboxes").screenshot(path=str(shot))
+    assert page.evaluate("navigator.clipboard.readText()") == expected
+    expect(status).to_have_text("", timeout=10_000)  # the confirmation goes away
+    # A Clipboard API that refuses (as without permission): the copy command does it.
+    page.evaluate("""async () => {
+        await navigator.clipboard.writeText('');
+        navigator.clipboard.writeText = () => Promise.reject(new DOMException('no', 'NotAllowedError'));
+    }""")
+    _click_in_view(copy)
+    expect(status).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == expected
+    # Neither works: the panel says so and selects the URL for the keyboard's copy.
+    page.evaluate("document.execCommand = () => false")
+    _click_in_view(copy)
+    expect(status).to_contain_text("copy the selected URL by hand")
+    assert page.evaluate("window.getSelection().toString()") == expected
 
 
 def lambda_class(name: str) -> Any:
