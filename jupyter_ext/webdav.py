@@ -201,6 +201,7 @@ class DavHandler(JupyterHandler):
     _app: asyncio.Future[Any] | None = None
     _received = 0
     _too_large = False
+    _refused: web.HTTPError | None = None
 
     @property
     def dav(self) -> DavService:
@@ -231,6 +232,18 @@ class DavHandler(JupyterHandler):
     async def prepare(self) -> None:  # type: ignore[override]
         self._basic_as_token()
         self._small = []
+        try:
+            await self._admit()
+        except web.HTTPError as err:
+            if err.status_code == 413:
+                raise  # answered at once, and the connection closed: never read 10 GB
+            # Answered once the (small) body is read, so the connection stays usable: a
+            # desktop client's first request is unauthenticated, its retry reuses it.
+            self._refused = err
+            self._limit_body(SMALL_BODY)
+
+    async def _admit(self) -> None:
+        """Authenticate, authorize, find the workspace; for a PUT, start the application."""
         await super().prepare()
         if self.current_user is None:
             raise web.HTTPError(401, log_message="authentication required")
@@ -315,6 +328,8 @@ class DavHandler(JupyterHandler):
     # -- the body ------------------------------------------------------------------
     async def data_received(self, chunk: bytes) -> None:
         self._received += len(chunk)
+        if self._refused is not None:
+            return
         if self._body is None:
             self._small.append(chunk)
             return
@@ -336,6 +351,8 @@ class DavHandler(JupyterHandler):
 
     # -- the response ----------------------------------------------------------------
     async def _serve(self) -> None:
+        if self._refused is not None:
+            raise self._refused
         if self._body is not None:
             self._body.end()
         app = self._app

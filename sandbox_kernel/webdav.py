@@ -110,7 +110,7 @@ class _Resource:
     def _target(self, dest_path: str) -> str:
         rel = _relative(dest_path, self.environ)
         if rel is None:
-            raise DAVError(HTTP_FORBIDDEN, context_info="copy and move stay within one sandbox")
+            raise DAVError(HTTP_FORBIDDEN, context_info="the destination is not in the sandbox")
         return rel
 
     def get_last_modified(self) -> float | None:
@@ -282,8 +282,11 @@ class _Writer:
 def _relative(path: str, environ: dict[str, Any]) -> str | None:
     """The workspace-relative path of ``/<sandbox id>/<path>``; None for another sandbox."""
     sandbox, _, rest = path.lstrip("/").partition("/")
+    if not sandbox:
+        return None  # the root above the sandboxes (a parent WsgiDAV asks about)
     if sandbox != environ.get(ENV_SANDBOX):
-        return None
+        # Only a Destination header can name another sandbox.
+        raise DAVError(HTTP_FORBIDDEN, context_info="copy and move stay within one sandbox")
     return rest.strip("/")
 
 

@@ -495,7 +495,7 @@ def read_nofollow(path: Path) -> tuple[str, bytes]:
 def workspace_leftovers(workspace: Path) -> list[str]:
     """Everything under the workspace, walked on the host (os.walk)."""
     found = []
-    for folder, _dirs, names in os.walk(workspace):
+    for folder, dirs, names in os.walk(workspace):
         for name in dirs + names:
             found.append(os.path.relpath(os.path.join(folder, name), workspace))
     return sorted(found)
