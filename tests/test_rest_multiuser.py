@@ -87,3 +87,67 @@ async def test_users_are_separate(
     assert backend.get(b.id).state == "running"
     code, body = await call(jp_fetch, "", "api", "sandboxes")
     assert code == 403
+
+
+async def test_webdav_keeps_users_apart(
+    jp_fetch: Any,
+    jp_base_url: str,
+    users: tuple[str, str],
+    make_config: Callable[..., SandboxConfig],
+    tmp_path: Path,
+) -> None:
+    """WebDAV follows the REST owner rules: another user's sandbox is 403 for every method,
+    nothing lands in it, and a request without a user gets the 401 Basic challenge."""
+    alice, bob = users
+    cfg = make_config(workspace_root=str(tmp_path / "ws"), state_dir=str(tmp_path / "st"))
+    service = SandboxService(cfg)
+    a = service.ensure(ScopeKey(alice)).info
+    b = service.ensure(ScopeKey(bob)).info
+    (Path(b.workspace) / "bobs.txt").write_text("bob's")
+    (Path(a.workspace) / "alices.txt").write_text("alice's")
+
+    async def dav(user: str, method: str, path: str, **kw: Any) -> tuple[int, bytes]:
+        headers = {"Authorization": "", **({"X-Test-User": user} if user else {})}
+        headers.update(kw.pop("headers", {}))
+        try:
+            response = await jp_fetch(
+                "sandbox-kernel",
+                "dav",
+                *path.split("/"),
+                method=method,
+                headers=headers,
+                allow_nonstandard_methods=True,
+                **kw,
+            )
+        except HTTPClientError as err:
+            assert err.response is not None
+            return err.code, err.response.body or b""
+        return response.code, response.body or b""
+
+    code, _ = await dav(alice, "PROPFIND", f"{a.id}/", body=b"", headers={"Depth": "1"})
+    assert code == 207
+    for method, path, kw in (
+        ("PROPFIND", f"{b.id}/", {"body": b"", "headers": {"Depth": "1"}}),
+        ("GET", f"{b.id}/bobs.txt", {}),
+        ("PUT", f"{b.id}/planted.txt", {"body": b"x"}),
+        ("DELETE", f"{b.id}/bobs.txt", {}),
+        ("MKCOL", f"{b.id}/made", {"body": b""}),
+        ("LOCK", f"{b.id}/bobs.txt", {"body": b""}),
+    ):
+        code, body = await dav(alice, method, path, **kw)
+        assert code == 403 and b"another user" in body and b"bob's" not in body, (
+            method,
+            code,
+            body,
+        )
+    code, _ = await dav(
+        alice,
+        "COPY",
+        f"{a.id}/x",
+        body=b"",
+        headers={"Destination": f"/sandbox-kernel/dav/{b.id}/stolen"},
+    )
+    assert code in (403, 404)
+    assert sorted(p.name for p in Path(b.workspace).iterdir()) == ["bobs.txt"]
+    code, _ = await dav("", "PROPFIND", f"{b.id}/", body=b"")
+    assert code == 401
