@@ -245,69 +245,90 @@ class Bench:
         return proc, url, token
 
     def files(self, runs: int, size_mb: int) -> None:
+        """Upload and download through the REST route and WebDAV, against ``docker cp``,
+        interleaved run by run (curl for both HTTP routes, so the client is the same)."""
+        self.first_result("sandbox")  # the sandbox exists and runs (docker cp needs that)
         proc, url, token = self.with_server()
         try:
             src = self.root / "blob.bin"
             with src.open("wb") as fh:
                 for _ in range(size_mb):
                     fh.write(os.urandom(1 << 20))
-            target = f"{url}/api/sandboxes/{self.sandbox_id}/files/bench/blob.bin"
-            ups, downs, cp_in, cp_out = [], [], [], []
+            auth = ["-H", f"Authorization: token {token}"]
+            rest = f"{url}/api/sandboxes/{self.sandbox_id}/files/bench/blob.bin"
+            dav = f"{url}/sandbox-kernel/dav/{self.sandbox_id}/blob-dav.bin"
+            back = str(self.root / "back.bin")
+            commands = {
+                "rest up": ["curl", "-sf", "-o", "/dev/null", "-T", str(src), *auth, rest],
+                "rest down": ["curl", "-sf", "-o", back, *auth, rest],
+                "dav up": ["curl", "-sf", "-o", "/dev/null", "-T", str(src), *auth, dav],
+                "dav down": ["curl", "-sf", "-o", back, *auth, dav],
+                "cp in": ["docker", "cp", str(src), f"{self.container_name}:/tmp/blob.bin"],
+                "cp out": [
+                    "docker",
+                    "cp",
+                    f"{self.container_name}:/tmp/blob.bin",
+                    str(self.root / "cp.bin"),
+                ],
+            }
+            times: dict[str, list[float]] = {name: [] for name in commands}
             for _ in range(runs):
-                t = time.perf_counter()
-                subprocess.run(
-                    [
-                        "curl",
-                        "-sf",
-                        "-o",
-                        "/dev/null",
-                        "-T",
-                        str(src),
-                        "-H",
-                        f"Authorization: token {token}",
-                        target,
-                    ],
-                    check=True,
-                )
-                ups.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                subprocess.run(
-                    [
-                        "curl",
-                        "-sf",
-                        "-o",
-                        str(self.root / "back.bin"),
-                        "-H",
-                        f"Authorization: token {token}",
-                        target,
-                    ],
-                    check=True,
-                )
-                downs.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                subprocess.run(
-                    ["docker", "cp", str(src), f"{self.container_name}:/tmp/blob.bin"], check=True
-                )
-                cp_in.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                subprocess.run(
-                    [
-                        "docker",
-                        "cp",
-                        f"{self.container_name}:/tmp/blob.bin",
-                        str(self.root / "cp.bin"),
-                    ],
-                    check=True,
-                )
-                cp_out.append(time.perf_counter() - t)
-            assert (self.root / "back.bin").read_bytes() == src.read_bytes(), (
-                "download differs from upload"
+                for name, cmd in commands.items():
+                    t = time.perf_counter()
+                    subprocess.run(cmd, check=True)
+                    times[name].append(time.perf_counter() - t)
+                    if name.endswith("down"):
+                        assert Path(back).read_bytes() == src.read_bytes(), f"{name}: differs"
+            self.record(
+                f"{size_mb} MB upload (REST)", times["rest up"], times["cp in"], against="docker cp"
             )
-            self.record(f"{size_mb} MB upload (REST)", ups, cp_in, against="docker cp")
-            self.record(f"{size_mb} MB download (REST)", downs, cp_out, against="docker cp")
+            self.record(
+                f"{size_mb} MB download (REST)",
+                times["rest down"],
+                times["cp out"],
+                against="docker cp",
+            )
+            self.record(
+                f"{size_mb} MB upload (WebDAV)",
+                times["dav up"],
+                times["cp in"],
+                against="docker cp",
+            )
+            self.record(
+                f"{size_mb} MB download (WebDAV)",
+                times["dav down"],
+                times["cp out"],
+                against="docker cp",
+            )
+            self.listings(url, token, runs * 10)
         finally:
             proc.terminate()
             proc.wait()
+
+    def listings(self, url: str, token: str, runs: int) -> None:
+        """What WsgiDAV's XML costs: a folder of 100 files listed by PROPFIND (depth 1)
+        against the REST route's JSON listing, interleaved, in one process (no curl)."""
+        folder = f"{url}/api/sandboxes/{self.sandbox_id}/files/list100"
+        for i in range(100):
+            req = urllib.request.Request(
+                f"{folder}/f{i:03d}.txt",
+                data=b"x",
+                method="PUT",
+                headers={"Authorization": f"token {token}"},
+            )
+            urllib.request.urlopen(req, timeout=60).close()
+        rest = f"{url}/api/sandboxes/{self.sandbox_id}/files?path=list100"
+        dav = f"{url}/sandbox-kernel/dav/{self.sandbox_id}/list100/"
+        rest_times, dav_times = [], []
+        for _ in range(runs):
+            t = time.perf_counter()
+            request(rest, token)
+            rest_times.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            body = request(dav, token, "PROPFIND", Depth="1")
+            dav_times.append(time.perf_counter() - t)
+            assert b"f000.txt" in body and b"f099.txt" in body, "the PROPFIND missed files"
+        self.record("listing of 100 files (WebDAV PROPFIND)", dav_times, rest_times, against="REST")
 
     def scale(self, counts: list[int]) -> None:
         from sandbox_kernel.config import load_config
@@ -490,8 +511,10 @@ class Bench:
                 c.remove(force=True)
 
 
-def request(url: str, token: str) -> bytes:
-    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+def request(url: str, token: str, method: str = "GET", **headers: str) -> bytes:
+    req = urllib.request.Request(
+        url, method=method, headers={"Authorization": f"token {token}", **headers}
+    )
     with urllib.request.urlopen(req, timeout=60) as response:
         return response.read()
 
@@ -534,6 +557,11 @@ def main() -> int:
     )
     parser.add_argument("--only-batch", action="store_true", help="run only the CI measures")
     parser.add_argument(
+        "--only-files",
+        action="store_true",
+        help="run only the file transfers (REST, WebDAV, docker cp)",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=50, help="rounds of 20 parallel starts per kernel (--batch)"
     )
     parser.add_argument(
@@ -545,9 +573,10 @@ def main() -> int:
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, image {bench.image}"
     print(f"machine: {machine}", flush=True)
     try:
-        if not (args.only_scale or args.only_batch):
+        if not (args.only_scale or args.only_batch or args.only_files):
             bench.cells(30 if args.smoke else 300)
             bench.starts(1 if args.smoke else 9)
+        if not (args.only_scale or args.only_batch):
             bench.files(1 if args.smoke else 3, 10 if args.smoke else 100)
         if args.scale or args.only_scale:
             bench.scale([10, 50, 100])

@@ -430,6 +430,16 @@ class FileReader(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
+    def read(self, size: int | None = -1) -> bytes:
+        # One copy (pread's), not RawIOBase's buffer-then-bytes two: this serves downloads.
+        want = self.size - self._pos if size is None or size < 0 else size
+        want = min(want, self.size - self._pos)
+        if want <= 0:
+            return b""
+        data = os.pread(self._fd, want, self._pos)
+        self._pos += len(data)
+        return data
+
     def readinto(self, buffer: Any) -> int:
         want = min(len(buffer), self.size - self._pos)
         if want <= 0:

@@ -28,6 +28,7 @@ from wsgidav.dav_error import (
     HTTP_NOT_IMPLEMENTED,
     HTTP_REQUEST_ENTITY_TOO_LARGE,
     DAVError,
+    PRECONDITION_CODE_PropfindFiniteDepth,
 )
 from wsgidav.dav_provider import DAVCollection, DAVNonCollection, DAVProvider
 from wsgidav.error_printer import ErrorPrinter
@@ -295,6 +296,30 @@ class WorkspaceProvider(DAVProvider):
 
     def is_readonly(self) -> bool:
         return False
+
+    def custom_request_handler(
+        self, environ: dict[str, Any], start_response: Any, default_handler: Any
+    ) -> Any:
+        """Refuse PROPFIND of a whole tree (RFC 4918 9.1 lets a server): the sandbox can
+        fill its workspace with millions of files, and the answer is built in memory.
+        (Of a file, Depth: infinity means the file alone, and is served.)"""
+        depth = environ.get("HTTP_DEPTH", "infinity").strip().lower()
+        if (
+            environ.get("REQUEST_METHOD") == "PROPFIND"
+            and depth == "infinity"
+            and self._folder(environ["PATH_INFO"], environ)
+        ):
+            raise DAVError(
+                HTTP_FORBIDDEN,
+                context_info="PROPFIND of a whole tree (Depth: infinity, or no Depth) is not "
+                "served; ask for one level at a time with Depth: 1",
+                err_condition=PRECONDITION_CODE_PropfindFiniteDepth,
+            )
+        return default_handler(environ, start_response)
+
+    def _folder(self, path: str, environ: dict[str, Any]) -> bool:
+        found = self.get_resource_inst(path, environ)
+        return found is not None and found.is_collection
 
     @_mapped
     def get_resource_inst(self, path: str, environ: dict[str, Any]) -> Any:

@@ -22,6 +22,8 @@ import nbformat
 import pytest
 from webdav4.client import Client, ResourceAlreadyExists, ResourceNotFound
 
+from jupyter_ext.webdav import METHODS
+
 from .conftest import sandbox_container
 from .kernel_env import KernelEnv, make_kernel_env
 from .test_rest_api import server_url
@@ -171,6 +173,9 @@ async def test_authentication_and_ids(dav_url: str, token: str) -> None:
                 assert r.status_code == 401, (auth, r.status_code, r.text)
                 assert r.headers["WWW-Authenticate"].startswith('Basic realm="sandbox-kernel"')
                 assert "Traceback" not in r.text
+            for method in METHODS:  # every method the route serves, without a login
+                r = http.request(method, dav_url + "x.txt", content=b"x")
+                assert r.status_code == 401, (method, r.status_code)
             r = http.request("PROPFIND", dav_url, headers={"Authorization": "Bearer nope"})
             assert r.status_code == 401
             r = http.put(dav_url + "x.txt", content=b"x", headers={"Authorization": "Basic !!"})
@@ -208,6 +213,9 @@ async def test_refusals_are_clear_and_lose_nothing(
             r = http.put(dav_url + "link", content=b"over the link")
             assert r.status_code == 403 and "symlink" in r.text, r.text
             assert os.readlink(ws / "link") == "/etc"
+            for depth in ({"Depth": "infinity"}, {}):
+                r = http.request("PROPFIND", dav_url, headers=depth)
+                assert r.status_code == 403 and b"propfind-finite-depth" in r.content, r.text
             r = http.request("MKCOL", dav_url + "no/such/parent")
             assert r.status_code == 409
             r = http.delete(dav_url)
