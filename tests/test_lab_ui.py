@@ -10,6 +10,7 @@ copied, server gone; one set per size) go to tests/output/lab-ui/.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -329,6 +330,8 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
                 sid,
                 OUTPUT / f"webdav-copied-{size}.png",
             )
+            # The URL shown is a working share: the token as Basic password lists it.
+            _propfind_ok(f"{lab.url}/sandbox-kernel/dav/{sid}/", lab.token)
             # The refresh button says how often the panel refreshes by itself (the setting).
             refresh = panel.locator("[data-command='sandbox-kernel:refresh']")
             expect(refresh).to_have_attribute("title", re.compile(r"every 5 s"))
@@ -618,6 +621,15 @@ def _check_webdav(page: Any, card: Any, expected: str, sid: str, shot: Path) -> 
     _click_in_view(copy)
     expect(status).to_contain_text("copy the selected URL by hand")
     assert page.evaluate("window.getSelection().toString()") == expected
+
+
+def _propfind_ok(url: str, token: str) -> None:
+    basic = base64.b64encode(f"anyone:{token}".encode()).decode()
+    request = urllib.request.Request(
+        url, method="PROPFIND", headers={"Depth": "1", "Authorization": f"Basic {basic}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 207 and b"multistatus" in response.read()
 
 
 def lambda_class(name: str) -> Any:
