@@ -120,6 +120,15 @@ class _Resource:
     def get_creation_date(self) -> float | None:
         return self.get_last_modified()
 
+    def support_recursive_move(self, dest_path: str) -> bool:
+        return True  # one rename, whatever the size of the tree
+
+    @_mapped
+    def move_recursive(self, dest_path: str) -> list[Any]:
+        self.workspace.move(self.rel, self._target(dest_path))
+        self._forget()
+        return []
+
     def _forget(self) -> None:
         """Drop the locks and dead properties WsgiDAV kept for what was removed."""
         self.remove_all_locks(recursive=True)  # type: ignore[attr-defined]
@@ -184,15 +193,6 @@ class FileResource(_Resource, DAVNonCollection):
         else:
             self.workspace.copy_file(self.rel, self._target(dest_path))
 
-    def support_recursive_move(self, dest_path: str) -> bool:
-        return True
-
-    @_mapped
-    def move_recursive(self, dest_path: str) -> list[Any]:
-        self.workspace.move(self.rel, self._target(dest_path))
-        self._forget()
-        return []
-
 
 class FolderResource(_Resource, DAVCollection):
     def __init__(self, path: str, environ: dict[str, Any], rel: str, entry: Entry | None):
@@ -256,15 +256,6 @@ class FolderResource(_Resource, DAVCollection):
     def copy_move_single(self, dest_path: str, *, is_move: bool) -> None:
         # Collections are copied one level at a time by WsgiDAV: make the folder only.
         self.workspace.make_folder(self._target(dest_path))
-
-    def support_recursive_move(self, dest_path: str) -> bool:
-        return True
-
-    @_mapped
-    def move_recursive(self, dest_path: str) -> list[Any]:
-        self.workspace.move(self.rel, self._target(dest_path))
-        self._forget()
-        return []
 
 
 class _Writer:

@@ -26,17 +26,11 @@ from jupyter_ext.webdav import METHODS
 
 from .conftest import sandbox_container
 from .kernel_env import KernelEnv, make_kernel_env
-from .test_rest_api import server_url
+from .test_rest_api import jp_server_config, server_url
+
+__all__ = ["jp_server_config"]  # the REST tests' server: extension on, 200 MB uploads
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture
-def jp_server_config(rest_env: dict[str, str]) -> dict[str, Any]:
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_ext": True}},
-        "SandboxExtension": {"gc_interval": 0, "max_upload_size": 200 << 20},
-    }
 
 
 @pytest.fixture
