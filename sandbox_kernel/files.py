@@ -13,15 +13,18 @@ special files refused, uploads through an exclusive temporary renamed into place
 
 from __future__ import annotations
 
+import errno
 import json
+import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, cast
 
 from .agent import fs_helper_source
-from .errors import BadRequest, FileMissing, SandboxError, shorten
-from .safefs import MAX_ENTRIES, AtomicWrite, Beneath, Entry, split_path
+from .agent.fs_helper import STAGE
+from .errors import BadRequest, Conflict, FileMissing, SandboxError, shorten
+from .safefs import MAX_ENTRIES, AtomicWrite, Beneath, Entry, _refusal, split_path
 
 __all__ = ["Entry", "FileMissing", "RemoteUpload", "RemoteWorkspace", "Upload", "Workspace"]
 
@@ -86,12 +89,22 @@ class Workspace:
         self._fs.copy_file(src, dst)
 
 
-class RemoteWorkspace:
-    """The workspace of a sandbox whose files are not on this host (a Daytona volume).
+META_TIMEOUT = 60.0  # seconds for an operation on names
+DATA_TIMEOUT = 3600.0  # seconds for one that copies bytes inside the sandbox
 
-    Same operations and errors as :class:`Workspace`; paths are checked twice, here
-    (no ``..``, no absolute path) and inside the sandbox by :mod:`.agent.fs_helper`
-    (no symlink leading out). What comes back from the sandbox is checked before use.
+
+class RemoteWorkspace:
+    """The workspace of a sandbox whose files are not on this host (a Daytona volume),
+    reached through a sandbox that runs no user code (the user's files sandbox).
+
+    Same operations and errors as :class:`Workspace`. Paths are checked twice: here (no
+    ``..``, no absolute path) and inside the sandbox by :mod:`.agent.fs_helper`, which
+    refuses real paths leading out and then walks beneath open folders without
+    following a link, because the volume is shared with the user's code sandbox, which
+    can rewrite it at any moment. Bytes go in and out through the files sandbox's own
+    stage folder, so Daytona's file API never resolves a path in the shared volume (a
+    link swapped in there could otherwise point it at the files sandbox's own system).
+    What comes back from the sandbox is checked before use.
     """
 
     def __init__(self, backend: Any, sandbox_id: str, root: str = "/workspace") -> None:
@@ -99,14 +112,17 @@ class RemoteWorkspace:
         self.sandbox_id = sandbox_id
         self.root = root
 
-    def _ask(self, op: str, path: str) -> dict[str, Any]:
-        parts = _parts(path)
-        rel = str(PurePosixPath(*parts)) if parts else ""
+    def _ask(
+        self, op: str, path: str, *extra: str, dst: str = "", timeout: float = META_TIMEOUT
+    ) -> dict[str, Any]:
+        """One helper operation on ``path`` (and ``dst``); its answer, or our error."""
         result = self.backend.exec(
             self.sandbox_id,
-            ["python3", "-c", fs_helper_source(), op, self.root, rel],
-            cwd=self.root,
-            timeout=60,
+            # -I: nothing from the working folder or the environment is imported, so a
+            # module planted in the workspace can never run here.
+            ["python3", "-I", "-c", fs_helper_source(), op, self.root, _rel(path), *extra],
+            cwd="/",
+            timeout=timeout,
         )
         try:
             answer = json.loads(result.output.decode("utf-8", "replace").strip().splitlines()[-1])
@@ -116,19 +132,9 @@ class RemoteWorkspace:
             raise SandboxError(
                 f"could not reach the files of {self.sandbox_id}: {result.output[-300:]!r}"
             )
-        error = answer.get("error")
-        if error == "outside":
-            raise BadRequest(f"{shorten(path)!r} leads outside the workspace (through a symlink)")
-        if error == "missing":
-            raise FileMissing(f"no such file or folder in the workspace: {shorten(path)!r}")
-        if error == "notdir":
-            raise BadRequest(f"{shorten(path)!r} is a file, not a folder")
-        if error == "isdir":
-            raise BadRequest(f"{shorten(path)!r} is a folder; only files can be deleted")
+        if "error" in answer:
+            raise _remote_refusal(op, answer, path, dst)
         return answer
-
-    def _remote(self, path: str) -> str:
-        return str(PurePosixPath(self.root, *_parts(path)))
 
     def list(self, path: str = "", limit: int = MAX_ENTRIES) -> tuple[list[Entry], bool]:
         answer = self._ask("list", path)
@@ -152,26 +158,154 @@ class RemoteWorkspace:
         entries.sort(key=lambda e: (e.type != "directory", e.name))
         return entries[:limit], len(entries) > limit or bool(answer.get("truncated"))
 
-    def open_read(self, path: str) -> tuple[int, Iterator[bytes]]:
-        answer = self._ask("stat", path)
+    def stat(self, path: str) -> Entry:
+        """The item itself (a link is described, never followed); ``""`` is the workspace."""
+        parts = _parts(path)
+        answer = self._ask("entry", path)
+        try:
+            return Entry(
+                parts[-1] if parts else "",
+                _rel(path),
+                str(answer["type"]),
+                int(answer["size"]),
+                float(answer["modified"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise SandboxError(f"the files of {self.sandbox_id} gave no usable answer") from None
+
+    def open_file(self, path: str) -> BinaryIO:
+        """A seekable reader of a regular file's bytes as they were when it was opened,
+        spooled to a temporary file on this host (never more than that size)."""
+        token = secrets.token_hex(16)
+        answer = self._ask("stage-out", path, token, timeout=DATA_TIMEOUT)
         size = answer.get("size")
-        if answer.get("type") != "file" or not isinstance(size, int) or size < 0:
-            raise BadRequest(f"{shorten(path)!r} is not a regular file")
-        return size, _at_most(size, self.backend.get_file(self.sandbox_id, self._remote(path)))
+        spool = tempfile.TemporaryFile()
+        try:
+            if not isinstance(size, int) or size < 0:
+                raise SandboxError(f"the files of {self.sandbox_id} gave no size for {path!r}")
+            for chunk in _at_most(
+                size, self.backend.get_file(self.sandbox_id, _staged("out", token))
+            ):
+                spool.write(chunk)
+            spool.seek(0)
+        except BaseException:
+            spool.close()
+            raise
+        finally:
+            self._unstage(token)
+        return cast(BinaryIO, spool)
+
+    def open_read(self, path: str) -> tuple[int, Iterator[bytes]]:
+        """(size, chunks) of a regular file; never more than ``size`` bytes."""
+        spool = self.open_file(path)
+        size = spool.seek(0, 2)
+        spool.seek(0)
+        return size, _spooled_chunks(spool)
 
     def start_upload(self, path: str) -> RemoteUpload:
+        """Begin writing ``path``: checked now, sent whole and put in place on commit."""
         if not _parts(path):
             raise BadRequest("give a file path to upload to")
-        if self._ask("check-upload", path).get("type") not in ("none", "file"):
-            raise BadRequest(
-                f"{shorten(path)!r} is a folder or a link; uploads only replace regular files"
-            )
-        return RemoteUpload(self.backend, self.sandbox_id, self._remote(path))
+        self._ask("check-upload", path, dst=path)
+        return RemoteUpload(self, path)
 
     def delete(self, path: str) -> None:
         if not _parts(path):
             raise BadRequest("refusing to delete the workspace itself")
         self._ask("delete", path)
+
+    def make_folder(self, path: str) -> None:
+        """Create exactly one folder; its parent must exist (:class:`Conflict` if taken)."""
+        self._ask("mkdir", path)
+
+    def remove(self, path: str) -> None:
+        """A file, link, special file or a whole folder tree (never following a link)."""
+        if not _parts(path):
+            raise BadRequest("refusing to remove the workspace itself")
+        self._ask("remove", path, timeout=DATA_TIMEOUT)
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename a file or folder tree (an existing destination file is replaced)."""
+        self._ask("move", src, _rel(dst), dst=dst)
+
+    def copy_file(self, src: str, dst: str) -> None:
+        """Copy a regular file; the copy appears whole at ``dst`` or not at all."""
+        self._ask("copy", src, _rel(dst), dst=dst, timeout=DATA_TIMEOUT)
+
+    def _unstage(self, token: str) -> None:
+        """Remove what a transfer left in the stage (the helper also sweeps old ones)."""
+        try:
+            self._ask("unstage", "", token)
+        except SandboxError:
+            pass
+
+
+def _rel(path: str) -> str:
+    parts = _parts(path)
+    return str(PurePosixPath(*parts)) if parts else ""
+
+
+def _staged(prefix: str, token: str) -> str:
+    """Where the helper stages a transfer (see fs_helper.staged_name)."""
+    return f"{STAGE}/{prefix}-{token}"
+
+
+def _remote_refusal(op: str, answer: dict[str, Any], src: str, dst: str) -> SandboxError:
+    """Our error for the helper's refusal: the same classes and words as the host
+    :class:`Workspace` gives for the same situation."""
+    code = str(answer.get("error"))
+    shown = shorten(dst if answer.get("which") == "dst" and dst else src)
+    src, dst = shorten(src), shorten(dst)
+    if code == "outside":
+        return BadRequest(f"{shown!r} leads outside the workspace (through a symlink)")
+    if code == "workspace":
+        return BadRequest("the path names the workspace itself, not a file in it")
+    if code == "notfile":
+        kind = shorten(str(answer.get("kind")), 20)
+        if answer.get("which") == "dst":
+            return BadRequest(f"{shown!r} is a {kind}; uploads only replace regular files")
+        return BadRequest(f"{shown!r} is a {kind}, not a regular file")
+    if code == "EISDIR":
+        if op == "delete":
+            return BadRequest(f"{shown!r} is a folder; only files can be deleted")
+        return BadRequest(f"{shown!r} is a folder; uploads only replace regular files")
+    if code == "EEXIST":
+        return Conflict(f"{shown!r} already exists")
+    if code == "inway":
+        return Conflict(f"{dst!r} is a folder that is in the way; remove it first")
+    if code == "intoself":
+        return BadRequest(f"cannot move {src!r} into itself ({dst!r})")
+    if code == "changed":
+        changed = shorten(str(answer.get("shown") or src))
+        return Conflict(
+            f"{changed!r} changed while it was removed (from inside the sandbox); try again"
+        )
+    if code == "filling":
+        return Conflict(f"{src!r} kept filling while it was removed (from inside the sandbox)")
+    if code == "deep":
+        return BadRequest(f"{src!r} is more than {answer.get('limit')} folders deep")
+    if code == "shrank":
+        return Conflict(f"{src!r} shrank while it was copied; try again")
+    if code == "interfered":
+        if answer.get("landed"):
+            return Conflict(
+                f"the upload to {shown!r} was replaced from inside the sandbox as it landed; "
+                "try again"
+            )
+        return Conflict(
+            f"the upload to {shown!r} was interfered with (its temporary file was replaced "
+            "from inside the sandbox); nothing was written, try again"
+        )
+    if code == "incomplete":
+        return SandboxError(
+            f"the upload to {shown!r} did not arrive whole in the sandbox; nothing was written, "
+            "try again"
+        )
+    number = getattr(errno, code, None) if code.isupper() else None
+    message = shorten(str(answer.get("message") or code))
+    if isinstance(number, int):
+        return _refusal(OSError(number, message), shown)
+    return SandboxError(f"cannot use {shown!r} in the workspace: {message}")
 
 
 def _at_most(size: int, chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -187,14 +321,23 @@ def _at_most(size: int, chunks: Iterator[bytes]) -> Iterator[bytes]:
         raise SandboxError("the file shrank while it was read")
 
 
-class RemoteUpload:
-    """An upload to a remote workspace: spooled on this host, sent whole on commit, so a
-    broken request leaves nothing behind in the sandbox."""
+def _spooled_chunks(spool: BinaryIO) -> Iterator[bytes]:
+    """The chunks of a spooled download; closing the iterator removes the spool."""
+    try:
+        while chunk := spool.read(CHUNK):
+            yield chunk
+    finally:
+        spool.close()
 
-    def __init__(self, backend: Any, sandbox_id: str, target: str) -> None:
-        self.backend = backend
-        self.sandbox_id = sandbox_id
-        self.target = target
+
+class RemoteUpload:
+    """An upload to a remote workspace: spooled on this host, sent whole to the files
+    sandbox's stage on commit and put in place there, so a broken request leaves
+    nothing behind in the workspace."""
+
+    def __init__(self, workspace: RemoteWorkspace, path: str) -> None:
+        self.workspace = workspace
+        self.path = path
         self._fh = tempfile.TemporaryFile()
         self.size = 0
 
@@ -203,9 +346,22 @@ class RemoteUpload:
         self.size += len(chunk)
 
     def commit(self) -> int:
+        ws = self.workspace
+        token = secrets.token_hex(16)
         try:
             self._fh.seek(0)
-            self.backend.put_file(self.sandbox_id, self.target, self._fh)
+            ws.backend.put_file(ws.sandbox_id, _staged("in", token), self._fh)
+            ws._ask(
+                "stage-in",
+                self.path,
+                token,
+                str(self.size),
+                dst=self.path,
+                timeout=DATA_TIMEOUT,
+            )
+        except BaseException:
+            ws._unstage(token)
+            raise
         finally:
             self._fh.close()
         return self.size
