@@ -189,6 +189,13 @@ class SandboxConfig(Configurable):
     idle_delete = Float(
         120.0, help="Minutes stopped before a sandbox is removed (workspace kept)."
     ).tag(config=True)
+    files_idle_stop = Float(
+        60.0,
+        help=(
+            "Minutes without file use before a user's files sandbox is stopped (Daytona: the "
+            "sandbox that serves workspace files while code sandboxes sleep; 0: never)."
+        ),
+    ).tag(config=True)
     max_sandboxes = Int(100, help="Most sandboxes that may exist at once (0: no limit).").tag(
         config=True
     )
@@ -258,6 +265,7 @@ class SandboxConfig(Configurable):
         "cell_timeout",
         "idle_stop",
         "idle_delete",
+        "files_idle_stop",
         "max_age",
         "idle_stop_with_kernel",
         "orphan_grace",

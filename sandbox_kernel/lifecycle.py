@@ -11,8 +11,12 @@ One function, :func:`decide`, says what will happen to a sandbox and when; the r
 does what is due, and listings show what is coming ("stops in 12 min"), so nothing is
 removed without having been announced.
 
-Activity is a running cell (kernels beat while busy), a cell's start, and any file or
-REST use; a long silent cell is activity even with no browser attached.
+Activity is a running cell (kernels beat while busy), a cell's start, and REST use of
+the sandbox itself (start, exec); a long silent cell is activity even with no browser
+attached. File use is not a code sandbox's activity: host workspaces are read
+directly, and a remote one through its owner's files sandbox, which has rules of its
+own here (stopped after ``files_idle_stop`` without file use, removed after
+``idle_delete`` stopped; never counted in quotas).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .backends.base import Backend, SandboxInfo
+from .backends.base import Backend, SandboxInfo, is_files_sandbox
 from .config import SandboxConfig, setting_names
 from .errors import QuotaExceeded, SandboxNotFound
 from .store import Record, Reservation, Store
@@ -66,6 +70,8 @@ def decide(
     info: SandboxInfo, record: Record | None, live: list[tuple[str, bool]], config: SandboxConfig
 ) -> Decision:
     """The next lifecycle action for ``info`` and when it falls due (pure)."""
+    if is_files_sandbox(info.id):
+        return _decide_files(info, record, config)
     busy = any(b for _, b in live)
     grace = _minutes(config.orphan_grace)
     if info.state == "creating":
@@ -119,6 +125,34 @@ def decide(
     return min(options, key=lambda d: d.at) if options else Decision()
 
 
+def _decide_files(info: SandboxInfo, record: Record | None, config: SandboxConfig) -> Decision:
+    """A files sandbox's rule. It holds nothing of its own (the workspace is the user's
+    volume, and the next file use makes a new one in seconds), no kernel ever uses it
+    and its record only says when its files were last used: stopped after
+    ``files_idle_stop`` without file use, removed after ``idle_delete`` stopped, and
+    removed when it failed or was left half-made."""
+    if info.state == "creating":
+        return Decision(
+            "destroy", info.created + _minutes(config.orphan_grace), "files sandbox left half-made"
+        )
+    if info.state == "error":
+        return Decision("destroy", info.created, "files sandbox failed; file use makes a new one")
+    last = max(record.last_activity if record else 0.0, info.created, info.started)
+    if info.state == "running" and config.files_idle_stop:
+        return Decision(
+            "stop",
+            last + _minutes(config.files_idle_stop),
+            f"files sandbox without file use for {config.files_idle_stop:g} min",
+        )
+    if info.state == "stopped" and config.idle_delete:
+        return Decision(
+            "destroy",
+            max(info.finished, last) + _minutes(config.idle_delete),
+            f"files sandbox stopped for {config.idle_delete:g} min",
+        )
+    return Decision()
+
+
 def plan(
     infos: list[SandboxInfo],
     config: SandboxConfig,
@@ -149,7 +183,7 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
         except Exception:  # leftovers wait for the next run
             pass
     infos = []
-    for info in backend.list():
+    for info in [*backend.list(), *backend.files_sandboxes()]:
         if info.state == "stopped":  # listings are summaries: ask when it stopped
             try:
                 info = backend.get(info.id)

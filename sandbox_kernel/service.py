@@ -49,6 +49,7 @@ from .backends.base import (
     Spec,
     check_snapshot_name,
     installation_id,
+    is_files_sandbox,
     sandbox_labels,
     snapshot_ref,
 )
@@ -367,8 +368,17 @@ class SandboxService:
 
     # -- one sandbox, for its owner ------------------------------------------------------
     def owned(self, user: str | None, sandbox_id: str) -> SandboxInfo:
-        """The sandbox if ``user`` owns it (None: any owner): 404 unknown, 403 someone else's."""
-        info = self.backend.get(check_id(sandbox_id))
+        """The sandbox if ``user`` owns it (None: any owner): 404 unknown, 403 someone else's.
+
+        A files sandbox is nobody's to use: it serves a workspace (see :meth:`workspace`)
+        and the reaper stops and removes it, so its id is unknown here."""
+        if is_files_sandbox(check_id(sandbox_id)):
+            raise SandboxNotFound(
+                f"{sandbox_id} is a files sandbox (it serves a workspace's files while the "
+                "sandboxes that run code sleep), not one you can use; `sandbox-kernel list` "
+                "shows the ids you have"
+            )
+        info = self.backend.get(sandbox_id)
         if user is not None and info.user != user:
             raise Forbidden(f"sandbox {sandbox_id} belongs to another user")
         return info
@@ -436,18 +446,36 @@ class SandboxService:
 
     # -- files ----------------------------------------------------------------------
     def workspace(self, user: str | None, sandbox_id: str) -> Workspace | RemoteWorkspace:
+        """The workspace of ``sandbox_id`` (owner rules as for every route); never wakes it.
+
+        Files are not the code sandbox's business: file use neither starts it nor counts
+        as its activity, so a stopped sandbox stays stopped and an idle one is stopped on
+        time however much its files are used. A workspace on this host is read directly;
+        a remote one (a Daytona volume) through its owner's files sandbox, whose activity
+        this is (see :meth:`files_sandbox`).
+        """
         info = self.owned(user, sandbox_id)
-        self.store.touch(self.backend.name, sandbox_id)  # file use is activity
         if self.backend.workspace_on_host:
             owner = None
             if info.file_owner:  # the sandbox runs as a uid the server must hand files to
                 uid, _, gid = info.file_owner.partition(":")
                 owner = (int(uid), int(gid or uid))
             return Workspace(info.workspace, owner)
-        if info.state != "running":
-            # The volume is reached through the sandbox: start it (the quota applies).
-            self.start(user, sandbox_id)
-        return RemoteWorkspace(self.backend, sandbox_id)
+        return RemoteWorkspace(self.backend, self.files_sandbox(info.user).id)
+
+    def files_sandbox(self, user: str, progress: Progress | None = None) -> SandboxInfo:
+        """``user``'s files sandbox, running, with this use recorded as its activity.
+
+        It is made from the configured image, never from one of the user's snapshots (a
+        snapshot is taken of a sandbox that ran their code, so its ``python3`` could be
+        anything), and counts against no quota: it is not one of the user's sandboxes.
+        """
+        info = self.backend.files_sandbox(user, self.spec(user).image, progress)
+        record = self.store.get(self.backend.name, info.id)
+        if record is None or record.engine_id != info.engine_id:
+            self.store.put(self.backend.name, info.id, user, info.engine_id)
+        self.store.touch(self.backend.name, info.id)
+        return info
 
     # -- snapshots ------------------------------------------------------------------
     def snapshots(self, user: str | None) -> builtins.list[dict[str, Any]]:

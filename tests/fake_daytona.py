@@ -175,7 +175,7 @@ class FakeDaytona:
         """Stop a sandbox the way Daytona's idle timer does."""
         box = self.sandboxes[sandbox_id]
         self.docker.containers.get(box.container_id).stop(timeout=1)
-        box.state = "stopped"
+        box.state, box.updated_at = "stopped", _now()
 
     def archive(self, sandbox_id: str) -> None:
         """Move a stopped sandbox to object storage, as Daytona does after a week."""
@@ -395,10 +395,17 @@ class FakeDaytona:
             box.auto_stop = body["autoStopInterval"]
         if body.get("autoDeleteInterval") is not None:
             box.auto_delete = body["autoDeleteInterval"]
-        box.ready_at = time.monotonic() + self.creating_delay
-        await self._run(self._create_container, box)
+        # The name is taken at once (no await since the check above), as Daytona's unique
+        # index does: of two concurrent creates with one name, the second gets 409.
+        box.ready_at = float("inf")  # creating until its container exists
         self.sandboxes[box.id] = box
         self.last_activity[box.id] = time.time()
+        try:
+            await self._run(self._create_container, box)
+        except Exception:
+            del self.sandboxes[box.id]
+            raise
+        box.ready_at = time.monotonic() + self.creating_delay
         return web.json_response(self._dto(box))
 
     def _create_container(self, box: FakeSandbox) -> None:
@@ -464,7 +471,7 @@ class FakeDaytona:
         box = self._find(request.match_info["id"])
         if self._state(box) != "started":
             await self._run(lambda: self.docker.containers.get(box.container_id).start())
-            box.state, box.error_reason = "starting", None
+            box.state, box.error_reason, box.updated_at = "starting", None, _now()
             box.ready_at = time.monotonic() + self.creating_delay
             self.last_activity[box.id] = time.time()
         return web.json_response(self._dto(box))
@@ -472,7 +479,7 @@ class FakeDaytona:
     async def stop_sandbox(self, request: web.Request) -> web.Response:
         box = self._find(request.match_info["id"])
         await self._run(lambda: self.docker.containers.get(box.container_id).stop(timeout=2))
-        box.state = "stopped"
+        box.state, box.updated_at = "stopped", _now()
         return web.json_response(self._dto(box))
 
     async def replace_labels(self, request: web.Request) -> web.Response:

@@ -584,7 +584,7 @@ async def test_rest_over_daytona(
     )
     await fetch(jp_fetch, "api", "sandboxes", sid, "files", "deep", "note.txt", expect=404)
 
-    # Snapshots, then stop (files start it again), start, destroy.
+    # Snapshots, then stop (files leave it stopped), start, destroy.
     snap = await fetch(
         jp_fetch,
         "api",
@@ -625,10 +625,10 @@ async def test_rest_over_daytona(
     await fetch(jp_fetch, "api", "snapshots", "rest-snap", method="DELETE", expect=204)
     stopped = await fetch(jp_fetch, "api", "sandboxes", sid, "stop", method="POST", body="")
     assert stopped["state"] == "stopped"
-    # The files of a stopped sandbox: the volume is reached through it, so it is started.
+    # The files of a stopped sandbox: its owner's files sandbox serves them; it sleeps on.
     listing = await fetch(jp_fetch, "api", "sandboxes", sid, "files")
     assert "deep" in [e["name"] for e in listing["entries"]]
-    assert (await fetch(jp_fetch, "api", "sandboxes", sid))["state"] == "running"
+    assert (await fetch(jp_fetch, "api", "sandboxes", sid))["state"] == "stopped"
     assert (await fetch(jp_fetch, "api", "sandboxes", sid, "start", method="POST", body=""))[
         "state"
     ] == "running"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_kernel.backends.base import SandboxInfo
+from sandbox_kernel.backends.base import SandboxInfo, files_sandbox_id
 from sandbox_kernel.config import SandboxConfig, load_config
 from sandbox_kernel.lifecycle import Decision, decide, plan
 from sandbox_kernel.store import Record, Store
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.fast
 
 T0 = 1_800_000_000.0  # when every sandbox of the tables was created
 MIN = 60.0
+FILES = files_sandbox_id("ann")
 
 
 def cfg(tmp_path: Path, **settings: float) -> SandboxConfig:
@@ -159,6 +160,56 @@ TABLE = [
         [],
         {"idle_stop": 0},
         Decision(),
+    ),
+    # A files sandbox (Daytona's, serving a workspace) has its own rule: no kernel ever
+    # uses it, its record is only its file use, and it is no orphan without one.
+    (
+        "files sandbox: stopped files_idle_stop after its last file use",
+        info(sid=FILES),
+        record(T0 + 5 * MIN),
+        [],
+        {},
+        Decision("stop", T0 + 65 * MIN, "files sandbox without file use for 60 min"),
+    ),
+    (
+        "files sandbox without a record: no orphan, stopped from its creation",
+        info(sid=FILES),
+        None,
+        [],
+        {"max_age": 1},
+        Decision("stop", T0 + 60 * MIN, "files sandbox without file use for 60 min"),
+    ),
+    (
+        "files sandbox, files_idle_stop 0: kept running",
+        info(sid=FILES),
+        record(),
+        [],
+        {"files_idle_stop": 0},
+        Decision(),
+    ),
+    (
+        "files sandbox stopped: removed idle_delete after it stopped",
+        info("stopped", finished=T0 + 70 * MIN, sid=FILES),
+        record(),
+        [],
+        {},
+        Decision("destroy", T0 + 190 * MIN, "files sandbox stopped for 120 min"),
+    ),
+    (
+        "files sandbox failed: removed now (file use makes a new one)",
+        info("error", sid=FILES),
+        record(),
+        [],
+        {},
+        Decision("destroy", T0, "files sandbox failed; file use makes a new one"),
+    ),
+    (
+        "files sandbox half-made: removed after the grace",
+        info("creating", sid=FILES),
+        None,
+        [],
+        {},
+        Decision("destroy", T0 + 10 * MIN, "files sandbox left half-made"),
     ),
 ]
 

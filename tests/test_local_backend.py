@@ -176,6 +176,26 @@ def test_files_confined(backend: LocalBackend, service: SandboxService, tmp_path
     assert secret.read_text() == "host"
 
 
+def test_files_of_a_stopped_sandbox_leave_it_stopped(
+    backend: LocalBackend, service: SandboxService
+) -> None:
+    """File use reads the host folder: it neither starts a stopped sandbox nor counts
+    as its activity."""
+    info = service.ensure(ScopeKey("ann")).info
+    service.stop("ann", info.id)
+    before = service.store.get("local", info.id)
+    assert before is not None
+    ws = service.workspace("ann", info.id)
+    upload = ws.start_upload("notes/a.txt")
+    upload.write(b"asleep")
+    upload.commit()
+    assert [e.name for e in ws.list("notes")[0]] == ["a.txt"]
+    assert b"".join(ws.open_read("notes/a.txt")[1]) == b"asleep"
+    assert backend.get(info.id).state == "stopped"
+    after = service.store.get("local", info.id)
+    assert after is not None and after.last_activity == before.last_activity
+
+
 def test_bubblewrap_hides_the_host(tmp_path: Path) -> None:
     require_bwrap()
     bwrap_works.cache_clear()

@@ -219,6 +219,50 @@ async def test_files_round_trip(jp_fetch: Any, sandbox: dict[str, str]) -> None:
     await fetch(jp_fetch, "api", "sandboxes", sid, "files", params={"path": "missing"}, expect=404)
 
 
+async def test_files_of_a_stopped_sandbox_leave_it_stopped(
+    jp_fetch: Any,
+    sandbox: dict[str, str],
+    make_config: Callable[..., SandboxConfig],
+    rest_env: dict[str, str],
+) -> None:
+    """The file routes read and write the host workspace: a stopped sandbox stays stopped
+    (as the engine says) and file use is not its activity."""
+    from sandbox_kernel.store import Store
+
+    sid = sandbox["id"]
+    store = Store(
+        make_config(
+            workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"],
+            state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"],
+        )
+    )
+    await fetch(jp_fetch, "api", "sandboxes", sid, "stop", method="POST", body="")
+    container = sandbox_container(sid)
+    assert container.status == "exited"
+    record = store.get("docker", sid)
+    assert record is not None
+    for _ in range(2):
+        await fetch(
+            jp_fetch,
+            "api",
+            "sandboxes",
+            sid,
+            "files",
+            "asleep.txt",
+            method="PUT",
+            body=b"zz",
+            expect=201,
+        )
+        listing = await fetch(jp_fetch, "api", "sandboxes", sid, "files")
+        assert [e["name"] for e in listing["entries"]] == ["asleep.txt"]
+        assert (await jp_fetch("api", "sandboxes", sid, "files", "asleep.txt")).body == b"zz"
+    container.reload()
+    assert container.status == "exited"
+    assert (await fetch(jp_fetch, "api", "sandboxes", sid))["state"] == "stopped"
+    after = store.get("docker", sid)
+    assert after is not None and after.last_activity == record.last_activity
+
+
 async def test_traversal_refused_and_host_untouched(
     jp_fetch: Any, sandbox: dict[str, str], tmp_path: Path, jp_serverapp: Any
 ) -> None:

@@ -49,6 +49,7 @@ def engine_settings(config: SandboxConfig) -> EngineSettings:
         start_timeout=config.start_timeout,
         idle_stop=config.idle_stop,
         idle_delete=config.idle_delete,
+        files_idle_stop=config.files_idle_stop,
     )
 
 

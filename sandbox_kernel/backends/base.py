@@ -54,6 +54,10 @@ LABEL_INSTALLATION = LABEL_PREFIX + "installation"
 LABEL_IMAGE = LABEL_PREFIX + "image"  # what it was made from, as shown to users
 LABEL_SNAPSHOT_OF = LABEL_PREFIX + "from-snapshot"  # the user's snapshot it started from
 LABEL_WORK_FOLDER = LABEL_PREFIX + "work-folder"  # host folder mounted at the same path
+# "files" on a user's files sandbox (see Backend.files_sandbox); code sandboxes have none.
+LABEL_ROLE = LABEL_PREFIX + "role"
+ROLE_FILES = "files"
+FILES_SUFFIX = "--files"
 
 WORKSPACE = "/workspace"
 # What every "sandbox restarted" notice says the user lost and kept (kernel and engines).
@@ -125,6 +129,7 @@ class EngineSettings:
     start_timeout: float = 300.0
     idle_stop: float = 15.0  # minutes: Daytona applies them natively
     idle_delete: float = 120.0
+    files_idle_stop: float = 60.0  # minutes: a files sandbox's own auto-stop
 
 
 def installation_id(state_dir: str) -> str:
@@ -168,6 +173,21 @@ def sandbox_labels(key: ScopeKey, spec: Spec, installation: str, workspace: str)
         LABEL_SNAPSHOT_OF: spec.snapshot,
         LABEL_WORK_FOLDER: spec.work_folder,
     }
+
+
+def files_sandbox_id(user: str) -> str:
+    """The id of ``user``'s files sandbox: their own sandbox's id plus ``--files``.
+
+    No code sandbox's id can end so (a safe user id holds ``--`` only before a digest of
+    hex digits, and thread, variant and work-folder ids end in ``--t``, ``--v`` or
+    ``--w`` and hex digits), so the id alone tells the two kinds apart everywhere.
+    """
+    return f"{ScopeKey(user).name}{FILES_SUFFIX}"
+
+
+def is_files_sandbox(sandbox_id: str) -> bool:
+    """Whether ``sandbox_id`` names a files sandbox (see :func:`files_sandbox_id`)."""
+    return sandbox_id.endswith(FILES_SUFFIX)
 
 
 def not_found(sandbox_id: str) -> SandboxNotFound:
@@ -409,6 +429,24 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
         """Read a file from the sandbox in chunks."""
+
+    # -- a files sandbox per user: optional ------------------------------------------------
+    def files_sandbox(self, user: str, image: str, progress: Progress | None = None) -> SandboxInfo:
+        """``user``'s files sandbox, running: made on first use, started when stopped.
+
+        Engines whose workspaces are not on this host (Daytona's volumes) reach a
+        user's files through a sandbox of its own that mounts the same workspace and
+        never runs user code, so file use never wakes (or keeps awake) a sandbox that
+        runs code. It is not one of the user's sandboxes: :meth:`list` leaves it out
+        (and so listings and quotas do), :meth:`files_sandboxes` lists it for the
+        reaper, and :meth:`get`, :meth:`stop`, :meth:`destroy` and :meth:`exec` take
+        its id (:func:`files_sandbox_id`). ``image`` is what it is made from.
+        """
+        raise NotSupported(f"the {self.name} backend reads workspaces on this host directly")
+
+    def files_sandboxes(self) -> builtins.list[SandboxInfo]:
+        """This installation's files sandboxes (none where workspaces are on this host)."""
+        return []
 
     def sweep(self) -> None:
         """Remove host-side leftovers of sandboxes that vanished behind our back (the

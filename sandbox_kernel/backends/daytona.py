@@ -13,6 +13,12 @@
   Daytona's code interpreter returns only stdout/stderr, and session commands take
   stdin one HTTP request at a time; a raw PTY is one long-lived duplex stream, like
   ``docker exec``.
+* Files never wake a code sandbox: the REST (and WebDAV) file routes reach a user's
+  volume through that user's **files sandbox** (``sk-alice--files``, labelled
+  ``sandbox-kernel.role=files``), which mounts the same volume, runs nothing but our
+  file helper, blocks the network and auto-stops after ``files_idle_stop`` (60 min).
+  It is left out of :meth:`DaytonaBackend.list` (listings, quotas); the reaper finds
+  it through :meth:`DaytonaBackend.files_sandboxes`.
 * Rate limits (429) are retried with backoff; other API errors become our error
   classes with the status and what to do.
 
@@ -55,13 +61,16 @@ from .base import (
     LABEL_IMAGE,
     LABEL_INSTALLATION,
     LABEL_MANAGED,
+    LABEL_ROLE,
     LABEL_SCOPE,
     LABEL_SNAPSHOT,
     LABEL_SNAPSHOT_OF,
     LABEL_SPEC,
     LABEL_THREAD,
     LABEL_USER,
+    LABEL_USER_ID,
     LABEL_WORKSPACE,
+    ROLE_FILES,
     WORKSPACE,
     AlreadyExists,
     Backend,
@@ -78,6 +87,8 @@ from .base import (
     SnapshotInfo,
     Spec,
     engine_name,
+    files_sandbox_id,
+    is_files_sandbox,
     not_found,
     sandbox_id_of,
 )
@@ -213,6 +224,9 @@ class DaytonaBackend(Backend):
         self._installation = settings.installation
         self._client: Daytona | None = None
         self._sandboxes: dict[str, Any] = {}  # per-process cache of SDK handles, by sandbox id
+        # One maker of each files sandbox per process (other processes meet at its name).
+        self._files_locks: dict[str, threading.Lock] = {}
+        self._files_guard = threading.Lock()
 
     # -- client and errors ---------------------------------------------------------------
     @property
@@ -335,7 +349,9 @@ class DaytonaBackend(Backend):
 
     def find(self, sandbox_id: str) -> SandboxInfo | None:
         sandbox = self._lookup(sandbox_id)
-        return None if sandbox is None else self._info(sandbox)
+        if sandbox is None or _is_files(sandbox) != is_files_sandbox(sandbox_id):
+            return None  # a files sandbox is never taken for a code sandbox, nor the reverse
+        return self._info(sandbox)
 
     # -- sandboxes -----------------------------------------------------------------------
     def create(
@@ -426,7 +442,86 @@ class DaytonaBackend(Backend):
         found = self._call(
             lambda: list(self.client.list(ListSandboxesQuery(labels=labels))), what="list sandboxes"
         )
-        return [self._info(s) for s in found if _state(s) not in _GONE]
+        return [self._info(s) for s in found if _state(s) not in _GONE and not _is_files(s)]
+
+    # -- files sandboxes -----------------------------------------------------------------
+    def files_sandbox(self, user: str, image: str, progress: Progress | None = None) -> SandboxInfo:
+        say = progress or (lambda _msg: None)
+        sandbox_id = files_sandbox_id(user)
+        with self._files_lock(sandbox_id):
+            sandbox = self._lookup(sandbox_id)
+            if sandbox is not None and _state(sandbox) == "error":
+                reason = getattr(sandbox, "error_reason", None) or "in error"
+                say(f"files sandbox {sandbox_id} failed ({reason}): making a new one")
+                self.destroy(sandbox_id)
+                sandbox = None
+            if sandbox is None:
+                sandbox = self._create_files_sandbox(sandbox_id, user, image, say)
+            if _state(sandbox) != "running":
+                return self.start(sandbox_id, say)
+            return self._info(sandbox)
+
+    def _files_lock(self, sandbox_id: str) -> threading.Lock:
+        with self._files_guard:
+            return self._files_locks.setdefault(sandbox_id, threading.Lock())
+
+    def _create_files_sandbox(self, sandbox_id: str, user: str, image: str, say: Progress) -> Any:
+        """A sandbox that mounts ``user``'s volume and runs only our file helper: no
+        network, its own (longer) auto-stop, labelled so that nothing takes it for one of
+        the user's code sandboxes."""
+        volume = self._ensure_volume(user, say)
+        say(f"creating Daytona files sandbox {sandbox_id} for the workspace of {user}")
+        settings = self.settings
+        params = CreateSandboxFromSnapshotParams(
+            name=engine_name(self._installation, sandbox_id),
+            snapshot=image or None,
+            labels={
+                LABEL_MANAGED: "1",
+                LABEL_INSTALLATION: self._installation,
+                LABEL_USER: user,
+                LABEL_USER_ID: safe_id(user),
+                LABEL_SCOPE: "user",
+                LABEL_ROLE: ROLE_FILES,
+                LABEL_IMAGE: image or "the default snapshot",
+                LABEL_WORKSPACE: f"daytona volume {volume.name}",
+            },
+            env_vars={},
+            volumes=[VolumeMount(volume_id=volume.id, mount_path=WORKSPACE)],
+            auto_stop_interval=math.ceil(settings.files_idle_stop)
+            if settings.files_idle_stop
+            else 0,
+            auto_delete_interval=math.ceil(settings.idle_delete) if settings.idle_delete else -1,
+            network_block_all=True,
+        )
+        try:
+            sandbox = self._call(
+                self.client.create,
+                params,
+                timeout=settings.start_timeout,
+                what=f"create {sandbox_id}",
+            )
+        except DaytonaConflictError:
+            # Another process made it first: take theirs (start() waits while it is made).
+            self.wait_until(
+                lambda: self._lookup(sandbox_id) is not None, 60, f"{sandbox_id} to appear"
+            )
+            return self._sandboxes[sandbox_id]
+        except EngineUnavailable as exc:
+            raise SandboxFailed(str(exc).replace("failed to", "could not")) from None
+        self._sandboxes[sandbox_id] = sandbox
+        return sandbox
+
+    def files_sandboxes(self) -> builtins.list[SandboxInfo]:
+        labels = {
+            LABEL_MANAGED: "1",
+            LABEL_INSTALLATION: self._installation,
+            LABEL_ROLE: ROLE_FILES,
+        }
+        found = self._call(
+            lambda: list(self.client.list(ListSandboxesQuery(labels=labels))),
+            what="list files sandboxes",
+        )
+        return [self._info(s) for s in found if _state(s) not in _GONE and _is_files(s)]
 
     def stop(self, sandbox_id: str) -> SandboxInfo:
         sandbox = self._sandbox(sandbox_id)
@@ -624,6 +719,11 @@ class DaytonaBackend(Backend):
                 self._call(self.client.snapshot.delete, snap, what=f"delete snapshot {ref}")
                 return True
         return False
+
+
+def _is_files(sandbox: Any) -> bool:
+    """Whether a Daytona sandbox of ours is a files sandbox (by its label)."""
+    return (sandbox.labels or {}).get(LABEL_ROLE) == ROLE_FILES
 
 
 def _message(exc: DaytonaError) -> str:
