@@ -174,6 +174,55 @@ async def test_rest_files_leave_a_stopped_sandbox_asleep(
     assert (code.state, container_status(fake, code)) == ("stopped", "exited")
 
 
+async def test_webdav_on_a_stopped_daytona_sandbox(
+    jp_fetch: Any,
+    jp_serverapp: Any,
+    fake: FakeDaytona,
+    daytona_rest: dict[str, str],
+    make_config: Callable[..., SandboxConfig],
+    test_user: str,
+) -> None:
+    """WebDAV (every method a drive uses) on a stopped Daytona sandbox: served by the
+    files sandbox, the code sandbox asleep throughout; what WebDAV wrote is the code's."""
+    service = SandboxService(
+        make_config(
+            backend="daytona", image=SNAPSHOT, state_dir=daytona_rest["SANDBOX_KERNEL_STATE_DIR"]
+        )
+    )
+    sid = service.ensure(user_key(test_user)).info.id
+    await fetch(jp_fetch, "api", "sandboxes", sid, "stop", method="POST", body="")
+    base = f"http://127.0.0.1:{jp_serverapp.port}{jp_serverapp.base_url}sandbox-kernel/dav/{sid}"
+
+    async def dav(method: str, path: str, expect: int, **kw: Any) -> bytes:
+        response = await jp_fetch(
+            "sandbox-kernel",
+            "dav",
+            sid,
+            *path.split("/"),
+            method=method,
+            allow_nonstandard_methods=True,
+            raise_error=False,
+            **kw,
+        )
+        assert response.code == expect, (method, path, response.code, response.body)
+        return response.body or b""
+
+    await dav("MKCOL", "drive", 201, body=b"")
+    await dav("PUT", "drive/a.txt", 201, body=b"0123456789")
+    listing = await dav("PROPFIND", "drive/", 207, body=b"", headers={"Depth": "1"})
+    assert b"a.txt" in listing
+    assert await dav("GET", "drive/a.txt", 206, headers={"Range": "bytes=2-4"}) == b"234"
+    await dav("COPY", "drive/a.txt", 201, body=b"", headers={"Destination": f"{base}/drive/b.txt"})
+    await dav("MOVE", "drive/b.txt", 201, body=b"", headers={"Destination": f"{base}/c.txt"})
+    await dav("DELETE", "drive/a.txt", 204)
+    code = box_named(fake, sid)
+    assert (code.state, container_status(fake, code)) == ("stopped", "exited")
+    await fetch(jp_fetch, "api", "sandboxes", sid, "start", method="POST", body="")
+    assert sh(service.backend, sid, "cat /workspace/c.txt; ls /workspace/drive") == "0123456789"
+    await dav("DELETE", "drive", 204)
+    assert "drive" not in sh(service.backend, sid, "ls /workspace")
+
+
 # -- one files sandbox per user ------------------------------------------------------------------
 def test_one_files_sandbox_per_user_with_only_their_volume(
     fake: FakeDaytona, service_for: Callable[..., SandboxService]
