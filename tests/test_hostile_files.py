@@ -1093,14 +1093,19 @@ def restore_d_and_x(ws: Path, host: Path) -> None:
     missing, other = ("d", "x") if not have["d"] else ("x", "d")
     if not have[other]:
         raise AssertionError("both d and x are gone (test bug)")
+    # Made under a name the attacker does not touch, then renamed into place: once both
+    # names exist again the exchange resumes at once, and a path through ``missing``
+    # might already lead to the host folder.
+    stage = ws / ".restore"
     if os.path.islink(ws / other):
-        (ws / missing).mkdir()
-        (ws / missing / "f").write_bytes(b"inside")
-        os.chown(ws / missing / "f", 1000, 1000)
-        os.chown(ws / missing, 1000, 1000)
+        stage.mkdir()
+        (stage / "f").write_bytes(b"inside")
+        os.chown(stage / "f", 1000, 1000)
+        os.chown(stage, 1000, 1000)
     else:
-        os.symlink(host, ws / missing)
-        os.lchown(ws / missing, 1000, 1000)
+        os.symlink(host, stage)
+        os.lchown(stage, 1000, 1000)
+    os.rename(stage, ws / missing)
 
 
 DAV_TRIES = {"propfind": 100, "get": 100, "put": 60, "delete": 60, "copy": 60, "move": 60}
