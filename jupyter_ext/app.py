@@ -11,7 +11,7 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Enum, Float, Int
 
 from sandbox_kernel.config import ConfigError, load_config
-from sandbox_kernel.identity import resolve_user
+from sandbox_kernel.identity import OWNER_FROM_ENV, resolve_user
 from sandbox_kernel.lifecycle import gc
 from sandbox_kernel.service import SandboxService
 
@@ -48,6 +48,12 @@ class SandboxExtension(ExtensionApp):
         os.environ.setdefault(
             "SANDBOX_KERNEL_SERVER_ROOT", str(Path(self.serverapp.root_dir).resolve())
         )
+        # With several users, whose sandbox a kernel uses is the server's to say (see
+        # request_user.py); what it starts must never fall back to the server's own user.
+        if self.owner_from == "request":
+            os.environ[OWNER_FROM_ENV] = "request"
+        else:
+            os.environ.pop(OWNER_FROM_ENV, None)
         try:
             config = load_config(config=self.config)
         except ConfigError as exc:

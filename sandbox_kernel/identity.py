@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import SandboxConfig
+from .config import ConfigError, SandboxConfig
 
 _SAFE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,39}")
 NAME_PREFIX = "sk-"
@@ -46,12 +46,32 @@ def thread_id(thread: str) -> str:
     return "t" + _digest(thread)
 
 
+#: Set by the server extension in its own environment when it gives each request's user
+#: their own sandboxes (``owner_from = "request"``); its kernels and terminals inherit it.
+OWNER_FROM_ENV = "SANDBOX_KERNEL_OWNER_FROM"
+
+
 def resolve_user(cfg: SandboxConfig) -> str:
-    """The owner: SANDBOX_KERNEL_USER (cfg.user), else JUPYTERHUB_USER, else the OS user."""
+    """The owner: SANDBOX_KERNEL_USER (cfg.user), else KERNEL_USERNAME (the user a kernel
+    gateway or our provisioner started the kernel for), else JUPYTERHUB_USER, else the
+    OS user.
+
+    On a server with several users the OS user is the server's own, shared by all of
+    them: a process started there without a user (a kernelspec that does not use our
+    provisioner, a host terminal) must not fall back to it, or every user would land in
+    one sandbox.
+    """
     if cfg.user:
         return cfg.user
-    if os.environ.get("JUPYTERHUB_USER"):
-        return os.environ["JUPYTERHUB_USER"]
+    for name in ("KERNEL_USERNAME", "JUPYTERHUB_USER"):
+        if os.environ.get(name):
+            return os.environ[name]
+    if os.environ.get(OWNER_FROM_ENV) == "request":
+        raise ConfigError(
+            "this server gives every user their own sandbox, but this process was started "
+            "without one: start kernels through the server with the 'sandbox' kernelspec (its "
+            "provisioner passes the user on), or set SANDBOX_KERNEL_USER"
+        )
     try:
         return getpass.getuser()
     except Exception:  # no passwd entry (containers): the uid still names someone

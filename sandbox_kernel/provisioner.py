@@ -14,6 +14,11 @@ so none of them needs to change. Managers that ask for something other than TCP 
 loopback address (a kernel meant to be reached from another host, or an IPC folder of
 their own) get exactly what they asked for, as does ``"config": {"transport": "tcp"}``
 in the kernelspec's provisioner entry.
+
+On a server with several users (``owner_from = "request"``) the provisioner also says
+whose sandbox the kernel uses: the user of the request that started it (see
+``jupyter_ext/request_user.py``), passed on as ``KERNEL_USERNAME`` the way Enterprise
+Gateway does, over anything the kernelspec's environment says.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from jupyter_client.localinterfaces import is_local_ip
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_core.paths import jupyter_runtime_dir
 from traitlets import Unicode
+
+from .identity import OWNER_FROM_ENV
 
 #: The longest ``{folder}/k-{n}`` a Unix socket address can hold (108 bytes on Linux,
 #: less on macOS), with room for the socket number.
@@ -62,6 +69,7 @@ class SandboxProvisioner(LocalProvisioner):
     )
 
     _socket_folder: str | None = None
+    _owner: str | None = None  # the user a server with several users started it for
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Point the manager at a private socket folder before LocalProvisioner writes
@@ -74,7 +82,27 @@ class SandboxProvisioner(LocalProvisioner):
             km.transport = "ipc"
             km.ip = os.path.join(self._socket_folder, "k")
             km.cache_ports = False  # the port cache binds TCP sockets on km.ip
-        return await super().pre_launch(**kwargs)
+        kwargs = await super().pre_launch(**kwargs)
+        if os.environ.get(OWNER_FROM_ENV) == "request":
+            self._pin_owner(kwargs["env"])
+        return kwargs
+
+    def _pin_owner(self, env: dict[str, str]) -> None:
+        """On a server with several users, the kernel's owner is the user whose request
+        started it, written over whatever the kernelspec's env says (``pre_launch`` has
+        merged it by now). A restart keeps the first owner: restarting someone else's
+        kernel must not move their notebook into the restarter's sandbox, and the
+        automatic restart after a crash has no request at all."""
+        from jupyter_ext.request_user import requesting_user  # a server is running
+
+        owner = self._owner or requesting_user()
+        if not owner:
+            raise RuntimeError(
+                "sandbox-kernel: this server gives every user their own sandbox "
+                "(owner_from = request), but this kernel start came with no signed-in user"
+            )
+        self._owner = owner
+        env["SANDBOX_KERNEL_USER"] = env["KERNEL_USERNAME"] = owner
 
     def _wants_ipc(self, km: Any) -> bool:
         if self.transport != "ipc":
@@ -97,12 +125,14 @@ class SandboxProvisioner(LocalProvisioner):
         running kernel also removes the folder when it ends."""
         info = await super().get_provisioner_info()
         info["socket_folder"] = self._socket_folder
+        info["owner"] = self._owner
         return info
 
     async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
         """Counterpart of :meth:`get_provisioner_info`."""
         await super().load_provisioner_info(provisioner_info)
         self._socket_folder = provisioner_info.get("socket_folder")
+        self._owner = provisioner_info.get("owner")
 
 
 def _is_loopback(ip: str) -> bool:

@@ -76,10 +76,12 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[N
         ):
             monkeypatch.delenv(name)
     monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
+    monkeypatch.delenv("KERNEL_USERNAME", raising=False)
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path / "jupyter-config"))
     yield
-    os.environ.pop("SANDBOX_KERNEL_SERVER_ROOT", None)  # set by a server extension under test
+    for name in ("SANDBOX_KERNEL_SERVER_ROOT", "SANDBOX_KERNEL_OWNER_FROM"):
+        os.environ.pop(name, None)  # set by a server extension under test
 
 
 @pytest.fixture(autouse=True)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
+import json
+import uuid
 import zipfile
 from pathlib import Path
+from typing import Any
 
 
 def make_wheel(folder: Path, name: str = "sk_demo_pkg", version: str = "1.0") -> Path:
@@ -30,3 +34,46 @@ def make_wheel(folder: Path, name: str = "sk_demo_pkg", version: str = "1.0") ->
         for path, text in files.items():
             zf.writestr(path, text)
     return wheel
+
+
+async def run_over_websocket(
+    ws: Any, code: str, timeout: float = 120.0
+) -> tuple[str, dict[str, Any]]:
+    """Run ``code`` in the kernel behind a Jupyter kernel websocket (the JSON protocol a
+    browser speaks): its stdout and the execute_reply's content."""
+    msg_id = uuid.uuid4().hex
+    ws.write_message(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "msg_type": "execute_request",
+                    "username": "test",
+                    "session": uuid.uuid4().hex,
+                    "version": "5.3",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "content": {"code": code, "silent": False, "allow_stdin": False},
+                "channel": "shell",
+                "buffers": [],
+            }
+        )
+    )
+    out: list[str] = []
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        raw = await asyncio.wait_for(ws.read_message(), max(left, 0.1))
+        if raw is None:
+            raise AssertionError(f"the kernel websocket closed; output so far: {''.join(out)!r}")
+        msg = json.loads(raw)
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        kind = msg["header"]["msg_type"]
+        if kind == "stream":
+            out.append(msg["content"]["text"])
+        elif kind == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+        elif kind == "execute_reply":
+            return "".join(out), msg["content"]

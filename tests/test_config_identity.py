@@ -115,8 +115,26 @@ def test_user_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUPYTERHUB_USER", "hubuser")
     assert resolve_user(load_config(environ={})) == "hubuser"
     assert resolve_user(load_config(environ={"SANDBOX_KERNEL_USER": "explicit"})) == "explicit"
+    monkeypatch.setenv(
+        "KERNEL_USERNAME", "gateway-user"
+    )  # a kernel gateway's, or our provisioner's
+    assert resolve_user(load_config(environ={})) == "gateway-user"
+    monkeypatch.delenv("KERNEL_USERNAME")
     monkeypatch.delenv("JUPYTERHUB_USER")
     assert resolve_user(load_config(environ={})) not in ("", "hubuser")
+
+
+def test_no_fallback_to_the_servers_user_with_several_users(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Started by a server with several users but told no user (a kernelspec without our
+    provisioner, a host terminal): refuse rather than share the server user's sandbox."""
+    monkeypatch.setenv("SANDBOX_KERNEL_OWNER_FROM", "request")
+    with pytest.raises(ConfigError, match="every user their own sandbox"):
+        resolve_user(load_config(environ={}))
+    assert resolve_user(load_config(environ={"SANDBOX_KERNEL_USER": "ann"})) == "ann"
+    monkeypatch.setenv("KERNEL_USERNAME", "bea")
+    assert resolve_user(load_config(environ={})) == "bea"
 
 
 def test_thread_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,11 @@ from tornado.httpclient import HTTPClientError
 
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.kernelspec import kernelspec
 from sandbox_kernel.service import SandboxService
 
 from .conftest import TEST_IMAGE, remove_user_containers
+from .helpers import run_over_websocket
 
 pytestmark = pytest.mark.docker
 
@@ -151,3 +154,66 @@ async def test_webdav_keeps_users_apart(
     assert sorted(p.name for p in Path(b.workspace).iterdir()) == ["bobs.txt"]
     code, _ = await dav("", "PROPFIND", f"{b.id}/", body=b"")
     assert code == 401
+
+
+async def test_kernels_use_the_request_users_sandbox(
+    jp_fetch: Any,
+    jp_ws_fetch: Any,
+    jp_data_dir: Path,
+    users: tuple[str, str],
+    make_config: Callable[..., SandboxConfig],
+    tmp_path: Path,
+) -> None:
+    """A kernel started through the server runs in the requesting user's sandbox, whatever
+    its kernelspec's env says, and keeps that owner when another user restarts it."""
+    alice, bob = users
+    spec_dir = jp_data_dir / "kernels" / "sandbox"
+    spec_dir.mkdir(parents=True)
+    # A kernelspec naming bob every way a kernel could learn a user from its environment.
+    env = {
+        "SANDBOX_KERNEL_USER": bob,
+        "KERNEL_USERNAME": bob,
+        "JUPYTERHUB_USER": bob,
+        "SANDBOX_KERNEL_WORK_ROOT": "none",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(kernelspec("sandbox", env, sys.executable)))
+    service = SandboxService(
+        make_config(workspace_root=str(tmp_path / "ws"), state_dir=str(tmp_path / "st"))
+    )
+    code, session = await call(
+        jp_fetch,
+        alice,
+        "api",
+        "sessions",
+        method="POST",
+        body=json.dumps({"path": "a.ipynb", "type": "notebook", "kernel": {"name": "sandbox"}}),
+    )
+    assert code == 201, session
+    kid = session["kernel"]["id"]
+    headers = {"X-Test-User": alice, "Authorization": ""}
+    ws = await jp_ws_fetch("api", "kernels", kid, "channels", headers=headers)
+    try:
+        out, reply = await run_over_websocket(
+            ws, "print(open('/workspace/mark.txt', 'a').write('written by the first kernel'))"
+        )
+    finally:
+        ws.close()
+    assert reply["status"] == "ok", (out, reply)
+    mine = service.backend.list(alice)
+    assert [s.id for s in mine] == [ScopeKey(alice).name] and service.backend.list(bob) == []
+    assert (Path(mine[0].workspace) / "mark.txt").read_text() == "written by the first kernel"
+    code, listed = await call(jp_fetch, alice, "api", "sandboxes")
+    assert [s["id"] for s in listed] == [mine[0].id]
+
+    # bob restarts alice's kernel (Jupyter lets any user with the kernels permission):
+    # the notebook stays in alice's sandbox.
+    code, _ = await call(jp_fetch, bob, "api", "kernels", kid, "restart", method="POST", body="")
+    assert code == 200
+    ws = await jp_ws_fetch("api", "kernels", kid, "channels", headers=headers)
+    try:
+        out, reply = await run_over_websocket(ws, "print(open('/workspace/mark.txt').read())")
+    finally:
+        ws.close()
+    assert reply["status"] == "ok" and out.strip() == "written by the first kernel", out
+    assert service.backend.list(bob) == []
+    await call(jp_fetch, alice, "api", "sessions", session["id"], method="DELETE")
