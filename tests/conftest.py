@@ -73,6 +73,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[N
             "SANDBOX_KERNEL_TEST_IMAGE",
             "SANDBOX_KERNEL_REQUIRE_DOCKER",
             "SANDBOX_KERNEL_REQUIRE_BWRAP",
+            "SANDBOX_KERNEL_REQUIRE_HUB",
         ):
             monkeypatch.delenv(name)
     monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
