@@ -19,38 +19,13 @@ from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web
 from tornado.http1connection import HTTP1Connection
 
-from sandbox_kernel.errors import (
-    BadRequest,
-    Conflict,
-    EngineUnavailable,
-    FileMissing,
-    Forbidden,
-    NotSupported,
-    QuotaExceeded,
-    SandboxError,
-    SandboxNotFound,
-    TooLarge,
-    shorten,
-)
+from sandbox_kernel.errors import SandboxError, http_status, shorten
 from sandbox_kernel.files import RemoteUpload, Upload
 from sandbox_kernel.service import SandboxService
 
 AUTH_RESOURCE = "sandboxes"
 DISCARD_SLACK = 64 << 20  # bytes past the upload limit read and dropped to answer 413 cleanly
 MESSAGE_LIMIT = 400  # characters of an error message (names in it can be huge)
-
-_STATUS: list[tuple[type[Exception], int]] = [
-    (BadRequest, 400),
-    (Forbidden, 403),
-    (SandboxNotFound, 404),
-    (FileMissing, 404),
-    (QuotaExceeded, 409),
-    (Conflict, 409),
-    (TooLarge, 413),
-    (NotSupported, 501),
-    (EngineUnavailable, 503),
-    (SandboxError, 500),
-]
 
 
 class BaseHandler(APIHandler):
@@ -113,7 +88,7 @@ def request_owner(handler: JupyterHandler) -> str:
 
 def http_error(exc: SandboxError) -> web.HTTPError:
     """The HTTP error of a domain error: its status, its message, never a traceback."""
-    status = next(code for kind, code in _STATUS if isinstance(exc, kind))
+    status = http_status(exc)
     # log_message is %-formatted by tornado's logger: keep the text out of the format.
     return web.HTTPError(status, "%s", shorten(str(exc), MESSAGE_LIMIT), reason=_reason(exc))
 

@@ -1,8 +1,8 @@
 """Every error sandbox-kernel raises on purpose, in one place.
 
 Each class is a kind of failure the caller can act on, and its message is written for
-the user (what went wrong, what to do). The REST handlers map the classes to HTTP
-statuses, the CLI to exit codes, the kernel to one line in the cell; nothing above
+the user (what went wrong, what to do). The REST and WebDAV handlers map the classes
+to HTTP statuses (:func:`http_status`, one table for both), the CLI to exit codes, the kernel to one line in the cell; nothing above
 the backends needs to know which engine raised them.
 """
 
@@ -61,3 +61,26 @@ def shorten(text: str, limit: int = 80) -> str:
 
 class AlreadyExists(SandboxError):
     """Another process made the sandbox first (a lost create race); take theirs."""
+
+
+_HTTP_STATUS: list[tuple[type[SandboxError], int]] = [
+    (BadRequest, 400),
+    (Forbidden, 403),
+    (SandboxNotFound, 404),
+    (FileMissing, 404),
+    (QuotaExceeded, 409),
+    (Conflict, 409),
+    (TooLarge, 413),
+    (NotSupported, 501),
+    (EngineUnavailable, 503),
+    (SandboxError, 500),
+]
+
+
+def http_status(exc: SandboxError, overrides: dict[type[SandboxError], int] | None = None) -> int:
+    """The HTTP status of a domain error; ``overrides`` lets a protocol differ for a class
+    (WebDAV answers a refused path with 403, as clients expect, where REST says 400)."""
+    for kind, code in _HTTP_STATUS:
+        if isinstance(exc, kind):
+            return (overrides or {}).get(kind, code)
+    return 500

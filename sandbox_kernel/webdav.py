@@ -21,12 +21,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, TypeVar
 
 from wsgidav.dav_error import (
-    HTTP_CONFLICT,
     HTTP_FORBIDDEN,
-    HTTP_INTERNAL_ERROR,
-    HTTP_NOT_FOUND,
-    HTTP_NOT_IMPLEMENTED,
-    HTTP_REQUEST_ENTITY_TOO_LARGE,
     DAVError,
     PRECONDITION_CODE_PropfindFiniteDepth,
 )
@@ -35,17 +30,7 @@ from wsgidav.error_printer import ErrorPrinter
 from wsgidav.request_resolver import RequestResolver
 from wsgidav.wsgidav_app import WsgiDAVApp
 
-from .errors import (
-    BadRequest,
-    Conflict,
-    EngineUnavailable,
-    FileMissing,
-    Forbidden,
-    NotSupported,
-    SandboxError,
-    SandboxNotFound,
-    TooLarge,
-)
+from .errors import BadRequest, FileMissing, SandboxError, http_status
 from .files import Entry, RemoteWorkspace, Workspace
 from .safefs import TEMP_PREFIX
 
@@ -58,22 +43,12 @@ T = TypeVar("T")
 
 # How the file layer's refusals read to a WebDAV client. Requests that reach here are
 # well-formed; a refusal (a link on the way, a folder in the way) is a 403, not a 400.
-_STATUS: list[tuple[type[Exception], int]] = [
-    (FileMissing, HTTP_NOT_FOUND),
-    (SandboxNotFound, HTTP_NOT_FOUND),
-    (Conflict, HTTP_CONFLICT),
-    (BadRequest, HTTP_FORBIDDEN),
-    (Forbidden, HTTP_FORBIDDEN),
-    (TooLarge, HTTP_REQUEST_ENTITY_TOO_LARGE),
-    (NotSupported, HTTP_NOT_IMPLEMENTED),
-    (EngineUnavailable, 503),
-    (SandboxError, HTTP_INTERNAL_ERROR),
-]
+# A path WsgiDAV may not touch is 403 for WebDAV clients (REST says 400).
+_OVERRIDES: dict[type[SandboxError], int] = {BadRequest: HTTP_FORBIDDEN}
 
 
 def as_dav_error(exc: SandboxError) -> DAVError:
-    status = next(code for kind, code in _STATUS if isinstance(exc, kind))
-    return DAVError(status, context_info=str(exc))
+    return DAVError(http_status(exc, _OVERRIDES), context_info=str(exc))
 
 
 def _mapped(fn: Callable[..., T]) -> Callable[..., T]:
