@@ -30,6 +30,8 @@ export interface ISandbox {
   kernel_ids: string[];
   /** Kernels running a cell right now (a task in another notebook or agent session). */
   busy_kernel_ids?: string[];
+  /** Agents' interpreters (MCP `execute_code` sessions) in it, beside the kernels. */
+  agent_sessions?: IAgentSession[];
   /** Why it differs from what its owner's settings make now ("" when it does not). */
   outdated?: string;
   /** What the lifecycle policies will do to it next, and when (epoch seconds). */
@@ -40,6 +42,13 @@ export interface ISandbox {
   workspace?: string;
   snapshot?: string;
   exit_reason?: string;
+}
+
+/** One named interpreter an agent keeps in a sandbox over MCP. */
+export interface IAgentSession {
+  id: string;
+  name: string;
+  busy: boolean;
 }
 
 export interface ISnapshot {

@@ -33,6 +33,7 @@ import {
   formatBytes,
   formatCpu,
   formatMemory,
+  agentsLabel,
   kernelsLabel,
   lifetime,
   memoryFraction,
@@ -263,6 +264,7 @@ function SandboxCard(props: {
   const fraction = memoryFraction(s);
   const now = Date.now();
   const next = nextLabel(s, now, trans);
+  const agents = agentsLabel(s, trans);
   const state = stateLabel(trans, s.state);
   const act = (what: string, fn: () => Promise<unknown>) => () => {
     fn().catch(error => notifyError(trans, what, error));
@@ -314,6 +316,14 @@ function SandboxCard(props: {
         </dd>
         <dt>{trans.__('Kernels')}</dt>
         <dd className="jp-SandboxPanel-kernels">{kernelsLabel(s, trans)}</dd>
+        {agents && (
+          <>
+            <dt>{trans.__('Agents')}</dt>
+            <dd className="jp-SandboxPanel-agents" title={agents}>
+              {agents}
+            </dd>
+          </>
+        )}
         {next && (
           <>
             <dt>{trans.__('Next')}</dt>

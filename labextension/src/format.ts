@@ -181,6 +181,22 @@ export function kernelsLabel(
     : `${sandbox.kernels}`;
 }
 
+/**
+ * Agents' sessions in a sandbox, by name, busy ones marked ("analysis (busy), scratch"),
+ * or "" for none. Names come from the agent: long ones are cut so a card keeps its width.
+ */
+export function agentsLabel(
+  sandbox: ISandbox,
+  trans: TranslationBundle = NULL_TRANS
+): string {
+  return (sandbox.agent_sessions ?? [])
+    .map(a => {
+      const name = a.name.length > 24 ? `${a.name.slice(0, 23)}…` : a.name;
+      return a.busy ? trans.__('%1 (busy)', name) : name;
+    })
+    .join(', ');
+}
+
 /** What the lifecycle will do next ("stops in 12m", "removed in 1h 30m"), or "" for nothing planned. */
 export function nextLabel(
   sandbox: ISandbox,

@@ -5,6 +5,7 @@ import { describe, expect, it } from 'vitest';
 import type { ISandbox } from '../src/api';
 import {
   age,
+  agentsLabel,
   davUrl,
   formatAgo,
   formatBytes,
@@ -100,6 +101,20 @@ describe('format', () => {
     const base = { kernels: 2, busy_kernel_ids: ['k1'] } as unknown as ISandbox;
     expect(kernelsLabel(base)).toBe('2 (1 busy)');
     expect(kernelsLabel({ ...base, busy_kernel_ids: [] })).toBe('2');
+    expect(agentsLabel(base)).toBe('');
+    expect(
+      agentsLabel({
+        ...base,
+        agent_sessions: [
+          { id: 'a1', name: 'analysis', busy: true },
+          {
+            id: 'a2',
+            name: 'a-very-long-session-name-from-an-agent',
+            busy: false
+          }
+        ]
+      })
+    ).toBe('analysis (busy), a-very-long-session-nam…');
     expect(
       nextLabel(
         {
