@@ -33,6 +33,7 @@ Standard library only, Python >= 3.8. Invoked as ``python3 -I -c SOURCE OP ROOT 
   came; then one JSON line ``{"size": N}`` or ``{"error": ...}``.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -119,6 +120,16 @@ def parts_of(root, rel, which, enter, named):
     if not inside(root, path if enter or not parts else os.path.dirname(path)):
         raise Refused("outside", which)
     return parts
+
+
+@contextlib.contextmanager
+def held(fd):
+    """``fd``, closed when the block ends however it ends (every op opens folders and
+    files by descriptor, and a helper that leaks them on a refusal runs out)."""
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def folder(root, parts, which, create=False):
@@ -234,24 +245,19 @@ def check_target(dir_fd, name):
 def op_entry(root, rel):
     parts = parts_of(root, rel, "src", enter=False, named=False)
     if not parts:
-        fd = folder(root, [], "src")
-        st = os.fstat(fd)
-        os.close(fd)
+        with held(folder(root, [], "src")) as fd:
+            st = os.fstat(fd)
     else:
-        fd = folder(root, parts[:-1], "src")
-        try:
+        with held(folder(root, parts[:-1], "src")) as fd:
             st = lstat_at(fd, parts[-1], "src")
-        finally:
-            os.close(fd)
         if st is None:
             raise Refused("ENOENT", message="No such file or directory")
     out(type=kind(st), size=st.st_size, modified=st.st_mtime)
 
 
 def op_list(root, rel):
-    fd = folder(root, parts_of(root, rel, "src", enter=True, named=False), "src")
     items = []
-    try:
+    with held(folder(root, parts_of(root, rel, "src", enter=True, named=False), "src")) as fd:
         with os.scandir(fd) as found:
             for item in found:
                 if len(items) >= MAX_ENTRIES:
@@ -261,47 +267,36 @@ def op_list(root, rel):
                 except OSError:
                     continue  # removed while we looked
                 items.append([item.name, kind(st), st.st_size, st.st_mtime])
-    finally:
-        os.close(fd)
     out(items=items)
 
 
 def op_delete(root, rel):
     """A file, link or special file; a folder is refused (the REST route's delete)."""
     parts = parts_of(root, rel, "src", enter=False, named=True)
-    fd = folder(root, parts[:-1], "src")
-    try:
+    with held(folder(root, parts[:-1], "src")) as fd:
         st = lstat_at(fd, parts[-1], "src")
         if st is None:
             raise Refused("ENOENT", message="No such file or directory")
         if stat.S_ISDIR(st.st_mode):
             raise Refused("EISDIR")
         on("src", os.unlink, parts[-1], dir_fd=fd)
-    finally:
-        os.close(fd)
     out(ok=True)
 
 
 def op_mkdir(root, rel):
     parts = parts_of(root, rel, "src", enter=False, named=True)
-    fd = folder(root, parts[:-1], "src")
-    try:
+    with held(folder(root, parts[:-1], "src")) as fd:
         on("src", os.mkdir, parts[-1], 0o755, dir_fd=fd)
-    finally:
-        os.close(fd)
     out(ok=True)
 
 
 def op_remove(root, rel):
     parts = parts_of(root, rel, "src", enter=False, named=True)
-    fd = folder(root, parts[:-1], "src")
-    try:
+    with held(folder(root, parts[:-1], "src")) as fd:
         st = lstat_at(fd, parts[-1], "src")
         if st is None:
             raise Refused("ENOENT", message="No such file or directory")
         remove_item(fd, parts[-1], stat.S_ISDIR(st.st_mode), "/".join(parts), 0)
-    finally:
-        os.close(fd)
     out(ok=True)
 
 
@@ -324,8 +319,8 @@ def remove_item(dir_fd, name, is_dir, shown, depth):
 def empty_folder(parent_fd, name, shown, depth):
     if depth > MAX_DEPTH:
         raise Refused("deep", limit=MAX_DEPTH)
-    fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)  # ELOOP/ENOTDIR if swapped for a link
-    try:
+    # ELOOP/ENOTDIR if swapped for a link
+    with held(os.open(name, DIR_FLAGS, dir_fd=parent_fd)) as fd:
         for _ in range(REMOVE_ROUNDS):
             with os.scandir(fd) as found:
                 items = [(item.name, item.is_dir(follow_symlinks=False)) for item in found]
@@ -334,49 +329,33 @@ def empty_folder(parent_fd, name, shown, depth):
             for child, is_dir in items:
                 remove_item(fd, child, is_dir, shown + "/" + child, depth)
         raise Refused("filling")
-    finally:
-        os.close(fd)
 
 
 def op_move(root, rel, dst):
     src_parts = parts_of(root, rel, "src", enter=False, named=True)
     dst_parts = parts_of(root, dst, "dst", enter=False, named=True)
-    src_fd = folder(root, src_parts[:-1], "src")
-    try:
-        dst_fd = folder(root, dst_parts[:-1], "dst")
-        try:
-            os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:
-                raise Refused("intoself") from None
-            if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
-                raise Refused("inway", "dst") from None
-            which = "src" if exc.errno == errno.ENOENT else "dst"
-            raise refusal(exc, which) from None
-        finally:
-            os.close(dst_fd)
-    finally:
-        os.close(src_fd)
+    with held(folder(root, src_parts[:-1], "src")) as src_fd:
+        with held(folder(root, dst_parts[:-1], "dst")) as dst_fd:
+            try:
+                os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:
+                    raise Refused("intoself") from None
+                if exc.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise Refused("inway", "dst") from None
+                which = "src" if exc.errno == errno.ENOENT else "dst"
+                raise refusal(exc, which) from None
     out(ok=True)
 
 
 def op_copy(root, rel, dst):
     src_parts = parts_of(root, rel, "src", enter=True, named=True)
     dst_parts = parts_of(root, dst, "dst", enter=False, named=True)
-    src_dir = folder(root, src_parts[:-1], "src")
-    try:
+    with held(folder(root, src_parts[:-1], "src")) as src_dir:
         fd, st = open_regular(src_dir, src_parts[-1], "src")
-    finally:
-        os.close(src_dir)
-    try:
-        dst_dir = folder(root, dst_parts[:-1], "dst", create=True)
-        try:
-            check_target(dst_dir, dst_parts[-1])
-            place(dst_dir, dst_parts[-1], fd, st.st_size)
-        finally:
-            os.close(dst_dir)
-    finally:
-        os.close(fd)
+    with held(fd), held(folder(root, dst_parts[:-1], "dst", create=True)) as dst_dir:
+        check_target(dst_dir, dst_parts[-1])
+        place(dst_dir, dst_parts[-1], fd, st.st_size)
     out(size=st.st_size)
 
 
@@ -427,20 +406,11 @@ def op_stage_out(root, rel, token):
     """Copy a workspace file to the stage (at most its size when opened), for download."""
     name = staged_name("out-", token)
     parts = parts_of(root, rel, "src", enter=True, named=True)
-    src_dir = folder(root, parts[:-1], "src")
-    try:
+    with held(folder(root, parts[:-1], "src")) as src_dir:
         fd, st = open_regular(src_dir, parts[-1], "src")
-    finally:
-        os.close(src_dir)
-    try:
-        stage = stage_folder()
-        try:
-            sweep(stage)
-            place(stage, name, fd, st.st_size)
-        finally:
-            os.close(stage)
-    finally:
-        os.close(fd)
+    with held(fd), held(stage_folder()) as stage:
+        sweep(stage)
+        place(stage, name, fd, st.st_size)
     out(size=st.st_size, modified=st.st_mtime, staged=STAGE + "/" + name)
 
 
@@ -455,17 +425,12 @@ def op_stage_in(root, rel, token, size):
             fd, st = open_regular(stage, name, "stage")
         except Refused:
             raise Refused("incomplete", "dst") from None
-        try:
+        with held(fd):
             if st.st_size != int(size):
                 raise Refused("incomplete", "dst")
-            dst_dir = folder(root, parts[:-1], "dst", create=True)
-            try:
+            with held(folder(root, parts[:-1], "dst", create=True)) as dst_dir:
                 check_target(dst_dir, parts[-1])
                 place(dst_dir, parts[-1], fd, st.st_size)
-            finally:
-                os.close(dst_dir)
-        finally:
-            os.close(fd)
     finally:
         try:
             os.unlink(name, dir_fd=stage)
@@ -476,15 +441,12 @@ def op_stage_in(root, rel, token, size):
 
 
 def op_unstage(root, rel, token):
-    stage = stage_folder()
-    try:
+    with held(stage_folder()) as stage:
         for prefix in ("in-", "out-"):
             try:
                 os.unlink(staged_name(prefix, token), dir_fd=stage)
             except FileNotFoundError:
                 pass
-    finally:
-        os.close(stage)
     out(ok=True)
 
 
