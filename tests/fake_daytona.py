@@ -140,6 +140,8 @@ class FakeDaytona:
         self.requests: list[tuple[str, str]] = []
         self._faults: list[list[Any]] = []
         self._ptys: dict[tuple[str, str], str] = {}  # (sandbox, pty id) -> exec id
+        # (sandbox, pty id) -> PtySessionInfo as the daemon reports it (size, cwd, envs)
+        self.pty_info: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -266,6 +268,9 @@ class FakeDaytona:
         r.add_post(t + "/process/execute", self.execute)
         r.add_get(t + "/process/pty/create-connect", self.pty_create_connect)
         r.add_delete(t + "/process/pty/{pty}", self.pty_delete)
+        r.add_get(t + "/process/pty", self.pty_list)
+        r.add_get(t + "/process/pty/{pty}", self.pty_get)
+        r.add_post(t + "/process/pty/{pty}/resize", self.pty_resize)
         r.add_get(t + "/files", self.list_files)
         r.add_delete(t + "/files", self.delete_file)
         r.add_post(t + "/files/folder", self.create_folder)
@@ -746,6 +751,16 @@ class FakeDaytona:
         exec_id, sock = await self._run(open_exec)
         raw = sock._sock
         self._ptys[(request.match_info["sid"], pty_id)] = exec_id
+        self.pty_info[(request.match_info["sid"], pty_id)] = {
+            "id": pty_id,
+            "active": True,
+            "cols": int(request.query.get("cols", 80)),
+            "rows": int(request.query.get("rows", 24)),
+            "cwd": request.query.get("cwd") or HOME,
+            "envs": envs,
+            "createdAt": _now(),
+            "lazyStart": False,
+        }
         await ws.send_str(json.dumps({"type": "control", "status": "connected"}))
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
@@ -769,6 +784,7 @@ class FakeDaytona:
         code = info.get("ExitCode")
         code = -1 if code is None else code
         self._ptys.pop((request.match_info["sid"], pty_id), None)
+        self.pty_info.pop((request.match_info["sid"], pty_id), None)
         if not ws.closed:
             await ws.send_str(json.dumps({"type": "control", "status": "exited", "exitCode": code}))
             await ws.close(code=1000, message=json.dumps({"exitCode": code}).encode())
@@ -800,6 +816,36 @@ class FakeDaytona:
             except ProcessLookupError:
                 pass
         return web.json_response({"message": "PTY session deleted"})
+
+    async def pty_list(self, request: web.Request) -> web.Response:
+        self._container(request)
+        sid = request.match_info["sid"]
+        return web.json_response(
+            {"sessions": [info for (box, _), info in self.pty_info.items() if box == sid]}
+        )
+
+    async def pty_get(self, request: web.Request) -> web.Response:
+        self._container(request)
+        info = self.pty_info.get((request.match_info["sid"], request.match_info["pty"]))
+        if info is None:
+            return _error(404, f"PTY session {request.match_info['pty']} not found")
+        return web.json_response(info)
+
+    async def pty_resize(self, request: web.Request) -> web.Response:
+        """As the daemon: 1-1000 rows and columns (400 otherwise), the terminal resized
+        (its foreground program gets SIGWINCH), the session's info returned."""
+        self._container(request)
+        key = (request.match_info["sid"], request.match_info["pty"])
+        exec_id, info = self._ptys.get(key), self.pty_info.get(key)
+        if exec_id is None or info is None:
+            return _error(404, f"PTY session {key[1]} not found")
+        body = await request.json()
+        rows, cols = body.get("rows"), body.get("cols")
+        if not all(isinstance(v, int) and 1 <= v <= 1000 for v in (rows, cols)):
+            return _error(400, "rows and cols must be integers from 1 to 1000")
+        await self._run(lambda: self.docker.api.exec_resize(exec_id, height=rows, width=cols))
+        info.update(rows=rows, cols=cols)
+        return web.json_response(info)
 
     async def list_files(self, request: web.Request) -> web.Response:
         container = self._container(request)

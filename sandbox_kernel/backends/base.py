@@ -324,6 +324,20 @@ class Channel(abc.ABC):
         return bytes(buf)
 
 
+class Pty(Channel):
+    """A terminal in a sandbox: a :class:`Channel` to a process whose stdin, stdout and
+    stderr are the slave side of a pseudo-terminal inside the sandbox.
+
+    Bytes pass as a terminal sends them (Ctrl-C is ``\\x03``, turned into SIGINT by the
+    sandbox's own line discipline), so a relay needs no knowledge of signals; ``read``
+    returns b"" once the process has gone, and :meth:`exit_status` then says how.
+    """
+
+    @abc.abstractmethod
+    def resize(self, rows: int, cols: int) -> None:
+        """Give the terminal a new size (the foreground program gets SIGWINCH)."""
+
+
 class Backend(abc.ABC):
     """A sandbox engine. Methods are synchronous; async callers use a thread."""
 
@@ -420,6 +434,21 @@ class Backend(abc.ABC):
         The process ends when the channel closes (it reads EOF on stdin), so an
         interpreter never outlives the kernel that owns it.
         """
+
+    def open_pty(
+        self,
+        sandbox_id: str,
+        cmd: builtins.list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> Pty:
+        """Start ``cmd`` on a new pseudo-terminal of ``rows`` x ``cols`` inside the sandbox,
+        as its session leader with that terminal as its controlling one (job control and
+        Ctrl-C work); closing the :class:`Pty` hangs the terminal up."""
+        raise NotSupported(f"the {self.name} backend cannot open a terminal")
 
     # -- files (paths relative to the workspace, or absolute inside the sandbox) --
     @abc.abstractmethod

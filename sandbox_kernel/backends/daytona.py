@@ -81,6 +81,7 @@ from .base import (
     ExecResult,
     Health,
     Progress,
+    Pty,
     SandboxError,
     SandboxFailed,
     SandboxInfo,
@@ -97,6 +98,7 @@ T = TypeVar("T")
 
 AGENT_LOG = "/tmp/.sandbox-agent.log"
 READY = b"\x01SKREADY\n"
+SHELL_READY = b"\x01SKSHELL\x01"  # a terminal's shell is ours from here (see open_pty)
 # Rate-limit retries: 0.5 s doubling to 8 s, about 30 s in all before giving up.
 RETRY_DELAYS = (0.5, 1, 2, 4, 8, 8, 8)
 
@@ -213,6 +215,27 @@ class PtyChannel(Channel):
         except Exception:  # already gone with its sandbox: nothing left to end
             pass
         self._handle.disconnect()
+
+
+class DaytonaPty(PtyChannel, Pty):
+    """A user's terminal over a Daytona PTY session: its bytes as they are (no raw mode:
+    the shell's terminal is the user's), resized through the toolbox API."""
+
+    def __init__(
+        self,
+        handle: Any,
+        kill: Callable[[], None],
+        log: Callable[[], str],
+        resize: Callable[[int, int], Any],
+    ) -> None:
+        super().__init__(handle, kill, log)
+        self._resize = resize
+
+    def resize(self, rows: int, cols: int) -> None:
+        try:
+            self._resize(rows, cols)
+        except (SandboxError, DaytonaError):
+            pass  # the session has ended: its end shows on the next read
 
 
 class DaytonaBackend(Backend):
@@ -635,6 +658,53 @@ class DaytonaBackend(Backend):
             channel.close()
             raise
         return channel
+
+    def open_pty(
+        self,
+        sandbox_id: str,
+        cmd: builtins.list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> DaytonaPty:
+        """A Daytona PTY session (the daemon makes the terminal and its session), whose
+        shell we replace with ``cmd`` (``exec``) before the user sees anything: the typed
+        line and its echo come before a marker, and nothing before the marker is shown."""
+        from daytona.common.pty import PtySize
+
+        sandbox = self._running(sandbox_id)
+        pty_id = f"sk-shell-{uuid.uuid4().hex[:12]}"
+        handle = self._call(
+            sandbox.process.create_pty_session,
+            pty_id,
+            cwd=cwd,
+            envs=env or None,
+            pty_size=PtySize(rows=rows, cols=cols),
+            what=f"open a terminal in {sandbox_id}",
+        )
+        pty = DaytonaPty(
+            handle,
+            kill=lambda: sandbox.process.kill_pty_session(pty_id),
+            log=lambda: "",
+            resize=lambda r, c: self._call(
+                sandbox.process.resize_pty_session,
+                pty_id,
+                PtySize(rows=r, cols=c),
+                what=f"resize a terminal in {sandbox_id}",
+            ),
+        )
+        # The marker ends in \001, not a newline the terminal would turn into \r\n, and
+        # its printf format differs from its echo, so the echo is never taken for it.
+        line = f"printf '\\001SK%s\\001' SHELL; exec {' '.join(_bash_word(a) for a in cmd)}\n"
+        try:
+            handle.send_input(line)
+            pty.read_until(SHELL_READY, timeout=min(60.0, self.settings.start_timeout))
+        except BaseException:
+            pty.close()
+            raise
+        return pty
 
     # -- files ---------------------------------------------------------------------------
     def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:

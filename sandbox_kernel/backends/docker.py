@@ -70,7 +70,7 @@ from .base import (
     sandbox_id_of,
 )
 from .cgroups import cgroup_usage
-from .docker_channel import DockerChannel
+from .docker_channel import DockerChannel, DockerPty
 from .docker_errors import engine_errors, engine_reason, exec_failure, unreachable
 from .docker_files import HelperOpener, home_archive, read_file, write_file
 from .docker_info import (
@@ -493,6 +493,45 @@ class DockerBackend(Backend):
         # closes the connection under us (an EOF mid-session, at a random moment).
         channel.keep_alive = sock
         return channel
+
+    def open_pty(
+        self,
+        sandbox_id: str,
+        cmd: builtins.list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> DockerPty:
+        """``docker exec`` with a TTY, as the container's (non-root) user; the engine makes
+        the terminal and its session. ``cmd`` is started by a two-line python3 prelude
+        that first writes its pid (see :class:`DockerPty`), then becomes ``cmd``."""
+        container = self._running(sandbox_id)
+        sid = self._id(container)
+        api = self.client.api
+        announce = (
+            "import os, sys; os.write(1, b'\\x1b]sk-pid;%d\\x07' % os.getpid()); "
+            "os.execvp(sys.argv[1], sys.argv[1:])"
+        )
+        with engine_errors("open a terminal in", sid):
+            exec_id = api.exec_create(
+                container.id,
+                ["python3", "-c", announce, *cmd],
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                tty=True,
+                workdir=cwd,
+                environment=env or None,
+            )["Id"]
+            sock = api.exec_start(exec_id, socket=True, tty=True)
+        raw = getattr(sock, "_sock", sock)
+        pty = DockerPty(raw, exec_id, container.id, api)
+        pty.keep_alive = sock  # as for channels: the SDK's wrapper must outlive the socket
+        pty.resize(rows, cols)
+        pty.read_session(timeout=min(60.0, self.settings.start_timeout))
+        return pty
 
     def exec(
         self,

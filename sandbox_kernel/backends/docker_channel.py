@@ -1,14 +1,18 @@
-"""The byte channel to one ``docker exec`` process: its attach socket, demultiplexed."""
+"""The byte channel to one ``docker exec`` process: its attach socket, demultiplexed;
+and a terminal (:class:`DockerPty`), an exec with a TTY."""
 
 from __future__ import annotations
 
 import socket
 import struct
+import subprocess
+import sys
 import threading
+import time
 from collections import deque
 from typing import Any
 
-from .base import Channel, SandboxError
+from .base import Channel, Pty, SandboxError
 
 
 class DockerChannel(Channel):
@@ -117,3 +121,148 @@ class DockerChannel(Channel):
                 op()
             except OSError:
                 pass
+
+
+# What the Docker backend's terminal command prints first: the shell's pid in the
+# sandbox, so the host can hang its session up (see programs/hangup.py).
+PTY_PID_PREFIX = b"\x1b]sk-pid;"
+PTY_PID_END = b"\x07"
+
+
+class DockerPty(Pty):
+    """The attach socket of a ``docker exec`` with a TTY: one raw byte stream both ways
+    (no framing), resized with ``exec_resize``.
+
+    Docker keeps an exec's terminal open after its client has gone, so a shell would
+    run on after its window closed. A small watcher process (:func:`hang_up_when_gone`,
+    in a session of its own) waits for this process to close the terminal or to die,
+    even by SIGKILL (a closed JupyterLab terminal ends its relay so), then hangs the
+    shell's session up inside the sandbox; the shell's pid comes from the first bytes
+    it wrote, before any user code ran.
+    """
+
+    def __init__(self, sock: socket.socket, exec_id: str, container_id: str, api: Any) -> None:
+        self._sock = sock
+        self._api = api
+        self.exec_id = exec_id
+        self.container_id = container_id
+        self.session = 0  # the shell's pid in the sandbox, once read
+        self._pending = b""
+        self._write_lock = threading.Lock()
+        self._closed = False
+        self._watcher: subprocess.Popen[bytes] | None = None
+        self.keep_alive: Any = None  # the SDK object that must outlive the socket
+
+    def read_session(self, timeout: float) -> None:
+        """Read the shell's pid announcement (anything else is kept for :meth:`read`) and
+        start the watcher that hangs the session up once we are gone."""
+        self._sock.settimeout(timeout)
+        seen = b""
+        try:
+            while len(seen) < 64 and PTY_PID_END not in seen:
+                chunk = self._sock.recv(64 - len(seen))
+                if not chunk:
+                    break
+                seen += chunk
+        except OSError:
+            pass
+        finally:
+            self._sock.settimeout(None)
+        head, end, rest = seen.partition(PTY_PID_END)
+        if end and head.startswith(PTY_PID_PREFIX) and head[len(PTY_PID_PREFIX) :].isdigit():
+            self.session = int(head[len(PTY_PID_PREFIX) :])
+            self._pending = rest
+            self._watcher = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from sandbox_kernel.backends.docker_channel import hang_up_when_gone as h; h()",
+                    self.exec_id,
+                    self.container_id,
+                    str(self.session),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a signal to our process group must not reach it
+            )
+            threading.Thread(target=self._watcher.wait, daemon=True).start()  # no zombie
+        else:  # the command did not start (the engine's message says why): show it all
+            self._pending = seen
+
+    def read(self, size: int = 65536) -> bytes:
+        if self._pending:
+            chunk, self._pending = self._pending[:size], self._pending[size:]
+            return chunk
+        try:
+            return self._sock.recv(size)
+        except OSError:
+            return b""
+
+    def write(self, data: bytes) -> None:
+        with self._write_lock:
+            try:
+                self._sock.sendall(data)
+            except OSError as exc:
+                raise SandboxError(f"the sandbox's terminal is gone ({exc})") from exc
+
+    def resize(self, rows: int, cols: int) -> None:
+        # Right after the start the engine may not know the process yet: try a few times.
+        for _ in range(20):
+            try:
+                self._api.exec_resize(self.exec_id, height=rows, width=cols)
+                return
+            except Exception:
+                if self._running() is False:
+                    return
+                time.sleep(0.05)
+
+    def _running(self) -> bool | None:
+        try:
+            return bool(self._api.exec_inspect(self.exec_id).get("Running"))
+        except Exception:
+            return None
+
+    def exit_status(self) -> int | None:
+        # The engine notes the exit a moment after the stream ends.
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                state = self._api.exec_inspect(self.exec_id)
+            except Exception:
+                return None
+            if not state.get("Running"):
+                return state.get("ExitCode")
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for op in (lambda: self._sock.shutdown(socket.SHUT_RDWR), self._sock.close):
+            try:
+                op()
+            except OSError:
+                pass
+        if self._watcher is not None and self._watcher.stdin is not None:
+            self._watcher.stdin.close()  # the watcher's cue (as our death would be)
+
+
+def hang_up_when_gone() -> None:
+    """The watcher of a :class:`DockerPty` (``argv``: exec id, container id, session):
+    wait for EOF on stdin (the relay closed the terminal, or died), then, if the shell
+    still runs, SIGHUP its session inside the sandbox as closing a real terminal would
+    (see programs/hangup.py)."""
+    import docker
+
+    from .docker import _program
+
+    exec_id, container_id, session = sys.argv[1:4]
+    sys.stdin.buffer.read()
+    client = docker.from_env(timeout=60)
+    if client.api.exec_inspect(exec_id).get("Running"):
+        client.containers.get(container_id).exec_run(
+            ["python3", "-c", _program("hangup"), session], stdin=False
+        )

@@ -16,14 +16,17 @@ process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
 from __future__ import annotations
 
 import builtins
+import fcntl
 import json
 import os
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 import uuid
@@ -48,6 +51,7 @@ from .base import (
     ExecResult,
     Health,
     Progress,
+    Pty,
     SandboxError,
     SandboxInfo,
     Spec,
@@ -111,6 +115,58 @@ class LocalChannel(Channel):
                 self.proc.stdin.close()
         except OSError:
             pass
+        try:
+            self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.proc.pid)
+            self.proc.wait()
+        self._marker.unlink(missing_ok=True)
+
+
+class LocalPty(Pty):
+    """The master side of the pseudo-terminal of a (bubblewrap'd) child process.
+
+    Closing it hangs the terminal up (SIGHUP to the shell's session), then ends the
+    child's process group if it has not gone within a second."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], marker: Path, master: int) -> None:
+        self.proc = proc
+        self._marker = marker
+        self._master = master
+        self._closed = False
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._master, view) :]
+            except OSError as exc:
+                raise SandboxError(f"the sandbox's terminal is gone ({exc})") from exc
+
+    def read(self, size: int = 65536) -> bytes:
+        try:
+            return os.read(self._master, size)
+        except OSError:  # EIO: every process holding the terminal has gone
+            return b""
+
+    def resize(self, rows: int, cols: int) -> None:
+        try:
+            fcntl.ioctl(self._master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        except OSError:
+            pass
+
+    def exit_status(self) -> int | None:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+        return 128 - code if code < 0 else code
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        os.close(self._master)
         try:
             self.proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
@@ -325,9 +381,18 @@ class LocalBackend(Backend):
         return record
 
     def _command(
-        self, record: dict[str, Any], cmd: builtins.list[str], cwd: str, env: dict[str, str] | None
+        self,
+        record: dict[str, Any],
+        cmd: builtins.list[str],
+        cwd: str,
+        env: dict[str, str] | None,
+        new_session: bool = True,
     ) -> tuple[builtins.list[str], dict[str, str], str]:
-        """argv, environment and host cwd for a process of this sandbox."""
+        """argv, environment and host cwd for a process of this sandbox.
+
+        ``new_session=False`` (a terminal of ours, see :meth:`open_pty`): bubblewrap does
+        not call setsid, since the process already leads a session whose controlling
+        terminal is a new pseudo-terminal, never the host's."""
         if cmd and cmd[0] in ("python3", "python"):
             cmd = [
                 sys.executable,
@@ -356,7 +421,7 @@ class LocalBackend(Backend):
         # No --die-with-parent: it fires when the *thread* that started the child ends,
         # and connections are made from worker threads. Processes end on EOF of stdin
         # (the channel's close or the kernel's death) or with their process group.
-        argv = ["bwrap", "--unshare-all", "--new-session"]
+        argv = ["bwrap", "--unshare-all"] + (["--new-session"] if new_session else [])
         if record.get("network", True):
             argv.append("--share-net")
         if os.getuid() == 0:
@@ -394,10 +459,11 @@ class LocalBackend(Backend):
         cmd: builtins.list[str],
         cwd: str,
         env: dict[str, str] | None,
+        terminal: bool = False,
         **kw: Any,
     ) -> tuple[subprocess.Popen[bytes], Path]:
         record = self._running(sandbox_id)
-        argv, child_env, host_cwd = self._command(record, cmd, cwd, env)
+        argv, child_env, host_cwd = self._command(record, cmd, cwd, env, new_session=not terminal)
         memory = int(record.get("memory") or 1 << 30)
 
         def limits() -> None:  # runs in the child before exec
@@ -405,6 +471,8 @@ class LocalBackend(Backend):
                 resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
             except (ValueError, OSError):
                 pass
+            if terminal:  # new session (start_new_session): stdin, a new pty, becomes its tty
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
         try:
             proc = subprocess.Popen(
@@ -438,6 +506,44 @@ class LocalBackend(Backend):
         finally:
             log.close()
         return LocalChannel(proc, marker)
+
+    def open_pty(
+        self,
+        sandbox_id: str,
+        cmd: builtins.list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> LocalPty:
+        """``cmd`` in the sandbox's isolation on a pseudo-terminal made for it.
+
+        Never the host's own terminal: a sandboxed process holding the user's terminal
+        could push keystrokes into it (TIOCSTI) or rewrite its console (TIOCLINUX), and
+        they would run on the host. It gets the slave of a new pair as stdin, stdout,
+        stderr and controlling terminal of a session of its own (so Ctrl-C and job
+        control work); the host keeps the master and relays it.
+        """
+        master, slave = os.openpty()  # both close-on-exec: only fds 0-2 reach the child
+        try:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            proc, marker = self._spawn(
+                sandbox_id,
+                cmd,
+                cwd,
+                env,
+                terminal=True,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+            )
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        return LocalPty(proc, marker, master)
 
     def exec(
         self,
