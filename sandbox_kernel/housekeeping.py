@@ -20,7 +20,7 @@ from typing import Any
 
 from .lifecycle import gc
 from .service import SandboxService
-from .store import HEARTBEAT
+from .store import HEARTBEAT, KERNEL
 
 log = logging.getLogger("sandbox_kernel")
 
@@ -30,9 +30,15 @@ GC_DELAY = 2.0  # seconds after the start before the kernel applies the lifecycl
 class Housekeeping:
     """Heartbeats, progress lines, the processes to reap, lifecycle and warm spares of one kernel."""
 
-    def __init__(self, service: SandboxService, kernel_id: str) -> None:
+    def __init__(
+        self, service: SandboxService, kernel_id: str, kind: str = KERNEL, label: str = ""
+    ) -> None:
         self.service = service
         self.kernel_id = kernel_id
+        # A kernel, or an agent's interpreter (MCP) and its session name: listings tell
+        # them apart, the lifecycle and the reaper treat both alike.
+        self.kind = kind
+        self.label = label
         self.sandbox_id = ""
         self.busy = False
         self._wake = threading.Event()
@@ -72,7 +78,9 @@ class Housekeeping:
         """
         log.info("%s", line)
         try:
-            self.service.store.kernel_progress(self.kernel_id, self._backend_name, sandbox_id, line)
+            self.service.store.kernel_progress(
+                self.kernel_id, self._backend_name, sandbox_id, line, self.kind, self.label
+            )
         except Exception as exc:  # the status bar is a nicety: never a failure
             log.debug("could not record progress: %s", exc)
 
@@ -83,7 +91,7 @@ class Housekeeping:
             return
         try:
             self.service.store.kernel_heartbeat(
-                self.kernel_id, self._backend_name, sandbox_id, False
+                self.kernel_id, self._backend_name, sandbox_id, False, self.kind, self.label
             )
             self.service.store.kernel_processes(
                 self.kernel_id, socket.gethostname(), os.getpid(), json.dumps(procs)
@@ -118,7 +126,12 @@ class Housekeeping:
             return
         try:
             self.service.store.kernel_heartbeat(
-                self.kernel_id, self._backend_name, self.sandbox_id, self.busy
+                self.kernel_id,
+                self._backend_name,
+                self.sandbox_id,
+                self.busy,
+                self.kind,
+                self.label,
             )
             if self.busy:
                 self.service.backend.keep_alive(self.sandbox_id)

@@ -67,7 +67,7 @@ from .folders import (
 )
 from .identity import ScopeKey
 from .lifecycle import decide, quota_check, stats
-from .store import Store
+from .store import AGENT, Store
 from .units import format_size
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -323,18 +323,22 @@ class SandboxService:
     # -- listings ----------------------------------------------------------------------
     def describe(self, infos: list[SandboxInfo]) -> list[dict[str, Any]]:
         """Listing entries: the engine's view plus ours (kernels, activity, what comes next)."""
-        kernels = self.store.live_kernels(self.backend.name)
+        holders = self.store.live_sessions(self.backend.name)
         records = {r.id: r for r in self.store.all(self.backend.name)}
         usage = self.backend.usage([i for i in infos if i.state == "running"])
         out = []
         for info in infos:
-            live = kernels.get(info.id, [])
+            everyone = holders.get(info.id, [])
+            # Kernels and agent sessions both keep a sandbox in use (the lifecycle sees
+            # them alike); a listing names them apart.
+            live = [(h.id, h.busy) for h in everyone]
+            kernels = [h for h in everyone if h.kind != AGENT]
             record = records.get(info.id)
-            info.kernels = len(live)
+            info.kernels = len(kernels)
             # Which kernels use it, and which are running a cell right now: a front end
             # matches its notebook's kernel against these; an agent sees a busy notebook.
-            info.kernel_ids = sorted(kernel_id for kernel_id, _ in live)
-            info.busy_kernel_ids = sorted(kernel_id for kernel_id, busy in live if busy)
+            info.kernel_ids = sorted(h.id for h in kernels)
+            info.busy_kernel_ids = sorted(h.id for h in kernels if h.busy)
             info.last_activity = record.last_activity if record else info.created
             if record is not None and record.flavor and record.flavor in FLAVORS:
                 info.flavor = record.flavor  # resized since its labels were written
@@ -347,6 +351,14 @@ class SandboxService:
             item = info.to_dict()
             item["usage"] = self._with_cpu_rate(info.id, usage.get(info.id, {}))
             item["next"] = decide(info, record, live, self.config).to_dict()
+            item["agent_sessions"] = sorted(
+                (
+                    {"id": h.id, "name": h.label, "busy": h.busy}
+                    for h in everyone
+                    if h.kind == AGENT
+                ),
+                key=lambda s: (s["name"], s["id"]),
+            )
             out.append(item)
         return out
 

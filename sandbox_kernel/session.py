@@ -104,9 +104,14 @@ class SandboxSession:
         self.housekeeping.start(info.id)
         return agent
 
+    def home_folder(self) -> str:
+        """The host folder this session works from, as a notebook's kernel works from the
+        notebook's folder (its cwd); it picks the work folder, hence the sandbox."""
+        return os.getcwd()
+
     def _ensure_sandbox(self) -> SandboxInfo:
         """The sandbox, running; a loss the user must hear of becomes a notice."""
-        work = self.service.work_folder(os.getcwd())
+        work = self.service.work_folder(self.home_folder())
         target = self.service.sandbox_id(self.key, work_folder=work)
         ensured = self.service.ensure(
             self.key, progress=lambda line: self.housekeeping.report(target, line), work_folder=work

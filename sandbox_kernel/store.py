@@ -67,6 +67,20 @@ STALE_AFTER = 3 * HEARTBEAT
 SETUP_WAIT = 30.0  # seconds a new state file may take to set up while others do the same
 
 
+KERNEL = "kernel"  # a notebook's kernel holds the sandbox
+AGENT = "agent"  # an agent's named interpreter (MCP) holds it
+
+
+@dataclass(frozen=True)
+class LiveSession:
+    """Something that uses a sandbox now: a kernel, or an agent's named interpreter."""
+
+    id: str
+    busy: bool
+    kind: str = KERNEL
+    label: str = ""  # an agent session's name
+
+
 @dataclass
 class Reservation:
     """A sandbox another process is making or starting: it counts against the quotas."""
@@ -147,6 +161,10 @@ class Store:
             ("kernels", "host", "TEXT NOT NULL DEFAULT ''"),
             ("kernels", "host_pid", "INTEGER NOT NULL DEFAULT 0"),
             ("kernels", "procs", "TEXT NOT NULL DEFAULT ''"),
+            # What holds the sandbox: a notebook's kernel, or an agent's interpreter
+            # (MCP, see agent_sessions.py) and the session name it goes by.
+            ("kernels", "kind", "TEXT NOT NULL DEFAULT 'kernel'"),
+            ("kernels", "label", "TEXT NOT NULL DEFAULT ''"),
         ):
             try:
                 conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
@@ -224,30 +242,50 @@ class Store:
                 "DELETE FROM sandboxes WHERE backend = ? AND id = ?", (backend, sandbox_id)
             )
 
-    def kernel_heartbeat(self, kernel_id: str, backend: str, sandbox_id: str, busy: bool) -> None:
-        """A kernel says it is alive (and whether a cell runs); a busy kernel is activity too."""
+    def kernel_heartbeat(
+        self,
+        kernel_id: str,
+        backend: str,
+        sandbox_id: str,
+        busy: bool,
+        kind: str = KERNEL,
+        label: str = "",
+    ) -> None:
+        """A kernel (or an agent session, ``kind`` AGENT named ``label``) says it is alive
+        and whether code runs; a busy one is activity too."""
         now = time.time()
         with closing(self._connect()) as conn:
             conn.execute(
-                "INSERT INTO kernels (kernel_id, backend, sandbox_id, last_seen, busy) VALUES (?, ?, ?, ?, ?)"
+                "INSERT INTO kernels (kernel_id, backend, sandbox_id, last_seen, busy, kind, label)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (kernel_id) DO UPDATE SET backend = excluded.backend,"
-                " sandbox_id = excluded.sandbox_id, last_seen = excluded.last_seen, busy = excluded.busy",
-                (kernel_id, backend, sandbox_id, now, int(busy)),
+                " sandbox_id = excluded.sandbox_id, last_seen = excluded.last_seen, busy = excluded.busy,"
+                " kind = excluded.kind, label = excluded.label",
+                (kernel_id, backend, sandbox_id, now, int(busy), kind, label),
             )
             if busy:
                 _touch(conn, backend, sandbox_id, now)
 
-    def kernel_progress(self, kernel_id: str, backend: str, sandbox_id: str, message: str) -> None:
+    def kernel_progress(
+        self,
+        kernel_id: str,
+        backend: str,
+        sandbox_id: str,
+        message: str,
+        kind: str = KERNEL,
+        label: str = "",
+    ) -> None:
         """What a kernel is waiting for (making or starting its sandbox), or what changed:
         shown by the status bar and the server log, never stored in a notebook."""
         now = time.time()
         with closing(self._connect()) as conn:
             conn.execute(
-                "INSERT INTO kernels (kernel_id, backend, sandbox_id, last_seen, busy, progress, progress_at)"
-                " VALUES (?, ?, ?, ?, 0, ?, ?) ON CONFLICT (kernel_id) DO UPDATE SET backend = excluded.backend,"
+                "INSERT INTO kernels (kernel_id, backend, sandbox_id, last_seen, busy, progress, progress_at, kind, label)"
+                " VALUES (?, ?, ?, ?, 0, ?, ?, ?, ?) ON CONFLICT (kernel_id) DO UPDATE SET backend = excluded.backend,"
                 " sandbox_id = excluded.sandbox_id, last_seen = excluded.last_seen,"
-                " progress = excluded.progress, progress_at = excluded.progress_at",
-                (kernel_id, backend, sandbox_id, now, message, now),
+                " progress = excluded.progress, progress_at = excluded.progress_at,"
+                " kind = excluded.kind, label = excluded.label",
+                (kernel_id, backend, sandbox_id, now, message, now, kind, label),
             )
 
     def kernel_processes(self, kernel_id: str, host: str, host_pid: int, procs: str) -> None:
@@ -284,7 +322,17 @@ class Store:
     def live_kernels(
         self, backend: str, stale_after: float = STALE_AFTER
     ) -> dict[str, list[tuple[str, bool]]]:
-        """Sandbox id -> [(kernel id, busy)] of kernels heard from recently.
+        """Sandbox id -> [(id, busy)] of what holds each sandbox in use: kernels and agent
+        sessions alike (the lifecycle treats both as users of the sandbox)."""
+        return {
+            sandbox_id: [(h.id, h.busy) for h in holders]
+            for sandbox_id, holders in self.live_sessions(backend, stale_after).items()
+        }
+
+    def live_sessions(
+        self, backend: str, stale_after: float = STALE_AFTER
+    ) -> dict[str, list[LiveSession]]:
+        """Sandbox id -> the kernels and agent sessions heard from recently.
 
         Silent ones are dropped, except those whose sandbox processes the reaper must
         still end (they go once it has: see lifecycle.end_dead_kernels), for a day at most.
@@ -296,12 +344,15 @@ class Store:
                 (cutoff, time.time() - 86400),
             )
             rows = conn.execute(
-                "SELECT sandbox_id, kernel_id, busy FROM kernels WHERE backend = ? AND last_seen >= ?",
+                "SELECT sandbox_id, kernel_id, busy, kind, label FROM kernels"
+                " WHERE backend = ? AND last_seen >= ?",
                 (backend, cutoff),
             ).fetchall()
-        live: dict[str, list[tuple[str, bool]]] = {}
-        for sandbox_id, kernel_id, busy in rows:
-            live.setdefault(sandbox_id, []).append((kernel_id, bool(busy)))
+        live: dict[str, list[LiveSession]] = {}
+        for sandbox_id, kernel_id, busy, kind, label in rows:
+            live.setdefault(sandbox_id, []).append(
+                LiveSession(kernel_id, bool(busy), kind or KERNEL, label or "")
+            )
         return live
 
     # -- quota reservations --------------------------------------------------------------

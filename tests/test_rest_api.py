@@ -626,9 +626,10 @@ async def test_stats(jp_fetch: Any, sandbox: dict[str, str]) -> None:
 def served_routes() -> set[tuple[str, str]]:
     """(path with {id}-style parameters, method) of every route the extension serves."""
     from jupyter_ext.handlers import handlers
+    from jupyter_ext.mcp import mcp_handlers
 
     served = set()
-    for pattern, handler in handlers():
+    for pattern, handler in [*handlers(), *mcp_handlers()]:
         path = re.sub(
             r"\(\?P<(\w+)>[^)]*\)",
             lambda m: "{id}" if m.group(1) in ("sandbox_id", "name") else f"{{{m.group(1)}}}",

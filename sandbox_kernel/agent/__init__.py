@@ -46,6 +46,12 @@ def boot_source() -> str:
 
 
 @lru_cache(maxsize=1)
+def command_source() -> str:
+    """The in-sandbox runner of an agent's shell command (:mod:`.command`), for ``python3 -c``."""
+    return (Path(__file__).parent / "command.py").read_text()
+
+
+@lru_cache(maxsize=1)
 def fs_helper_source() -> str:
     """The in-sandbox file helper (:mod:`.fs_helper`), passed with ``python3 -c``."""
     return (Path(__file__).parent / "fs_helper.py").read_text()
