@@ -16,6 +16,7 @@ from sandbox_kernel.lifecycle import gc
 from sandbox_kernel.service import SandboxService
 
 from .handlers import handlers
+from .mcp import McpService, mcp_handlers
 from .webdav import DavService, dav_handlers
 
 
@@ -39,6 +40,16 @@ class SandboxExtension(ExtensionApp):
     ).tag(config=True)
     gc_interval = Float(
         300.0, help="Seconds between runs of the lifecycle reaper in the server (0: never)."
+    ).tag(config=True)
+    terminals = Enum(
+        ["sandbox", "host"],
+        default_value="sandbox",
+        help=(
+            "Where JupyterLab's terminals run. sandbox: a login shell in the user's sandbox "
+            "(`sandbox-kernel shell`), unless ServerApp.terminado_settings names a "
+            "shell_command of the administrator's own. host: the server's own shell, as "
+            "without this extension."
+        ),
     ).tag(config=True)
 
     def initialize_settings(self) -> None:
@@ -65,10 +76,21 @@ class SandboxExtension(ExtensionApp):
             sandbox_max_upload=self.max_upload_size,
             sandbox_dav=DavService(self.serverapp.base_url),
         )
+        from .terminals import install as install_terminals
+
+        self.log.info(
+            "sandbox-kernel: %s",
+            install_terminals(self.serverapp, self.terminals, self.owner_from == "request"),
+        )
+        # MCP for agents, acting for each request's user in their sandbox.
+        self.settings["sandbox_mcp"] = McpService(
+            self.settings["sandbox_service"], str(Path(self.serverapp.root_dir).resolve())
+        )
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers())
         self.handlers.extend(dav_handlers())
+        self.handlers.extend(mcp_handlers())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         if self.gc_interval > 0:
@@ -97,3 +119,6 @@ class SandboxExtension(ExtensionApp):
         dav = self.settings.get("sandbox_dav")
         if dav is not None:
             dav.close()
+        mcp = self.settings.get("sandbox_mcp")
+        if mcp is not None:  # agents' interpreters end with the server
+            await mcp.close()

@@ -150,6 +150,44 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_shell(args: argparse.Namespace) -> int:
+    """An interactive login shell in a sandbox; without an id, the current user's (created if needed).
+
+    A real terminal inside the sandbox: colours, window resizing, Ctrl-C and
+    full-screen programs work, and the shell's exit status is the command's. It
+    starts where `exec` would run (the folder you are in when the sandbox has it,
+    else /workspace). Standard input must be a terminal; `exec` runs commands without.
+    """
+    from .terminal import run_shell
+
+    if not os.isatty(0):
+        raise _UsageError(
+            "standard input is not a terminal; `sandbox-kernel exec [ID] -- CMD` runs a "
+            "command without one"
+        )
+    cfg, services = _services(args)
+    service = next((s for s in services if args.id and s.backend.find(args.id)), services[0])
+    here = os.getcwd()
+    if args.id:
+        info = service.owned(_user(cfg, args), args.id)
+        if info.state != "running":
+            service.start(_user(cfg, args), args.id, progress=lambda m: print(m, file=sys.stderr))
+            info = service.owned(_user(cfg, args), args.id)
+    else:
+        ensured = service.ensure(
+            scope_key(cfg),
+            progress=lambda m: print(m, file=sys.stderr),
+            work_folder=service.work_folder(here),
+        )
+        for line in ([ensured.notice] if ensured.notice else []) + ensured.notes:
+            print(line, file=sys.stderr)
+        info = ensured.info
+    inside = info.work_folder and (
+        here == info.work_folder or here.startswith(info.work_folder + "/")
+    )
+    return run_shell(service, info, cwd=here if inside else "")
+
+
 def _id_and_command(
     words: list[str], after_dashes: list[str] | None
 ) -> tuple[str | None, list[str]]:
@@ -323,6 +361,22 @@ def cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    """Serve the MCP tools for agents over stdio, acting for you (an MCP client starts it).
+
+    Tools: execute_code, execute_command, get_sessions, stop_session, list_files,
+    read_file, write_file, list_sandboxes and snapshots; they work in your sandbox, the
+    one your notebooks use. Stdout carries the protocol only; messages go to stderr.
+    """
+    import anyio
+
+    from .mcp_server import serve_stdio
+
+    cfg, service = _service(args)
+    anyio.run(serve_stdio, service, scope_key(cfg).user, os.getcwd())
+    return 0
+
+
 class _UsageError(Exception):
     pass
 
@@ -370,6 +424,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="any user's sandbox by id (administrators)")
     p.set_defaults(cmd=None)
 
+    p = add("shell", cmd_shell, usage="sandbox-kernel shell [ID]")
+    p.add_argument(
+        "id", nargs="?", help="sandbox id, as `sandbox-kernel list` shows it (default: yours)"
+    )
+    p.add_argument("--scope", choices=["user", "thread"], help="override SANDBOX_KERNEL_SCOPE")
+    p.add_argument("--image", help="override SANDBOX_KERNEL_IMAGE for a new sandbox")
+    p.add_argument("--flavor", choices=["small", "medium", "large"], help="flavor of a new sandbox")
+    p.add_argument("--all", action="store_true", help="any user's sandbox by id (administrators)")
+
     for action in ("stop", "start", "destroy"):
         p = add(action, _one(action))
         p.add_argument("id", help="sandbox id, as `sandbox-kernel list` shows it")
@@ -397,6 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="every user's snapshots (list), any user's sandbox (create)",
     )
+
+    add("mcp", cmd_mcp)
 
     p = add("install", cmd_install)
     where = p.add_mutually_exclusive_group()

@@ -10,7 +10,9 @@ copied, server gone; one set per size) go to tests/output/lab-ui/.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import concurrent.futures
 import json
 import os
 import re
@@ -318,6 +320,14 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
             expect(card).to_have_class(lambda_class("jp-SandboxPanel-revealed"))
             expect(card.locator(".jp-SandboxPanel-dot-running")).to_be_visible()
             expect(card.locator(".jp-SandboxPanel-kernels")).to_have_text("1")
+            # An agent's interpreter (MCP over HTTP) shows beside the kernel, and goes.
+            expect(card.locator(".jp-SandboxPanel-agents")).to_have_count(0)
+            _agent_call(lab, "execute_code", code="x = 1", session="ui-agent")
+            agents = card.locator(".jp-SandboxPanel-agents")
+            expect(agents).to_have_text("ui-agent", timeout=20_000)
+            expect(card.locator(".jp-SandboxPanel-kernels")).to_have_text("1")
+            _agent_call(lab, "stop_session", session="ui-agent")
+            expect(agents).to_have_count(0, timeout=20_000)
             expect(card).to_contain_text("user")
             expect(card).to_contain_text(TEST_IMAGE)
             expect(card.locator(".jp-SandboxPanel-memory")).to_contain_text(
@@ -621,6 +631,31 @@ def _check_webdav(page: Any, card: Any, expected: str, sid: str, shot: Path) -> 
     _click_in_view(copy)
     expect(status).to_contain_text("copy the selected URL by hand")
     assert page.evaluate("window.getSelection().toString()") == expected
+
+
+def _agent_call(lab: Lab, tool: str, **arguments: Any) -> None:
+    """One MCP tool call to the lab server, as an agent would make it (own thread: the
+    browser's sync API owns this one's event loop)."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    async def call() -> None:
+        headers = {"Authorization": f"token {lab.token}"}
+        async with (
+            create_mcp_http_client(headers=headers) as http,
+            streamable_http_client(f"{lab.url}/sandbox-kernel/mcp", http_client=http) as (
+                read,
+                write,
+            ),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            result = await session.call_tool(tool, arguments)
+            assert not result.is_error, result.content
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, call()).result(timeout=180)
 
 
 def _propfind_ok(url: str, token: str) -> None:
