@@ -10,6 +10,7 @@ users' own hub tokens, as a browser's requests would.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -216,6 +217,37 @@ async def _run_cell(hub: Hub, name: str, token: str, code: str) -> str:
     return out
 
 
+async def _terminal_says(hub: Hub, name: str, token: str, command: str) -> str:
+    """What ``command`` prints in a new JupyterLab terminal of ``name``'s server (the
+    line between two markers, so the echo of the typed command never counts)."""
+    made = await hub.api("POST", f"/user/{name}/api/terminals", token=token)
+    ws_url = hub.url.replace("http", "ws", 1)
+    ws = await websocket_connect(
+        HTTPRequest(
+            f"{ws_url}/user/{name}/terminals/websocket/{made['name']}",
+            headers={"Authorization": f"token {token}"},
+        )
+    )
+    try:
+        ws.write_message(
+            json.dumps(["stdin", f"echo BEGIN-$(( 6 * 7 )); {command}; echo END-$(( 6 * 7 ))\r"])
+        )
+        seen = ""
+        deadline = time.monotonic() + 120
+        while "END-42" not in seen.partition("BEGIN-42")[2]:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no answer from the terminal: {seen[-2000:]!r}"
+            raw = await asyncio.wait_for(ws.read_message(), left)
+            assert raw is not None, f"the terminal closed: {seen[-2000:]!r}"
+            kind, *rest = json.loads(raw)
+            if kind == "stdout":
+                seen += rest[0]
+        return seen.partition("BEGIN-42")[2].partition("END-42")[0].strip()
+    finally:
+        ws.close()
+        await hub.api("DELETE", f"/user/{name}/api/terminals/{made['name']}", token=token)
+
+
 async def test_each_hub_user_has_their_own_sandbox(hub: Hub, test_user: str) -> None:
     alice, bob = f"{test_user}-alice", f"{test_user}-bob"
     tokens = {alice: await _spawn(hub, alice), bob: await _spawn(hub, bob)}
@@ -246,6 +278,8 @@ async def test_each_hub_user_has_their_own_sandbox(hub: Hub, test_user: str) -> 
     assert code == 403
     code, _ = await _get(hub, f"/user/{bob}/api/sandboxes/{ScopeKey(alice).name}", tokens[bob])
     assert code == 403
+    # JupyterLab's terminal through the hub is a shell in the user's sandbox, not the host.
+    assert await _terminal_says(hub, bob, tokens[bob], "cat /workspace/mark.txt") == bob
     # The same user's next notebook lands in the same sandbox.
     out = await _run_cell(hub, alice, tokens[alice], "print(open('/workspace/mark.txt').read())")
     assert out.strip() == alice
