@@ -45,6 +45,10 @@ class Housekeeping:
         self._started = False
         self._gone = False
         self._start_lock = threading.Lock()
+        # A record is written and forgotten under this lock: a beat that began before
+        # gone() must not write the record back after gone() removed it (the listing
+        # would show a kernel or agent session that ended, until it went stale).
+        self._record_lock = threading.Lock()
 
     @property
     def _backend_name(self) -> str:
@@ -89,24 +93,28 @@ class Housekeeping:
         be killed and they not end by themselves, it ends them (see lifecycle)."""
         if not isinstance(procs, list):
             return
-        try:
-            self.service.store.kernel_heartbeat(
-                self.kernel_id, self._backend_name, sandbox_id, False, self.kind, self.label
-            )
-            self.service.store.kernel_processes(
-                self.kernel_id, socket.gethostname(), os.getpid(), json.dumps(procs)
-            )
-        except Exception as exc:  # bookkeeping: never a failure for the user
-            log.debug("could not record the kernel's processes: %s", exc)
+        with self._record_lock:
+            if self._gone:
+                return
+            try:
+                self.service.store.kernel_heartbeat(
+                    self.kernel_id, self._backend_name, sandbox_id, False, self.kind, self.label
+                )
+                self.service.store.kernel_processes(
+                    self.kernel_id, socket.gethostname(), os.getpid(), json.dumps(procs)
+                )
+            except Exception as exc:  # bookkeeping: never a failure for the user
+                log.debug("could not record the kernel's processes: %s", exc)
 
     def gone(self) -> None:
         """The kernel shuts down: it no longer holds its sandbox busy or alive (and no
         later beat may say otherwise)."""
-        self._gone = True
-        try:
-            self.service.store.kernel_gone(self.kernel_id)
-        except Exception as exc:
-            log.debug("could not record shutdown: %s", exc)
+        with self._record_lock:
+            self._gone = True
+            try:
+                self.service.store.kernel_gone(self.kernel_id)
+            except Exception as exc:
+                log.debug("could not record shutdown: %s", exc)
 
     def _heartbeat_loop(self) -> None:
         """Beats every HEARTBEAT seconds, and at once when a cell starts or ends (the cell
@@ -122,17 +130,18 @@ class Housekeeping:
             self._beat()
 
     def _beat(self) -> None:
-        if not self.sandbox_id or self._gone:
-            return
         try:
-            self.service.store.kernel_heartbeat(
-                self.kernel_id,
-                self._backend_name,
-                self.sandbox_id,
-                self.busy,
-                self.kind,
-                self.label,
-            )
+            with self._record_lock:
+                if not self.sandbox_id or self._gone:
+                    return
+                self.service.store.kernel_heartbeat(
+                    self.kernel_id,
+                    self._backend_name,
+                    self.sandbox_id,
+                    self.busy,
+                    self.kind,
+                    self.label,
+                )
             if self.busy:
                 self.service.backend.keep_alive(self.sandbox_id)
         except Exception as exc:  # best effort: a cell never fails for bookkeeping
