@@ -86,12 +86,25 @@ class McpService:
         self._runner: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
+        self._idle_reaper: asyncio.Task[None] | None = None
+
+    def remember(self, session_id: str, user: str) -> None:
+        """Record who opened an MCP session; forget sessions the SDK has ended (idle
+        expiry ends them without telling us) once the record outgrows what can live."""
+        users = self.session_users
+        users.setdefault(session_id, user)
+        if len(users) > 2 * MAX_MCP_SESSIONS:
+            live = getattr(self.manager, "_server_instances", None)
+            if isinstance(live, dict):
+                for gone in [sid for sid in users if sid not in live and sid != session_id]:
+                    del users[gone]
 
     async def started(self) -> None:
         """The session manager, running (started by the first request)."""
         if self._runner is None:
             self._ready, self._stop = asyncio.Event(), asyncio.Event()
             self._runner = asyncio.ensure_future(self._run(self._ready, self._stop))
+            self._idle_reaper = asyncio.ensure_future(self.sessions.end_idle_forever())
         assert self._ready is not None
         ready = asyncio.ensure_future(self._ready.wait())
         await asyncio.wait([ready, self._runner], return_when=asyncio.FIRST_COMPLETED)
@@ -106,6 +119,8 @@ class McpService:
 
     async def close(self) -> None:
         """End MCP sessions and every agent interpreter (the extension stops)."""
+        if self._idle_reaper is not None:
+            self._idle_reaper.cancel()
         if self._runner is not None and self._stop is not None:
             self._stop.set()
             try:
@@ -259,7 +274,7 @@ class McpHandler(APIHandler):
                 if low in HOP_BY_HOP or low == "content-length":
                     continue
                 if low == MCP_SESSION_ID_HEADER and self._status < 400:
-                    self.mcp.session_users.setdefault(value, self.current_user.username)
+                    self.mcp.remember(value, self.current_user.username)
                 self.add_header(name, value)
             return
         if message["type"] != "http.response.body":

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import builtins
 import json
 import logging
 import re
@@ -514,6 +515,8 @@ class AgentSessions:
         self.home = home
         self.max_sessions = max_sessions
         self._sessions: dict[tuple[str, str], AgentSession] = {}
+        # Sessions ended for being idle, and why: the next call by that name says so.
+        self._ended: dict[tuple[str, str], str] = {}
 
     # -- sessions ------------------------------------------------------------------
     def session(self, owner: str, name: str, sandbox_id: str = "") -> AgentSession:
@@ -535,6 +538,9 @@ class AgentSessions:
                 f"you have {self.max_sessions} sessions already: stop one (stop_session) first"
             )
         made = AgentSession(self.service, owner, name, self.home, sandbox_id)
+        why = self._ended.pop((owner, name), "")
+        if why:
+            made.sandbox.notices.put(why)
         self._sessions[(owner, name)] = made
         return made
 
@@ -564,6 +570,48 @@ class AgentSessions:
             return False
         await session.close()
         return True
+
+    # -- idle sessions ------------------------------------------------------------------
+    @property
+    def idle_limit(self) -> float:
+        """Seconds a session may go unused before it is ended (0: never)."""
+        return self.service.config.agent_idle_stop * 60.0
+
+    async def end_idle(self, now: float | None = None) -> builtins.list[str]:
+        """End the sessions unused for longer than :attr:`idle_limit`: a forgotten
+        interpreter would otherwise hold its sandbox in use (no idle stop) for as long
+        as this process lives. Returns the names ended."""
+        limit = self.idle_limit
+        if limit <= 0:
+            return []
+        now = time.time() if now is None else now
+        idle = [
+            key
+            for key, s in self._sessions.items()
+            if not s.busy and not s.lock.locked() and now - s.last_used > limit
+        ]
+        for key in idle:
+            session = self._sessions.pop(key)
+            minutes = self.service.config.agent_idle_stop
+            self._ended[key] = (
+                f"session {key[1]!r} was ended after {minutes:g} min unused (agent_idle_stop): "
+                "its variables are gone, files in /workspace are kept"
+            )
+            while len(self._ended) > 4 * self.max_sessions:  # oldest first
+                self._ended.pop(next(iter(self._ended)))
+            await session.close()
+        return [name for _, name in idle]
+
+    async def end_idle_forever(self) -> None:
+        """:meth:`end_idle` every little while, for as long as this process serves."""
+        while True:
+            limit = self.idle_limit
+            await asyncio.sleep(min(60.0, max(0.5, limit / 4)) if limit > 0 else 60.0)
+            try:
+                for name in await self.end_idle():
+                    log.info("agent session %s ended: unused for too long", name)
+            except Exception as exc:  # never let the reaper end
+                log.warning("ending idle agent sessions failed: %s", exc)
 
     async def close(self) -> None:
         """End every interpreter (the server or the MCP process is stopping)."""

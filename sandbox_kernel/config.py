@@ -210,6 +210,13 @@ class SandboxConfig(Configurable):
         0.0,
         help="Minutes without activity before a sandbox with a live but idle kernel is stopped (0: never).",
     ).tag(config=True)
+    agent_idle_stop = Float(
+        60.0,
+        help=(
+            "Minutes an agent's session (MCP execute_code) may go unused before its interpreter "
+            "is ended (0: never); a live session counts as use of its sandbox, as a kernel does."
+        ),
+    ).tag(config=True)
     orphan_grace = Float(
         10.0,
         help="Minutes before a sandbox of ours with no owner record or an outdated spec is reaped.",
@@ -268,6 +275,7 @@ class SandboxConfig(Configurable):
         "files_idle_stop",
         "max_age",
         "idle_stop_with_kernel",
+        "agent_idle_stop",
         "orphan_grace",
     )
     def _non_negative_float(self, proposal: Any) -> float:

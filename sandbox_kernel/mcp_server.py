@@ -508,11 +508,13 @@ async def serve_stdio(service: SandboxService, owner: str, home: str) -> None:
     if main is not None:  # a client ending us with SIGTERM still gets interpreters ended
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    idle_reaper = asyncio.ensure_future(sessions.end_idle_forever())
     try:
         await server.run_stdio_async()
     except asyncio.CancelledError:
         pass
     finally:
+        idle_reaper.cancel()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGTERM)
         closing = asyncio.ensure_future(sessions.close())

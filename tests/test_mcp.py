@@ -4,11 +4,13 @@ real Docker sandboxes; and what a notebook of the same user sees of the agent's 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import shutil
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -76,10 +78,12 @@ def server_env(kenv: KernelEnv) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def stdio(kenv: KernelEnv) -> AsyncIterator[ClientSession]:
+async def stdio(kenv: KernelEnv, **settings: str) -> AsyncIterator[ClientSession]:
     command = shutil.which("sandbox-kernel", path=os.path.dirname(sys.executable))
     assert command, "the sandbox-kernel command is not installed beside this Python"
-    params = StdioServerParameters(command=command, args=["mcp"], env=server_env(kenv))
+    params = StdioServerParameters(
+        command=command, args=["mcp"], env={**server_env(kenv), **settings}
+    )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
@@ -144,6 +148,33 @@ async def test_state_persists_sessions_are_separate_errors_are_clear(kenv: Kerne
         assert bad.is_error and "session name" in texts(bad) and "Traceback" not in texts(bad)
         refused = await call(session, "execute_code", code="1", timeout=-1)
         assert refused.is_error and "timeout" in texts(refused)
+
+
+async def test_an_unused_session_is_ended_and_the_next_call_says_so(kenv: KernelEnv) -> None:
+    """A forgotten interpreter must not hold its sandbox in use for as long as the MCP
+    server lives: past agent_idle_stop it is ended (its process too), and the next call
+    by that name is told its variables are gone."""
+    async with stdio(kenv, SANDBOX_KERNEL_AGENT_IDLE_STOP="0.02") as session:  # 1.2 s
+        first = await call(
+            session, "execute_code", code="import os\nz = 5\nos.getpid()", session="nap"
+        )
+        pid = texts(first).splitlines()[0]
+        deadline = time.monotonic() + 60
+        while True:
+            listed = await call(session, "get_sessions")
+            if "nap" not in {s["name"] for s in listed.structured_content["sessions"]}:
+                break
+            assert time.monotonic() < deadline, "the unused session was never ended"
+            await asyncio.sleep(0.5)
+        listing = SandboxService(kenv.config()).list(kenv.user)
+        assert "nap" not in [s["name"] for s in listing[0]["agent_sessions"]]
+        wait_gone = (
+            f"for i in $(seq 40); do test -e /proc/{pid} || {{ echo gone; exit; }}; sleep 0.5; done"
+        )
+        assert in_container(kenv.user, "sh", "-c", wait_gone).strip() == "gone"
+        again = await call(session, "execute_code", code="z", session="nap")
+        assert again.is_error and "NameError" in texts(again), texts(again)
+        assert "'nap' was ended after 0.02 min unused" in texts(again)
 
 
 async def test_rich_results_become_images_and_text(kenv: KernelEnv) -> None:
