@@ -38,6 +38,55 @@ class AgentGone(Exception):
 
 OVERFLOW = "overflow"  # the event the reader makes of a line too long to keep
 
+# Output content the agent packs once, as Jupyter's session would: ``>TYPE {content}``.
+# The reader checks it (valid JSON, the fields Jupyter defines and no others) and hands
+# the kernel the event plus these very bytes, which it forwards without packing them
+# again: for a large output, packing is most of what a relay costs.
+PACKED_MARK = b">"
+_PACKED_EVENTS = {
+    "stream": "stream",
+    "display_data": "display",
+    "update_display_data": "display",
+    "execute_result": "result",
+}
+_PACKED_FIELDS = {
+    "stream": {"name", "text"},
+    "display_data": {"data", "metadata", "transient"},
+    "update_display_data": {"data", "metadata", "transient"},
+    "execute_result": {"data", "metadata", "execution_count"},
+}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN and Infinity: clients refuse them
+
+
+def unpacked(line: bytes) -> dict[str, Any] | None:
+    """The event of a packed line, with ``packed`` (the content's bytes, checked) and
+    ``msg_type``; None when anything about it is off (it is dropped, as a bad line is)."""
+    head, _, packed = line[1:].partition(b" ")
+    msg_type = head.decode("ascii", "replace")
+    fields = _PACKED_FIELDS.get(msg_type)
+    if fields is None:
+        return None
+    try:
+        content = json.loads(packed, parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(content, dict) or set(content) != fields:
+        return None
+    if msg_type == "stream":
+        if content["name"] not in ("stdout", "stderr") or not isinstance(content["text"], str):
+            return None
+    elif not all(
+        isinstance(content[f], dict) for f in fields if f != "execution_count"
+    ) or not isinstance(content.get("execution_count", 0), int | None):
+        return None
+    event = dict(content, ev=_PACKED_EVENTS[msg_type], msg_type=msg_type, packed=packed)
+    if msg_type == "update_display_data":
+        event["update"] = True
+    return event
+
 
 @dataclass
 class Request:
@@ -189,10 +238,13 @@ class AgentConnection:
     def _decode(self, line: bytes) -> None:
         if not line:
             return  # the newline each message starts with
-        try:
-            msg = json.loads(line)
-        except (ValueError, RecursionError):
-            return
+        if line[:1] == PACKED_MARK:
+            msg = unpacked(line)
+        else:
+            try:
+                msg = json.loads(line)
+            except (ValueError, RecursionError):
+                return
         if isinstance(msg, dict):
             self._deliver(msg, len(line))
 

@@ -258,6 +258,10 @@ class SandboxKernel(Kernel):
             if kind == "comm":
                 self._publish_comm(parent, msg)
                 return
+            packed = msg.get("packed")
+            if isinstance(packed, bytes):  # checked by the reader: forwarded as it is
+                self._send(parent, msg["msg_type"], packed)
+                return
             content = _event_content(kind, msg)
             if content is not None:
                 self._send(parent, *content)
@@ -265,15 +269,20 @@ class SandboxKernel(Kernel):
         return on_event
 
     def _send(
-        self, parent: dict[str, Any], msg_type: str, content: dict[str, Any], **kwargs: Any
+        self,
+        parent: dict[str, Any],
+        msg_type: str,
+        content: dict[str, Any] | bytes,
+        **kwargs: Any,
     ) -> None:
         """Publish on IOPub as a reply to ``parent`` (not to whatever ipykernel handles now:
-        it hands over comm messages while a cell runs)."""
+        it hands over comm messages while a cell runs). Content may come packed already
+        (jupyter_client's Session forwards bytes as they are, as for a relayed message)."""
         assert self.session is not None  # set by the kernel app before any request
         self.session.send(
             self.iopub_socket,
             msg_type,
-            content,
+            content,  # type: ignore[arg-type]  # Session.serialize takes packed bytes too
             parent=parent,
             ident=self._topic(msg_type),
             **kwargs,

@@ -7,6 +7,7 @@ One agent per module: starting the interpreter is the slow part.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import pytest
 
 from sandbox_kernel.agent import agent_source, bootstrap_command
 from sandbox_kernel.config import load_config
-from sandbox_kernel.connection import AgentConnection, AgentGone
+from sandbox_kernel.connection import AgentConnection, AgentGone, unpacked
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.service import SandboxService
 
@@ -169,3 +170,52 @@ def test_the_end_of_the_channel_ends_every_request(agent: Agent, tmp_path: Path)
         assert other.conn.alive is False
     finally:
         other.close()
+
+
+def test_output_comes_packed_once_and_checked(agent: Agent) -> None:
+    """Streams, displays and results arrive as Jupyter content packed in the sandbox: the
+    kernel forwards those bytes (no second packing) once the reader has checked them."""
+    reply, events = agent.execute(
+        "from IPython.display import display, HTML\n"
+        "print('ünïcode \\u2028 line')\n"
+        "display(HTML('<b>x</b>'), display_id='d1')\n"
+        "{'a': 1}"
+    )
+    assert reply["status"] == "ok"
+    kinds = {e["msg_type"]: e for e in events if "packed" in e}
+    assert set(kinds) == {"stream", "display_data", "execute_result"}
+    for event in kinds.values():
+        content = json.loads(event["packed"])
+        assert {k: event[k] for k in content} == content  # the event is the content
+    assert "ünïcode" in kinds["stream"]["packed"].decode("utf-8")  # not \\u-escaped
+    assert kinds["display_data"]["transient"] == {"display_id": "d1"}
+    assert kinds["execute_result"]["execution_count"] == reply["execution_count"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'>stream {"name": "stdout", "text": NaN}',  # not JSON to any client
+        b'>stream {"name": "stdout", "text": "x", "extra": 1}',  # a field Jupyter has not
+        b'>stream {"name": "stdin", "text": "x"}',
+        b'>execute_result {"data": {}, "metadata": {}, "execution_count": "1"}',
+        b'>display_data {"data": [], "metadata": {}, "transient": {}}',
+        b'>comm_open {"comm_id": "x"}',  # only output types travel packed
+        b'>stream {"name": "stdout", "text": "\xff"}',  # not UTF-8
+        b">stream " + b"[" * 100_000,  # nesting
+        b'>stream {"name": "stdout", "text": "x"} trailing',
+    ],
+)
+def test_forged_packed_lines_are_dropped(line: bytes) -> None:
+    assert unpacked(line) is None
+
+
+def test_a_packed_line_keeps_its_bytes() -> None:
+    line = b'>update_display_data {"data": {"text/plain": "1"}, "metadata": {}, "transient": {"display_id": "d"}}'
+    event = unpacked(line)
+    assert event is not None and event["packed"] == line.partition(b" ")[2]
+    assert (event["ev"], event["update"], event["msg_type"]) == (
+        "display",
+        True,
+        "update_display_data",
+    )

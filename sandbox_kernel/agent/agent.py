@@ -25,6 +25,10 @@ agent -> kernel (stdout)::
     {"ev": "error", "ename", "evalue", "traceback"}
     {"ev": "input_request", "prompt", "password"}
     {"ev": "reply", "content"}       exactly one per request, the Jupyter reply content
+    >TYPE {content}                  output (stream, display_data, update_display_data,
+                                     execute_result) as Jupyter content, packed once here;
+                                     the kernel checks it and forwards the bytes (the
+                                     plain events above when content cannot be packed so)
 
 The real fds 0/1 are kept private for the protocol; fds 1/2 seen by user code are
 pipes whose output (subprocesses, C extensions) is forwarded as ``stream``.
@@ -67,11 +71,42 @@ class Wire:
             while view:
                 view = view[os.write(self.wfd, view) :]
 
+    def send_packed(self, msg_type, content):
+        """Output content packed here, once, as the kernel's Jupyter session would pack
+        it (``>TYPE {json}``): the kernel checks it and forwards these bytes instead of
+        decoding and packing them again. False when it cannot be packed that way (NaN,
+        lone surrogates): the caller sends the plain event, as before."""
+        try:
+            packed = json.dumps(content, ensure_ascii=False, allow_nan=False, default=repr)
+            line = b"\n>" + msg_type.encode() + b" " + packed.encode("utf-8") + b"\n"
+        except (ValueError, UnicodeEncodeError):
+            return False
+        with self.lock:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self.wfd, view) :]
+        return True
+
     def recv(self):
         line = self.reader.readline()
         if not line:
             return None
         return json.loads(line.decode("utf-8", "surrogatepass"))
+
+
+def send_display(wire, data, metadata, transient, update):
+    """display_data (or update_display_data), packed once when it can be."""
+    content = {"data": data, "metadata": metadata, "transient": transient}
+    msg_type = "update_display_data" if update else "display_data"
+    if not wire.send_packed(msg_type, content):
+        wire.send(ev="display", update=bool(update), **content)
+
+
+def send_result(wire, execution_count, data, metadata):
+    """execute_result, packed once when it can be."""
+    content = {"data": data, "metadata": metadata, "execution_count": execution_count}
+    if not wire.send_packed("execute_result", content):
+        wire.send(ev="result", **content)
 
 
 class Output:
@@ -158,7 +193,9 @@ class Output:
                 else:
                     merged.append((name, [text]))
             for name, texts in merged:
-                self.wire.send(ev="stream", name=name, text="".join(texts))
+                text = "".join(texts)
+                if not self.wire.send_packed("stream", {"name": name, "text": text}):
+                    self.wire.send(ev="stream", name=name, text=text)
 
     def _flusher(self):
         while True:
@@ -538,12 +575,7 @@ class Agent:
                     self.output.flush()
                     data = mime_bundle(value)
                     if self.output.allow(data):
-                        self.wire.send(
-                            ev="result",
-                            execution_count=self.execution_count,
-                            data=data,
-                            metadata={},
-                        )
+                        send_result(self.wire, self.execution_count, data, {})
             return True, None
         except BaseException as exc:  # SystemExit and KeyboardInterrupt included: the cell failed
             if isinstance(exc, SystemExit) and not exc.code:
@@ -698,13 +730,7 @@ def plain_display(agent):
             data = obj if raw else mime_bundle(obj)
             if not agent.output.allow(data):
                 return
-            agent.wire.send(
-                ev="display",
-                data=data,
-                metadata=metadata or {},
-                transient=transient,
-                update=bool(update),
-            )
+            send_display(agent.wire, data, metadata or {}, transient, update)
 
     def clear_output(wait=False):
         agent.output.flush()
@@ -767,13 +793,7 @@ def make_shell(agent):
             data = tidy_bundle(data)
             if not agent.output.allow(data):
                 return
-            agent.wire.send(
-                ev="display",
-                data=data,
-                metadata=metadata or {},
-                transient=transient or {},
-                update=bool(update),
-            )
+            send_display(agent.wire, data, metadata or {}, transient or {}, update)
 
         def clear_output(self, wait=False):
             agent.output.flush()
@@ -794,7 +814,7 @@ def make_shell(agent):
             agent.output.flush()
             if not agent.output.allow(self.msg["data"]):
                 return
-            agent.wire.send(ev="result", execution_count=self.shell.cell_count, **self.msg)
+            send_result(agent.wire, self.shell.cell_count, self.msg["data"], self.msg["metadata"])
 
     from traitlets import Type
 
