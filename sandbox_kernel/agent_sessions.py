@@ -271,13 +271,7 @@ class AgentSandbox(SandboxSession):
             notice = f"interpreter restarted ({self.lost}): variables were lost, files in /workspace were kept"
         if notice:
             self.notices.put(notice)
-        self.lost = ""
-        self.sandbox_id, self.engine_id, self.work_folder = (
-            info.id,
-            info.engine_id,
-            info.work_folder,
-        )
-        return info
+        return self._hold(info)
 
 
 class AgentSession:

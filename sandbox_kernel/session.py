@@ -127,6 +127,10 @@ class SandboxSession:
             self.notices.put(notice)
         for note in ensured.notes:  # a change without loss: log and status bar, not the notebook
             self.housekeeping.report(info.id, note)
+        return self._hold(info)
+
+    def _hold(self, info: SandboxInfo) -> SandboxInfo:
+        """``info`` is this session's sandbox from now on (a loss has been told)."""
         self.lost = ""
         self.sandbox_id, self.engine_id, self.work_folder = (
             info.id,

@@ -73,6 +73,15 @@ class Hub:
         )
         return json.loads(response.body) if response.body else None
 
+    async def websocket(self, path: str, token: str) -> Any:
+        """A websocket through the proxy, signed in with ``token``."""
+        return await websocket_connect(
+            HTTPRequest(
+                f"{self.url.replace('http', 'ws', 1)}{path}",
+                headers={"Authorization": f"token {token}"},
+            )
+        )
+
 
 @pytest.fixture
 def hub(tmp_path: Path, test_user: str) -> Iterator[Hub]:
@@ -202,13 +211,7 @@ async def _run_cell(hub: Hub, name: str, token: str, code: str) -> str:
         token=token,
         body={"path": "work.ipynb", "type": "notebook", "kernel": {"name": "sandbox"}},
     )
-    ws_url = hub.url.replace("http", "ws", 1)
-    ws = await websocket_connect(
-        HTTPRequest(
-            f"{ws_url}/user/{name}/api/kernels/{session['kernel']['id']}/channels",
-            headers={"Authorization": f"token {token}"},
-        )
-    )
+    ws = await hub.websocket(f"/user/{name}/api/kernels/{session['kernel']['id']}/channels", token)
     try:
         out, reply = await run_over_websocket(ws, code, timeout=180)
     finally:
@@ -221,13 +224,7 @@ async def _terminal_says(hub: Hub, name: str, token: str, command: str) -> str:
     """What ``command`` prints in a new JupyterLab terminal of ``name``'s server (the
     line between two markers, so the echo of the typed command never counts)."""
     made = await hub.api("POST", f"/user/{name}/api/terminals", token=token)
-    ws_url = hub.url.replace("http", "ws", 1)
-    ws = await websocket_connect(
-        HTTPRequest(
-            f"{ws_url}/user/{name}/terminals/websocket/{made['name']}",
-            headers={"Authorization": f"token {token}"},
-        )
-    )
+    ws = await hub.websocket(f"/user/{name}/terminals/websocket/{made['name']}", token)
     try:
         ws.write_message(
             json.dumps(["stdin", f"echo BEGIN-$(( 6 * 7 )); {command}; echo END-$(( 6 * 7 ))\r"])
