@@ -2,8 +2,10 @@
 
     python benchmarks/run.py            # the full run (a few minutes)
     python benchmarks/run.py --smoke    # a quick pass that proves the script still works
-    python benchmarks/run.py --scale    # adds N idle sandboxes (10, 50, 100)
-    python benchmarks/run.py --only-batch --rounds 50   # CI: nbmake of 10 notebooks, 1,000 parallel starts
+    python benchmarks/run.py --scale 1000   # adds 10, 100 and 1,000 idle sandboxes, each
+                                            # answering a cell through a kernel
+    python benchmarks/run.py --only-batch --rounds 50   # CI: nbmake of 10 notebooks, 20 notebooks
+                                            # in parallel (nbclient) and in sequence, parallel starts
 
 Each measure runs for the `sandbox` kernel and for plain `python3` (ipykernel) where
 that makes sense, and reports medians, p95 and the ratio; results also go to JSON
@@ -330,7 +332,13 @@ class Bench:
             assert b"f000.txt" in body and b"f099.txt" in body, "the PROPFIND missed files"
         self.record("listing of 100 files (WebDAV PROPFIND)", dav_times, rest_times, against="REST")
 
-    def scale(self, counts: list[int]) -> None:
+    def scale(self, counts: list[int], workers: int = 4) -> None:
+        """N idle sandboxes of one user (thread scope: one per notebook), each answering a
+        cell through a kernel of its own; memory per idle sandbox (the container's cgroup,
+        and the engine's per-container shim on this host), the REST listing and stats of
+        all of them, and where the engine's limits bite."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from sandbox_kernel.config import load_config
         from sandbox_kernel.identity import ScopeKey
         from sandbox_kernel.service import SandboxService
@@ -340,41 +348,117 @@ class Bench:
             **{
                 k.removeprefix("SANDBOX_KERNEL_").lower(): v
                 for k, v in self.env.items()
-                if k.startswith("SANDBOX_KERNEL_") and k != "SANDBOX_KERNEL_USER"
+                if k.startswith("SANDBOX_KERNEL_")
             },
         )
         service = SandboxService(cfg)
         backend = service.backend
+        # A kernelspec without the user's settings: each kernel names its sandbox (env).
+        spec = self.root / "share" / "kernels" / "sandbox-scale"
+        spec.mkdir(parents=True, exist_ok=True)
+        scale_env = {k: v for k, v in self.env.items() if k != "SANDBOX_KERNEL_USER"}
+        (spec / "kernel.json").write_text(
+            json.dumps(kernelspec("sandbox (scale)", scale_env, python=sys.executable))
+        )
         proc, url, token = self.with_server()
         made = 0
+
+        def key(i: int) -> ScopeKey:
+            return ScopeKey(self.user, "thread", f"idle-{i}")
+
+        def make(i: int) -> str:
+            try:
+                service.ensure(key(i))
+                return ""
+            except Exception as exc:  # the engine's limit: say which, keep measuring
+                return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+        def answer(i: int) -> tuple[float, str]:
+            env = {
+                **os.environ,
+                "SANDBOX_KERNEL_USER": self.user,
+                "SANDBOX_KERNEL_SCOPE": "thread",
+                "SANDBOX_KERNEL_THREAD": f"idle-{i}",
+            }
+            started = time.perf_counter()
+            try:
+                km, kc = start_new_kernel(kernel_name="sandbox-scale", startup_timeout=300, env=env)
+            except Exception as exc:
+                return 0.0, f"start: {type(exc).__name__}: {exc}"[:200]
+            try:
+                _, outs = self.execute(kc, f"print({i} * 2)", timeout=300)
+                text = "".join(m["content"].get("text", "") for m in outs)
+                if text.strip() != str(i * 2):
+                    return 0.0, f"wrong answer: {text[:100]!r}"
+                return time.perf_counter() - started, ""
+            except Exception as exc:
+                return 0.0, f"cell: {type(exc).__name__}: {exc}"[:200]
+            finally:
+                kc.stop_channels()
+                km.shutdown_kernel(now=True)
+
         try:
             for n in counts:
-                while made < n:
-                    service.ensure(ScopeKey(f"{self.user}-idle-{made}"))
-                    made += 1
-                infos = [i for i in backend.list() if i.user.startswith(f"{self.user}-idle-")]
+                started = time.perf_counter()
+                with ThreadPoolExecutor(workers) as pool:
+                    errors = [e for e in pool.map(make, range(made, n)) if e]
+                made = n
+                infos = [i for i in backend.list(self.user) if "--t" in i.id]
+                print(
+                    f"{n} idle sandboxes: {len(infos)} running after {time.perf_counter() - started:.0f} s"
+                    + (f"; {len(errors)} could not be made, e.g. {errors[0]}" if errors else ""),
+                    flush=True,
+                )
                 usage = backend.usage(infos)
                 per = [u["memory"] / 2**20 for u in usage.values()]
-                listing = []
-                for _ in range(5):
-                    t = time.perf_counter()
-                    request(url + "/api/sandboxes-stats", token)
-                    listing.append(time.perf_counter() - t)
-                last = infos[-1].id
-                rt = []
-                for _ in range(5):
-                    t = time.perf_counter()
-                    backend.exec(last, ["python3", "-c", "pass"])
-                    rt.append(time.perf_counter() - t)
-                self.record(f"{n} idle sandboxes: MiB each", per, None, unit="MiB")
-                self.record(f"{n} idle sandboxes: stats over REST", listing, None)
-                self.record(f"{n} idle sandboxes: exec in the last", rt, None)
+                self.record(f"{n} idle sandboxes: MiB each (cgroup)", per, None, unit="MiB")
+                shims = shim_rss_mib()
+                if shims:
+                    self.record(
+                        f"{n} idle sandboxes: MiB each (engine shim)", shims, None, unit="MiB"
+                    )
+                with ThreadPoolExecutor(workers) as pool:
+                    answers = list(pool.map(answer, range(n)))
+                times = [t for t, e in answers if not e]
+                failed = [e for _, e in answers if e]
+                if times:
+                    self.record(f"{n} idle sandboxes: kernel start to answer", times, None)
+                self.results[f"{n} idle sandboxes: kernels answered"] = {
+                    "answered": len(times),
+                    "failed": failed[:20],
+                }
+                print(
+                    f"{n} idle sandboxes: {len(times)} answered through a kernel, {len(failed)} failed"
+                    + (f", e.g. {failed[0]}" if failed else ""),
+                    flush=True,
+                )
+                for path, label in (
+                    ("/api/sandboxes", "listing"),
+                    ("/api/sandboxes-stats", "stats"),
+                ):
+                    took = []
+                    for _ in range(5):
+                        t = time.perf_counter()
+                        request(url + path, token)
+                        took.append(time.perf_counter() - t)
+                    self.record(f"{n} idle sandboxes: {label} over REST", took, None)
+                after = backend.usage(infos)
+                self.record(
+                    f"{n} idle sandboxes: MiB each after a kernel (spare if left)",
+                    [u["memory"] / 2**20 for u in after.values()],
+                    None,
+                    unit="MiB",
+                )
         finally:
             proc.terminate()
             proc.wait()
-            for i in backend.list():
-                if i.user.startswith(f"{self.user}-idle-"):
-                    backend.destroy(i.id)
+            with ThreadPoolExecutor(workers) as pool:
+                list(
+                    pool.map(
+                        backend.destroy,
+                        [i.id for i in backend.list(self.user) if "--t" in i.id],
+                    )
+                )
 
     # -- batch: what a CI job does --------------------------------------------------
     def notebooks(self, folder: Path, count: int) -> list[Path]:
@@ -443,6 +527,64 @@ class Bench:
             fresh.append(once("sandbox-ci"))
         self.record(f"nbmake, {count} notebooks: sandbox exists", existing, plain)
         self.record(f"nbmake, {count} notebooks: sandbox made in the run", fresh, plain)
+
+    def nbclient_parallel(self, runs: int, width: int = 20) -> None:
+        """`width` different notebooks run at once by nbclient in one process (a CI matrix
+        on one machine), wall time, interleaved with ipykernel; all in one sandbox."""
+        import asyncio
+
+        import nbformat
+        from nbclient import NotebookClient
+
+        folder = self.root / "nbclient-parallel"
+        paths = self.notebooks(folder, width)
+
+        async def run_all(kernel: str) -> float:
+            clients = [
+                NotebookClient(
+                    nbformat.read(p, as_version=4),
+                    kernel_name=kernel,
+                    timeout=300,
+                    startup_timeout=300,
+                    resources={"metadata": {"path": str(folder)}},
+                )
+                for p in paths
+            ]
+            started = time.perf_counter()
+            await asyncio.gather(*(c.async_execute() for c in clients))
+            return time.perf_counter() - started
+
+        asyncio.run(run_all("sandbox-ci"))  # the folder's sandbox exists, as on a warm runner
+        plain, sandbox = [], []
+        for _ in range(runs):
+            plain.append(asyncio.run(run_all("python3")))
+            sandbox.append(asyncio.run(run_all("sandbox-ci")))
+        self.record(f"{width} notebooks in parallel (nbclient)", sandbox, plain)
+
+    def sequential_execute(self, runs: int, count: int = 20) -> None:
+        """One `jupyter execute` of `count` notebooks, one after another, in one sandbox."""
+        folder = self.root / "sequential"
+        paths = self.notebooks(folder, count)
+
+        def once(kernel: str) -> float:
+            started = time.perf_counter()
+            done = subprocess.run(
+                [sys.executable, "-m", "jupyter", "execute", f"--kernel_name={kernel}"]
+                + [p.name for p in paths],
+                cwd=folder,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            assert done.returncode == 0, f"{kernel}: {done.stderr[-2000:]}"
+            return time.perf_counter() - started
+
+        once("sandbox-ci")
+        plain, sandbox = [], []
+        for _ in range(runs):
+            plain.append(once("python3"))
+            sandbox.append(once("sandbox-ci"))
+        self.record(f"{count} notebooks in sequence (jupyter execute)", sandbox, plain)
 
     def parallel_starts(self, rounds: int, width: int = 20) -> None:
         """`width` `jupyter execute` at once (a CI matrix on one runner), `rounds` times
@@ -525,6 +667,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def shim_rss_mib() -> list[float]:
+    """Resident memory of each of the engine's per-container shims on this host (MiB)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if not (proc / "comm").read_text().startswith("containerd-shim"):
+                continue
+            for line in (proc / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    found.append(int(line.split()[1]) / 1024)
+        except OSError:
+            continue
+    return found
+
+
 def summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
@@ -545,10 +704,22 @@ def main() -> int:
         "--smoke", action="store_true", help="a quick pass (CI): few runs, small files"
     )
     parser.add_argument(
-        "--scale", action="store_true", help="also N idle sandboxes, N = 10, 50, 100"
+        "--scale",
+        type=int,
+        nargs="?",
+        const=100,
+        default=0,
+        metavar="N",
+        help="also N idle sandboxes (10, 100, then N; N = 100 when not given), each answering a cell through a kernel",
     )
     parser.add_argument(
-        "--only-scale", action="store_true", help="run only the idle-sandboxes measure"
+        "--only-scale",
+        type=int,
+        nargs="?",
+        const=100,
+        default=0,
+        metavar="N",
+        help="run only the idle-sandboxes measure (N as for --scale)",
     )
     parser.add_argument(
         "--batch",
@@ -578,11 +749,16 @@ def main() -> int:
             bench.starts(1 if args.smoke else 9)
         if not (args.only_scale or args.only_batch):
             bench.files(1 if args.smoke else 3, 10 if args.smoke else 100)
-        if args.scale or args.only_scale:
-            bench.scale([10, 50, 100])
+        top = args.only_scale or args.scale
+        if top:
+            bench.scale(sorted({n for n in (10, 100) if n < top} | {top}))
         if args.batch or args.only_batch:
-            bench.nbmake(1 if args.smoke else 5)
-            bench.parallel_starts(1 if args.smoke else args.rounds)
+            # The smoke proves the measures run, with 4 notebooks where a run has 20.
+            width = 4 if args.smoke else 20
+            bench.nbmake(1 if args.smoke else 5, count=width // 2)
+            bench.nbclient_parallel(1 if args.smoke else 3, width=width)
+            bench.sequential_execute(1 if args.smoke else 3, count=width)
+            bench.parallel_starts(1 if args.smoke else args.rounds, width=width)
     finally:
         bench.cleanup()
         shutil.rmtree(root, ignore_errors=True)
