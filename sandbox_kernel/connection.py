@@ -212,20 +212,24 @@ class AgentConnection:
     def _read_loop(self, pending: bytes) -> None:
         buf = bytearray(pending)
         discarding = False
+        scanned = 0  # bytes of buf known to hold no newline: a long line is searched once
         try:
             while True:
-                while (nl := buf.find(b"\n")) >= 0:
+                while (nl := buf.find(b"\n", scanned)) >= 0:
                     line = bytes(buf[:nl])
                     del buf[: nl + 1]
+                    scanned = 0
                     if discarding:
                         discarding = False
                         continue
                     self._decode(line)
+                scanned = len(buf)
                 if len(buf) > self.max_line:
                     if not discarding:
                         self._deliver({"ev": OVERFLOW}, 0)
                     discarding = True
                     buf.clear()
+                    scanned = 0
                 chunk = self.channel.read()
                 if not chunk:
                     break

@@ -187,7 +187,7 @@ def test_output_comes_packed_once_and_checked(agent: Agent) -> None:
     for event in kinds.values():
         content = json.loads(event["packed"])
         assert {k: event[k] for k in content} == content  # the event is the content
-    assert "ünïcode" in kinds["stream"]["packed"].decode("utf-8")  # not \\u-escaped
+    assert "ünïcode \u2028 line" in json.loads(kinds["stream"]["packed"])["text"]
     assert kinds["display_data"]["transient"] == {"display_id": "d1"}
     assert kinds["execute_result"]["execution_count"] == reply["execution_count"]
 
