@@ -362,6 +362,7 @@ class Bench:
         )
         proc, url, token = self.with_server()
         made = 0
+        available_before = mem_available_mib()
 
         def key(i: int) -> ScopeKey:
             return ScopeKey(self.user, "thread", f"idle-{i}")
@@ -412,6 +413,14 @@ class Bench:
                 usage = backend.usage(infos)
                 per = [u["memory"] / 2**20 for u in usage.values()]
                 self.record(f"{n} idle sandboxes: MiB each (cgroup)", per, None, unit="MiB")
+                # What the host gave up for them all (kernel memory, the engine's shims
+                # and the containers, shared pages counted once), per sandbox.
+                self.record(
+                    f"{n} idle sandboxes: MiB each (host, all told)",
+                    [(available_before - mem_available_mib()) / max(1, len(infos))],
+                    None,
+                    unit="MiB",
+                )
                 shims = shim_rss_mib()
                 if shims:
                     self.record(
@@ -665,6 +674,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def mem_available_mib() -> float:
+    """The host's MemAvailable (MiB)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def shim_rss_mib() -> list[float]:
