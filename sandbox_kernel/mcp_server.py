@@ -506,6 +506,8 @@ async def serve_stdio(service: SandboxService, owner: str, home: str) -> None:
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     if main is not None:  # a client ending us with SIGTERM still gets interpreters ended
+        # No signal handlers on Windows' loops (NotImplementedError) or off the main
+        # thread (RuntimeError): there the finally below still ends them on EOF.
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGTERM, main.cancel)
     idle_reaper = asyncio.ensure_future(sessions.end_idle_forever())

@@ -15,6 +15,16 @@ from typing import Any
 from .base import Channel, Pty, SandboxError
 
 
+def close_socket(sock: socket.socket) -> None:
+    """Shut an exec's attach socket down both ways and close it (the process inside sees
+    EOF); either step may fail on a socket the engine already closed."""
+    for op in (lambda: sock.shutdown(socket.SHUT_RDWR), sock.close):
+        try:
+            op()
+        except OSError:
+            pass
+
+
 class DockerChannel(Channel):
     """The attach socket of a ``docker exec`` with stdin, demultiplexed.
 
@@ -116,11 +126,7 @@ class DockerChannel(Channel):
         if self._closed:
             return
         self._closed = True
-        for op in (lambda: self._sock.shutdown(socket.SHUT_RDWR), self._sock.close):
-            try:
-                op()
-            except OSError:
-                pass
+        close_socket(self._sock)
 
 
 # What the Docker backend's terminal command prints first: the shell's pid in the
@@ -241,11 +247,7 @@ class DockerPty(Pty):
         if self._closed:
             return
         self._closed = True
-        for op in (lambda: self._sock.shutdown(socket.SHUT_RDWR), self._sock.close):
-            try:
-                op()
-            except OSError:
-                pass
+        close_socket(self._sock)
         if self._watcher is not None and self._watcher.stdin is not None:
             self._watcher.stdin.close()  # the watcher's cue (as our death would be)
 
