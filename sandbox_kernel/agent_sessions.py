@@ -35,13 +35,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from .agent import agent_source, command_source
+from .agent import command_source
 from .backends.base import WORKSPACE, SandboxInfo
 from .connection import OVERFLOW, AgentConnection, AgentGone
 from .errors import BadRequest, Conflict, SandboxError, SandboxNotFound
 from .files import RemoteWorkspace, Workspace
 from .housekeeping import Housekeeping
 from .identity import ScopeKey
+from .lifecycle import end_processes
 from .service import SandboxService
 from .session import SandboxSession, one_line
 from .store import AGENT
@@ -464,20 +465,9 @@ class AgentSession:
             pass
         agent.close()
         procs = agent.ready.get("procs")
-        backend = self.sandbox.backend
-        if isinstance(procs, list) and procs and backend.shares_processes:
+        if isinstance(procs, list) and procs:
             try:
-                backend.exec(
-                    self.sandbox.sandbox_id,
-                    [
-                        "python3",
-                        "-c",
-                        agent_source().decode(),
-                        "--end-processes",
-                        json.dumps(procs),
-                    ],
-                    timeout=30,
-                )
+                end_processes(self.sandbox.backend, self.sandbox.sandbox_id, json.dumps(procs))
             except SandboxError as exc:  # stopped or gone: its processes went with it
                 log.debug("could not end the processes of %s: %s", self.id, exc)
 

@@ -36,6 +36,7 @@ class AgentGone(Exception):
     """The channel ended: the interpreter (or the whole sandbox) is gone."""
 
 
+START_TIMEOUT = 60.0  # seconds an interpreter may take to say ready
 OVERFLOW = "overflow"  # the event the reader makes of a line too long to keep
 
 # Output content the agent packs once, as Jupyter's session would: ``>TYPE {content}``.
@@ -118,20 +119,44 @@ class AgentConnection:
         # 64 KiB credits; always room for the largest line we keep, so one line never waits forever.
         self._room = threading.Semaphore(max(max_queued, 2 * max_line) // 65536 + 1)
 
-    def start(self, source: bytes, timeout_hint: str = "") -> dict[str, Any]:
-        """Send the agent's source and wait for its ``ready`` (runs in a worker thread)."""
-        self.channel.write(source)
-        buf = bytearray()
-        while b"\n" not in buf.lstrip(b"\n"):
-            chunk = self.channel.read()
-            if not chunk or len(buf) > 1 << 20:
-                tail = getattr(self.channel, "stderr_tail", "").strip()
-                raise SandboxError(
-                    "the interpreter in the sandbox did not start"
-                    + (f": {tail[-300:]}" if tail else " (does the image have python3?)")
-                    + timeout_hint
-                )
-            buf += chunk
+    def start(
+        self, source: bytes, timeout_hint: str = "", within: float = START_TIMEOUT
+    ) -> dict[str, Any]:
+        """Send the agent's source and wait for its ``ready`` (runs in a worker thread).
+
+        Not for ever: a process of the sandbox can stop the interpreter (or the engine's
+        start of it) before it says ready; the channel is closed after ``within``
+        seconds and the caller hears why.
+        """
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            self.channel.close()
+
+        timer = threading.Timer(within, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            self.channel.write(source)
+            buf = bytearray()
+            while b"\n" not in buf.lstrip(b"\n"):
+                chunk = self.channel.read()
+                if expired.is_set():
+                    raise SandboxError(
+                        f"the interpreter in the sandbox did not start within {within:.0f} s"
+                        " (is the sandbox overloaded, or are its processes stopped?)"
+                    )
+                if not chunk or len(buf) > 1 << 20:
+                    tail = getattr(self.channel, "stderr_tail", "").strip()
+                    raise SandboxError(
+                        "the interpreter in the sandbox did not start"
+                        + (f": {tail[-300:]}" if tail else " (does the image have python3?)")
+                        + timeout_hint
+                    )
+                buf += chunk
+        finally:
+            timer.cancel()
         line, _, self._pending = bytes(buf).lstrip(b"\n").partition(b"\n")
         try:
             ready = json.loads(line)

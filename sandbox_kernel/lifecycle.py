@@ -218,8 +218,6 @@ def end_dead_kernels(backend: Backend, store: Store) -> int:
     import os
     import socket
 
-    from .agent import agent_source
-
     ended = 0
     for kernel_id, sandbox_id, host_pid, procs in store.kernels_of_host(
         backend.name, socket.gethostname()
@@ -231,18 +229,33 @@ def end_dead_kernels(backend: Backend, store: Store) -> int:
             pass
         except PermissionError:
             continue  # someone else's process with that pid: alive
-        if procs and backend.shares_processes:
+        if procs:
             try:
-                backend.exec(
-                    sandbox_id,
-                    ["python3", "-c", agent_source().decode(), "--end-processes", procs],
-                    timeout=30,
-                )
+                end_processes(backend, sandbox_id, procs)
             except Exception:
                 pass  # stopped or gone: its processes are gone with it
         store.kernel_gone(kernel_id)
         ended += 1
     return ended
+
+
+def end_processes(backend: Backend, sandbox_id: str, procs: str) -> None:
+    """Kill the process trees ``procs`` (JSON [[pid, start time], ...]) names in the
+    sandbox, from outside it, where nothing a cell froze can stop it: for a kernel or
+    agent session that died, or whose code would not let its interpreter leave.
+
+    Runs the agent's ``--end-processes``; several may run at once in one sandbox (the
+    server's reaper, a kernel's start, an agent session's end): they take turns there.
+    """
+    if not backend.shares_processes:
+        return  # processes the engine does not show us end with their sandbox
+    from .agent import agent_source
+
+    backend.exec(
+        sandbox_id,
+        ["python3", "-c", agent_source().decode(), "--end-processes", procs],
+        timeout=30,
+    )
 
 
 def _apply(backend: Backend, store: Store, action: Action) -> None:

@@ -11,6 +11,7 @@ the next cell, which prints it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import threading
@@ -22,12 +23,17 @@ from .agent import SPARE_SOCKET, agent_source, bootstrap_command
 from .backends import Backend, SandboxError, SandboxNotFound
 from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
 from .config import MIN_PIDS, SandboxConfig
-from .connection import AgentConnection
+from .connection import START_TIMEOUT, AgentConnection
 from .folders import usable
 from .housekeeping import Housekeeping
 from .identity import ScopeKey
 from .service import SandboxService, workspace_dir
 from .units import format_size
+
+log = logging.getLogger(__name__)
+# A warm spare says ready once its kernel's start program hands it the channel: it has
+# warmed up by then, or nearly. Past this it is given up for a cold start.
+SPARE_START_TIMEOUT = 20.0
 
 
 class SandboxSession:
@@ -149,20 +155,36 @@ class SandboxSession:
                 [info.work_folder] if info.work_folder else []
             ),
         }
-        spare, payload = None, agent_source()
         if self.backend.keeps_spares:
             record = self.service.store.take_spare(self.backend.name, info.id, info.engine_id)
             if record is not None and record.secret:
                 spare = (SPARE_SOCKET, record.pid, record.start_time)
-                payload += record.secret.encode() + b"\n"  # on stdin, never in argv
+                secret = record.secret.encode() + b"\n"  # on stdin, never in argv
+                try:
+                    return self._run_agent(info, env, spare, secret, SPARE_START_TIMEOUT)
+                except SandboxError as exc:  # a spare only saves time: start cold
+                    log.info("the warm interpreter did not take over (%s): starting one", exc)
+        return self._run_agent(info, env, None, b"", START_TIMEOUT)
+
+    def _run_agent(
+        self,
+        info: SandboxInfo,
+        env: dict[str, str],
+        spare: tuple[str, int, str] | None,
+        secret: bytes,
+        within: float,
+    ) -> AgentConnection:
+        """Start the agent program in the sandbox (taking over ``spare`` if given) and
+        wait up to ``within`` seconds for its ready."""
         channel = self.backend.open_channel(
             info.id, bootstrap_command(spare=spare), cwd=self.cell_cwd(), env=env
         )
         agent = AgentConnection(channel, max_line=self.output_ceiling)
         try:
-            agent.start(payload)
+            agent.start(agent_source() + secret, within=within)
         except SandboxError as exc:
             agent.close()
+            self.backend.unwedge(info.id)  # a start the sandbox froze holds the engine
             hint = too_few_pids(info)
             if hint:
                 raise SandboxError(f"{exc}; {hint}") from None

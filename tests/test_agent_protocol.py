@@ -19,6 +19,7 @@ import pytest
 from sandbox_kernel.agent import agent_source, bootstrap_command
 from sandbox_kernel.config import load_config
 from sandbox_kernel.connection import AgentConnection, AgentGone, unpacked
+from sandbox_kernel.errors import SandboxError
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.service import SandboxService
 
@@ -170,6 +171,23 @@ def test_the_end_of_the_channel_ends_every_request(agent: Agent, tmp_path: Path)
         assert other.conn.alive is False
     finally:
         other.close()
+
+
+def test_an_interpreter_that_never_says_ready_is_given_up(agent: Agent) -> None:
+    """A start program that stops itself before its ready (as a cell's SIGSTOP to every
+    process of the sandbox would) is given up at the deadline with a line that says so,
+    not waited on for ever; the next start works."""
+    frozen = agent.service.backend.open_channel(
+        agent.info.id, ["sh", "-c", "kill -STOP $$; cat"], cwd="/", env={}
+    )
+    conn = AgentConnection(frozen, max_line=1 << 20)
+    began = time.monotonic()
+    with pytest.raises(SandboxError, match="did not start within 1 s"):
+        conn.start(agent_source(), within=1.0)
+    assert time.monotonic() - began < 10
+    conn.close()
+    reply, _ = agent.execute("40 + 2")
+    assert reply["status"] == "ok"
 
 
 def test_output_comes_packed_once_and_checked(agent: Agent) -> None:

@@ -19,10 +19,12 @@ from pathlib import Path
 import docker
 import pytest
 
+from sandbox_kernel.agent import agent_source
 from sandbox_kernel.backends.base import (
     BadRequest,
     Conflict,
     QuotaExceeded,
+    SandboxError,
     SandboxNotFound,
     engine_name,
     installation_id,
@@ -30,7 +32,7 @@ from sandbox_kernel.backends.base import (
 )
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
-from sandbox_kernel.lifecycle import gc, stats
+from sandbox_kernel.lifecycle import end_processes, gc, stats
 from sandbox_kernel.service import SandboxService
 from sandbox_kernel.store import Store
 
@@ -183,6 +185,93 @@ def test_concurrent_reapers(make_config: Callable[..., SandboxConfig], test_user
     for run in runs:
         assert all(not a.error for a in run)
     assert all(backend.get(i).state == "stopped" for i in ids)
+
+
+_STATES = (
+    "for p in /proc/[0-9]*; do s=$(cat $p/stat 2>/dev/null) || continue; "
+    'echo "${p#/proc/} $(echo "${s##*) }" | cut -d" " -f1)"; done'
+)
+_REAPERS_AT_ONCE = (
+    "for round in $(seq 30); do for i in 1 2 3; do "
+    'python3 -c "$SK_AGENT" --end-processes "$SK_TARGETS" & done; wait; done'
+)
+
+
+def test_reapers_at_once_take_turns(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
+    """Reapers ending processes in one sandbox at the same moment (the server's reaper,
+    a kernel's start and an agent session's end can coincide) once stopped each other
+    for good, freezing every process of the sandbox: a kernel's next cell hung forever.
+    Each round, three start together 30 times over (in one shell, for the closest
+    overlap: two froze each other within about 15 tries) and three go through the
+    host's path; every target dies and no process is left stopped."""
+    service = SandboxService(make_config())
+    backend = service.backend
+    info = service.ensure(ScopeKey(test_user)).info
+
+    def spawn() -> list[object]:
+        out = backend.exec(info.id, ["sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"])
+        pid = int(out.output.split()[-1])
+        stat = backend.exec(info.id, ["cat", f"/proc/{pid}/stat"]).output.decode()
+        return [pid, stat[stat.rfind(")") + 2 :].split()[19]]
+
+    def states() -> dict[str, str]:
+        listing = backend.exec(info.id, ["sh", "-c", _STATES]).output.decode()
+        return dict(line.split() for line in listing.splitlines())
+
+    bystander = spawn()
+    for _ in range(3):
+        targets = [spawn() for _ in range(6)]
+        try:
+            backend.exec(
+                info.id,
+                ["sh", "-c", _REAPERS_AT_ONCE],
+                env={"SK_AGENT": agent_source().decode(), "SK_TARGETS": json.dumps(targets[:3])},
+                timeout=30,
+            )
+        except SandboxError:
+            pass  # a frozen sandbox: the states say so
+        stopped = [pid for pid, state in states().items() if state == "T"]
+        assert not stopped, f"reapers left processes stopped: {stopped}"
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda t: end_processes(backend, info.id, json.dumps([t])), targets[3:]))
+        now = states()
+        assert not [pid for pid, state in now.items() if state == "T"], now
+        assert not [t for t in targets if str(t[0]) in now], (targets, now)
+        assert str(bystander[0]) in now
+
+
+def test_a_frozen_sandbox_cannot_hang_the_hosts_exec(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
+    """Attack: a process of the sandbox stops every other process of its user, over and
+    over (no privilege needed). The time limit of the host's exec (the reaper's, the
+    lifecycle's) is kept by a runner in the sandbox, which is frozen too: the host must
+    give up on its own at the limit and a little grace, not wait for ever. And the
+    engine, whose start of the command was frozen with it, must still let the sandbox
+    be inspected and destroyed."""
+    service = SandboxService(make_config())
+    backend = service.backend
+    info = service.ensure(ScopeKey(test_user)).info
+    freezer = "import os, signal, time\ntime.sleep(1)\nwhile True:\n    os.kill(-1, signal.SIGSTOP)"
+    backend.exec(info.id, ["sh", "-c", f"python3 -c '{freezer}' >/dev/null 2>&1 &"])
+    time.sleep(1.5)
+    began = time.monotonic()
+    result = backend.exec(info.id, ["sh", "-c", "sleep 60; echo finished"], timeout=2)
+    took = time.monotonic() - began
+    assert result.exit_code == 124 and b"timed out after 2" in result.output, result
+    assert took < 15, f"the host waited {took:.1f} s for a 2 s limit"
+    # The engine's start of that command was frozen half-way, holding the container's
+    # lock (inspect, stop and remove hung for good): the host freed it.
+    with ThreadPoolExecutor(1) as pool:
+        state = pool.submit(lambda: backend.get(info.id).state).result(timeout=20)
+    assert state == "running"
+    another = backend.exec(info.id, ["true"], timeout=1)  # wedges the engine again
+    assert another.exit_code == 124
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(backend.destroy, info.id).result(timeout=30)
+    assert backend.find(info.id) is None
 
 
 def test_quotas(make_config: Callable[..., SandboxConfig], test_user: str) -> None:

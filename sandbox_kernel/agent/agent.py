@@ -1458,6 +1458,33 @@ def send_ready(wire):
     )
 
 
+REAPER_LOCK = "@sandbox-kernel-reaper"  # held by the one reaper that may freeze the sandbox
+
+
+def reaper_lock(wait):
+    """The sandbox's reaper lock (an abstract socket: the kernel frees it when its holder
+    dies, even by SIGKILL), or None after ``wait`` seconds.
+
+    Two reapers that froze everything at once would each stop the other before either
+    could resume anything, and every process of the sandbox would stay stopped for
+    good. So only the holder freezes; a cell that squats the name only costs its own
+    sandbox the freeze, never a hang.
+    """
+    import socket
+
+    lock = socket.socket(socket.AF_UNIX)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            lock.bind(socket_address(REAPER_LOCK))
+            return lock
+        except OSError:
+            if time.monotonic() > deadline:
+                lock.close()
+                return None
+            time.sleep(0.02)
+
+
 def end_processes(argv):
     """``--end-processes JSON``: kill the trees of [pid, start time] pairs that still
     are those very processes (the host's reaper, after their kernel died)."""
@@ -1466,22 +1493,27 @@ def end_processes(argv):
         for pid, start in json.loads(argv[1])
         if isinstance(pid, int) and pid > 1 and start
     ]
+    if not targets:
+        os._exit(0)
     # Freeze every process of this user here first (all but us and init): a cell that
     # forks without pause cannot outrun the kill, and nothing of it runs meanwhile.
     # Other interpreters of the sandbox pause for these milliseconds, then go on.
-    try:
-        os.kill(-1, signal.SIGSTOP)
-    except OSError:
-        pass
+    lock = reaper_lock(10.0)
+    if lock is not None:
+        try:
+            os.kill(-1, signal.SIGSTOP)
+        except OSError:
+            pass
     try:
         for pid, start in targets:
             if start_time_of(pid) == start:
                 kill_tree(pid, include_root=True)
     finally:
-        try:
-            os.kill(-1, signal.SIGCONT)
-        except OSError:
-            pass
+        if lock is not None:
+            try:
+                os.kill(-1, signal.SIGCONT)
+            except OSError:
+                pass
     os._exit(0)
 
 

@@ -482,6 +482,12 @@ class Backend(abc.ABC):
         reaper calls it); engines with nothing on the host need nothing."""
         return None
 
+    def unwedge(self, sandbox_id: str) -> None:
+        """Free the engine from a start that a process of the sandbox stopped half-way
+        (see the Docker backend); called before stopping or removing a sandbox and when
+        a process did not start in time. Engines that cannot wedge so need nothing."""
+        return None
+
     # -- warm spares: optional ------------------------------------------------------------
     def start_spare(self, sandbox_id: str) -> Spare | None:
         """Start a warm interpreter in the sandbox for its next kernel, and say how to know

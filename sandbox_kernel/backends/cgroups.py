@@ -7,6 +7,8 @@ engine's stats call.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 
@@ -71,3 +73,50 @@ def cgroup_memory(container_id: str) -> int | None:
             pass
         return max(0, usage - inactive)
     return None
+
+
+def container_pids(container_id: str) -> list[int] | None:
+    """The host pids of every process of a container (cgroup v1 or v2), if visible here."""
+    for procs in (
+        f"/sys/fs/cgroup/pids/docker/{container_id}/cgroup.procs",
+        f"/sys/fs/cgroup/pids/system.slice/docker-{container_id}.scope/cgroup.procs",
+        f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cgroup.procs",
+        f"/sys/fs/cgroup/docker/{container_id}/cgroup.procs",
+    ):
+        try:
+            return [int(line) for line in Path(procs).read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+STUCK_START = b"(runc:[2:INIT]) "  # the runtime's own process, until it becomes the command
+
+
+def end_stuck_starts(container_id: str) -> int:
+    """Kill the runtime's half-started processes that a process of the sandbox stopped.
+
+    ``docker exec`` starts a command through ``runc init``, which runs as the sandbox's
+    user for a moment: a cell that sends SIGSTOP to every process of its user, over and
+    over, stops it there. The engine then waits for ever on that start while holding the
+    container's lock, and inspect, stop and remove of the container all hang (Docker
+    20.10). Killing the stopped ``runc init`` fails that one start and frees the lock.
+    Only processes of this container's cgroup that are stopped and named so are touched
+    (a cell can name itself so and stop itself: then it is its own that ends). Returns
+    how many were killed; 0 where the engine's processes are not visible here.
+    """
+    killed = 0
+    for pid in container_pids(container_id) or []:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        name_end = stat.rfind(b") ") + 2
+        if STUCK_START in stat[:name_end] and stat[name_end : name_end + 1] in (b"T", b"t"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed

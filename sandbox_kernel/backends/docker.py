@@ -27,6 +27,7 @@ This module is the backend's life cycle and processes; the rest of it lives besi
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import secrets
 import time
@@ -69,7 +70,7 @@ from .base import (
     not_found,
     sandbox_id_of,
 )
-from .cgroups import cgroup_usage
+from .cgroups import cgroup_usage, end_stuck_starts
 from .docker_channel import DockerChannel, DockerPty
 from .docker_errors import engine_errors, engine_reason, exec_failure, unreachable
 from .docker_files import HelperOpener, home_archive, read_file, write_file
@@ -98,6 +99,8 @@ HOME = "/home/sandbox"
 # image we support has, so we do not depend on `sleep` or a shell.
 IDLE_COMMAND = ["python3", "-c", "import signal; signal.pause()"]
 EXEC_OUTPUT_LIMIT = 64 << 20  # bytes of a command's output kept by exec(); the rest is dropped
+log = logging.getLogger(__name__)
+EXEC_GRACE = 5.0  # seconds the host waits past an exec's time limit before it gives up on it
 
 
 class DockerBackend(Backend):
@@ -385,7 +388,25 @@ class DockerBackend(Backend):
             )
 
     # -- life ------------------------------------------------------------------
+    def unwedge(self, sandbox_id: str) -> None:
+        """Kill the runtime's starts that the sandbox's processes froze (see
+        :func:`.cgroups.end_stuck_starts`): found through the engine's list, which
+        takes no lock of the container, unlike inspect, which would hang on it."""
+        name = engine_name(self._installation, sandbox_id)
+        try:
+            with engine_errors("list sandboxes"):
+                summaries = self.client.api.containers(all=True, filters={"name": f"^/{name}$"})
+        except SandboxError:
+            return  # the next engine call says what is wrong
+        for summary in summaries:
+            stuck = end_stuck_starts(summary["Id"])
+            if stuck:
+                log.warning(
+                    "sandbox %s: ended %d process start(s) it had frozen", sandbox_id, stuck
+                )
+
     def stop(self, sandbox_id: str) -> SandboxInfo:
+        self.unwedge(sandbox_id)
         container = self._require(sandbox_id)
         with engine_errors("stop", sandbox_id):
             container.stop(timeout=5)
@@ -431,6 +452,7 @@ class DockerBackend(Backend):
         return True
 
     def destroy(self, sandbox_id: str) -> bool:
+        self.unwedge(sandbox_id)
         container = self._container(sandbox_id)
         if container is None:
             return False
@@ -542,14 +564,26 @@ class DockerBackend(Backend):
         env: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> ExecResult:
+        deadline = None
         if timeout:
             cmd = ["python3", "-c", _program("timeout_runner"), str(timeout), *cmd]
+            # The runner kills the command in the sandbox at the limit, but it is a
+            # process of the sandbox's user: a cell can freeze it (SIGSTOP to all its
+            # processes). The host keeps its own deadline, a little later.
+            deadline = time.monotonic() + timeout + EXEC_GRACE
         channel = self.open_channel(sandbox_id, cmd, cwd=cwd, env=env, merge_stderr=True)
         out = bytearray()
+        overdue = False
         try:
             # stdin is not used: closing our half tells the process so.
             channel.close_input()
             while True:
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        overdue = True
+                        break
+                    channel.set_timeout(left)
                 chunk = channel.read()
                 if not chunk:
                     break
@@ -557,6 +591,12 @@ class DockerBackend(Backend):
                     out += chunk[: EXEC_OUTPUT_LIMIT - len(out)]
         finally:
             channel.close()
+        if deadline is not None and time.monotonic() >= deadline - 0.5:
+            overdue = True  # the read gave up at the deadline, not at the end of output
+        if overdue:
+            self.unwedge(sandbox_id)  # a start that never began holds the engine's lock
+            out += f"timed out after {timeout} s (the sandbox did not end it)\n".encode()
+            return ExecResult(124, bytes(out))
         code = self._exec_state(sandbox_id, channel.exec_id).get("ExitCode")
         code = code if code is not None else -1
         if code in (126, 127) and out.startswith(b"OCI runtime exec failed"):
