@@ -63,24 +63,33 @@ class AlreadyExists(SandboxError):
     """Another process made the sandbox first (a lost create race); take theirs."""
 
 
-_HTTP_STATUS: list[tuple[type[SandboxError], int]] = [
-    (BadRequest, 400),
-    (Forbidden, 403),
-    (SandboxNotFound, 404),
-    (FileMissing, 404),
-    (QuotaExceeded, 409),
-    (Conflict, 409),
-    (TooLarge, 413),
-    (NotSupported, 501),
-    (EngineUnavailable, 503),
-    (SandboxError, 500),
+# Each domain error, most specific first: its HTTP status (REST, WebDAV) and the word an
+# agent reads before the message (MCP). One table, so the doors never disagree.
+_KINDS: list[tuple[type[SandboxError], int, str]] = [
+    (BadRequest, 400, "bad argument"),
+    (Forbidden, 403, "not allowed"),
+    (SandboxNotFound, 404, "not found"),
+    (FileMissing, 404, "no such file"),
+    (QuotaExceeded, 409, "quota"),
+    (Conflict, 409, "conflict"),
+    (TooLarge, 413, "too large"),
+    (NotSupported, 501, "not supported"),
+    (EngineUnavailable, 503, "engine unavailable"),
+    (SandboxError, 500, "sandbox error"),
 ]
+
+
+def _kind(exc: SandboxError) -> tuple[type[SandboxError], int, str]:
+    return next(row for row in _KINDS if isinstance(exc, row[0]))
 
 
 def http_status(exc: SandboxError, overrides: dict[type[SandboxError], int] | None = None) -> int:
     """The HTTP status of a domain error; ``overrides`` lets a protocol differ for a class
     (WebDAV answers a refused path with 403, as clients expect, where REST says 400)."""
-    for kind, code in _HTTP_STATUS:
-        if isinstance(exc, kind):
-            return (overrides or {}).get(kind, code)
-    return 500
+    kind, code, _ = _kind(exc)
+    return (overrides or {}).get(kind, code)
+
+
+def error_label(exc: SandboxError) -> str:
+    """A word or two on what kind of error it is, for readers without a status code."""
+    return _kind(exc)[2]

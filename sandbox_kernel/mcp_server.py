@@ -29,15 +29,9 @@ from . import __version__
 from .agent_sessions import DEFAULT_SESSION, AgentSessions, CommandResult, Outcome
 from .errors import (
     BadRequest,
-    Conflict,
-    EngineUnavailable,
-    FileMissing,
-    Forbidden,
-    NotSupported,
-    QuotaExceeded,
     SandboxError,
-    SandboxNotFound,
     TooLarge,
+    error_label,
     shorten,
 )
 from .service import SandboxService
@@ -58,19 +52,6 @@ Python in a named, persistent interpreter (variables survive between calls of on
 session); execute_command runs a shell command. Both have a timeout: code past it is
 interrupted (its session survives), a command is killed with everything it started.
 Output is limited like a notebook cell's."""
-
-_KIND = [
-    (BadRequest, "bad argument"),
-    (Forbidden, "not allowed"),
-    (SandboxNotFound, "not found"),
-    (FileMissing, "no such file"),
-    (QuotaExceeded, "quota"),
-    (Conflict, "conflict"),
-    (TooLarge, "too large"),
-    (NotSupported, "not supported"),
-    (EngineUnavailable, "engine unavailable"),
-    (SandboxError, "sandbox error"),
-]
 
 SandboxArg = Annotated[
     str,
@@ -95,8 +76,7 @@ def error_result(message: str) -> CallToolResult:
 
 
 def describe_error(exc: SandboxError) -> str:
-    kind = next(label for cls, label in _KIND if isinstance(exc, cls))
-    return f"{kind}: {exc}"
+    return f"{error_label(exc)}: {exc}"
 
 
 async def guarded(work: Callable[[], Awaitable[CallToolResult]]) -> CallToolResult:
