@@ -179,6 +179,10 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
     store = Store(config)
     if not dry_run:
         try:
+            backend.sweep()  # first: it frees what a frozen sandbox wedged in the engine
+        except Exception:  # leftovers wait for the next run
+            pass
+        try:
             end_dead_kernels(backend, store)  # before their records could go stale
         except Exception:  # leftovers wait for the next run
             pass
@@ -193,10 +197,6 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
     actions = plan(infos, config, store, backend.name)
     if dry_run:
         return actions
-    try:
-        backend.sweep()
-    except Exception:  # leftovers wait for the next run
-        pass
     for action in actions:
         try:
             _apply(backend, store, action)
@@ -260,6 +260,7 @@ def end_processes(backend: Backend, sandbox_id: str, procs: str) -> None:
 
 def _apply(backend: Backend, store: Store, action: Action) -> None:
     """Do one action, to the very sandbox that was judged (its engine id), or to none."""
+    backend.unwedge(action.sandbox_id)  # else the inspect below could wait on a frozen start
     current = backend.get(action.sandbox_id)
     same = not action.engine_id or current.engine_id == action.engine_id
     if action.action == "stop":

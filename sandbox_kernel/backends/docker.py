@@ -164,13 +164,23 @@ class DockerBackend(Backend):
         """Our container by sandbox id (or engine id), or None; others' are never ours."""
         for candidate in (engine_name(self._installation, sandbox_id), sandbox_id):
             try:
-                with engine_errors(f"look up {sandbox_id}"):
-                    container = self.client.containers.get(candidate)
+                container = self._get_container(candidate, sandbox_id)
             except SandboxNotFound:
                 continue
             if self._ours(container.labels):
                 return container
         return None
+
+    def _get_container(self, name: str, sandbox_id: str) -> Any:
+        """Inspect one container; if the engine did not answer, free it from starts its
+        processes froze (they hold its lock: see :meth:`unwedge`) and ask once more."""
+        try:
+            with engine_errors(f"look up {sandbox_id}"):
+                return self.client.containers.get(name)
+        except EngineUnavailable:
+            self.unwedge(sandbox_id)
+            with engine_errors(f"look up {sandbox_id}"):
+                return self.client.containers.get(name)
 
     def _require(self, sandbox_id: str) -> Any:
         container = self._container(sandbox_id)
@@ -467,12 +477,18 @@ class DockerBackend(Backend):
         return True
 
     def sweep(self) -> None:
-        """Unmount idmapped mounts whose container is gone (removed with `docker rm`)."""
+        """Unmount idmapped mounts whose container is gone (removed with `docker rm`), and
+        free the engine from process starts that running sandboxes froze (whatever
+        started them: a kernel, a terminal, a spare), so none stays wedged for longer
+        than one reaper's round."""
         with engine_errors("list sandboxes"):
             summaries = self.client.api.containers(
                 all=True, filters={"label": [f"{LABEL_INSTALLATION}={self._installation}"]}
             )
         self._mounts.sweep({(c.get("Names") or ["/?"])[0].lstrip("/") for c in summaries})
+        for summary in summaries:
+            if summary.get("State") == "running" and end_stuck_starts(summary["Id"]):
+                log.warning("%s: ended process starts it had frozen", summary.get("Names"))
 
     # -- processes -------------------------------------------------------------
     def _running(self, sandbox_id: str) -> Any:
