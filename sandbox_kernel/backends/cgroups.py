@@ -107,16 +107,46 @@ def end_stuck_starts(container_id: str) -> int:
     """
     killed = 0
     for pid in container_pids(container_id) or []:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        name_end = stat.rfind(b") ") + 2
-        if STUCK_START in stat[:name_end] and stat[name_end : name_end + 1] in (b"T", b"t"):
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
+        if _is_stuck_start(pid, container_id) and _kill_exactly(pid, container_id):
+            killed += 1
     return killed
+
+
+def _is_stuck_start(pid: int, container_id: str) -> bool:
+    """Whether ``pid`` is, now, a stopped ``runc init`` in the container's cgroup."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        with open(f"/proc/{pid}/cgroup", "rb") as fh:
+            groups = fh.read()
+    except OSError:
+        return False
+    name_end = stat.rfind(b") ") + 2
+    return (
+        STUCK_START in stat[:name_end]
+        and stat[name_end : name_end + 1] in (b"T", b"t")
+        and container_id.encode() in groups
+    )
+
+
+def _kill_exactly(pid: int, container_id: str) -> bool:
+    """SIGKILL the process that is ``pid`` now, and no other: through a pidfd, checked
+    again once held, so a pid that ended and was reused meanwhile (by anything on the
+    host) is never signalled. Without pidfds (Linux < 5.3), a plain kill."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            return True
+        except OSError:
+            return False
+    try:
+        if not _is_stuck_start(pid, container_id):
+            return False  # ended, or another process took the pid
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
