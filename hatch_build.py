@@ -19,6 +19,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 MIN_NODE = 18
 BUILT = "jupyter_ext/labextension/static/style.js"
+STALE_INSTALL_JSON = "jupyter_ext/labextension/install.json"
 
 
 def node_problem(root: Path) -> str | None:
@@ -53,6 +54,10 @@ class NodeCheckHook(BuildHookInterface):  # type: ignore[misc]
     PLUGIN_NAME = "custom"
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        # An editable install leaves a copy of install.json in the built extension; the
+        # wheel maps labextension/install.json to the same place, and a second
+        # `pip install` in this checkout failed on the duplicate. It is rebuilt anyway.
+        Path(self.root, STALE_INSTALL_JSON).unlink(missing_ok=True)
         problem = node_problem(Path(self.root))
         if problem:
             sys.stderr.write(f"\nerror: {problem}\n\n")
