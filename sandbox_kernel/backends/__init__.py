@@ -61,9 +61,11 @@ def make_backend(config: SandboxConfig) -> Backend:
         from .docker import DockerBackend
 
         docker_backend = DockerBackend(settings)
-        if docker_backend.health().ok:
+        try:
+            docker_backend.client  # noqa: B018 - connects and pings: one round trip, not health()'s two
             return docker_backend
-        choice = "local"
+        except SandboxError:
+            choice = "local"
     if choice == "docker":
         from .docker import DockerBackend
 
