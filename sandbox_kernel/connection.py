@@ -100,6 +100,14 @@ class Request:
     id: str = ""
 
 
+def not_started(within: float) -> SandboxError:
+    """The error for an interpreter that did not say ready within ``within`` seconds."""
+    return SandboxError(
+        f"the interpreter in the sandbox did not start within {within:.0f} s"
+        " (is the sandbox overloaded, or are its processes stopped?)"
+    )
+
+
 class AgentConnection:
     """One agent process: framed writes, and a reader thread feeding an asyncio queue."""
 
@@ -143,10 +151,7 @@ class AgentConnection:
             while b"\n" not in buf.lstrip(b"\n"):
                 chunk = self.channel.read()
                 if expired.is_set():
-                    raise SandboxError(
-                        f"the interpreter in the sandbox did not start within {within:.0f} s"
-                        " (is the sandbox overloaded, or are its processes stopped?)"
-                    )
+                    raise not_started(within)
                 if not chunk or len(buf) > 1 << 20:
                     tail = getattr(self.channel, "stderr_tail", "").strip()
                     raise SandboxError(
@@ -157,6 +162,8 @@ class AgentConnection:
                 buf += chunk
         finally:
             timer.cancel()
+        if expired.is_set():  # it fired after the last read: the channel is closed now
+            raise not_started(within)
         line, _, self._pending = bytes(buf).lstrip(b"\n").partition(b"\n")
         try:
             ready = json.loads(line)

@@ -20,6 +20,7 @@ import docker
 import pytest
 
 from sandbox_kernel.agent import agent_source
+from sandbox_kernel.backends import docker as docker_backend
 from sandbox_kernel.backends.base import (
     BadRequest,
     Conflict,
@@ -243,7 +244,7 @@ def test_reapers_at_once_take_turns(
 
 
 def test_a_frozen_sandbox_cannot_hang_the_hosts_exec(
-    make_config: Callable[..., SandboxConfig], test_user: str
+    make_config: Callable[..., SandboxConfig], test_user: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Attack: a process of the sandbox stops every other process of its user, over and
     over (no privilege needed). The time limit of the host's exec (the reaper's, the
@@ -257,6 +258,13 @@ def test_a_frozen_sandbox_cannot_hang_the_hosts_exec(
     freezer = "import os, signal, time\ntime.sleep(1)\nwhile True:\n    os.kill(-1, signal.SIGSTOP)"
     backend.exec(info.id, ["sh", "-c", f"python3 -c '{freezer}' >/dev/null 2>&1 &"])
     time.sleep(1.5)
+    # A file transfer (REST files of remote workspaces, the folder copy) gives up on a
+    # silent helper: here after 2 s instead of the 60 s of the default.
+    monkeypatch.setattr(docker_backend, "HELPER_IDLE", 2.0)
+    began = time.monotonic()
+    with pytest.raises(SandboxError):
+        b"".join(backend.get_file(info.id, "/etc/hostname"))
+    assert time.monotonic() - began < 20
     began = time.monotonic()
     result = backend.exec(info.id, ["sh", "-c", "sleep 60; echo finished"], timeout=2)
     took = time.monotonic() - began
@@ -271,12 +279,12 @@ def test_a_frozen_sandbox_cannot_hang_the_hosts_exec(
     # the reaper's round frees it; and the owner's destroy (what the REST route and the
     # CLI call) goes through even when it is wedged.
     backend.open_channel(info.id, ["true"]).close()
-    time.sleep(1)
+    time.sleep(1)  # younger than STUCK_AFTER: the host looks again at that age
     with ThreadPoolExecutor(1) as pool:
         pool.submit(gc, backend, service.config).result(timeout=30)
         assert pool.submit(backend.get, info.id).result(timeout=20).state == "running"
     backend.open_channel(info.id, ["true"]).close()
-    time.sleep(1)
+    time.sleep(1)  # younger than STUCK_AFTER: the host looks again at that age
     with ThreadPoolExecutor(1) as pool:
         assert pool.submit(service.destroy, test_user, info.id).result(timeout=30)
     assert backend.find(info.id) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 
@@ -90,6 +91,7 @@ def container_pids(container_id: str) -> list[int] | None:
     return None
 
 
+STUCK_AFTER = 3.0  # seconds a start must have lasted to count as stuck
 STUCK_START = b"(runc:[2:INIT]) "  # the runtime's own process, until it becomes the command
 
 
@@ -107,26 +109,48 @@ def end_stuck_starts(container_id: str) -> int:
     """
     killed = 0
     for pid in container_pids(container_id) or []:
+        age = _stopped_start_age(pid, container_id)
+        if age is None:
+            continue
+        if age < STUCK_AFTER:  # stopped now, but maybe only for a moment: look again then
+            time.sleep(STUCK_AFTER - age)
         if _is_stuck_start(pid, container_id) and _kill_exactly(pid, container_id):
             killed += 1
     return killed
 
 
 def _is_stuck_start(pid: int, container_id: str) -> bool:
-    """Whether ``pid`` is, now, a stopped ``runc init`` in the container's cgroup."""
+    """Whether ``pid`` is, now, a stopped ``runc init`` in the container's cgroup, and
+    has been one for STUCK_AFTER seconds at least."""
+    age = _stopped_start_age(pid, container_id)
+    return age is not None and age >= STUCK_AFTER
+
+
+def _stopped_start_age(pid: int, container_id: str) -> float | None:
+    """Seconds since ``pid`` started, if it is a stopped ``runc init`` of the container
+    now; else None."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
         with open(f"/proc/{pid}/cgroup", "rb") as fh:
             groups = fh.read()
     except OSError:
-        return False
+        return None
     name_end = stat.rfind(b") ") + 2
-    return (
+    if not (
         STUCK_START in stat[:name_end]
         and stat[name_end : name_end + 1] in (b"T", b"t")
         and container_id.encode() in groups
-    )
+    ):
+        return None
+    # A start lasts milliseconds; the reaper's own freeze stops a start under way for
+    # about as long. Only one that is still stopped at STUCK_AFTER seconds is stuck.
+    try:
+        started = int(stat[name_end:].split()[19]) / os.sysconf("SC_CLK_TCK")
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - started)
 
 
 def _kill_exactly(pid: int, container_id: str) -> bool:

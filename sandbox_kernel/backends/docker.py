@@ -29,6 +29,7 @@ from __future__ import annotations
 import builtins
 import logging
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -100,6 +101,7 @@ HOME = "/home/sandbox"
 IDLE_COMMAND = ["python3", "-c", "import signal; signal.pause()"]
 EXEC_OUTPUT_LIMIT = 64 << 20  # bytes of a command's output kept by exec(); the rest is dropped
 log = logging.getLogger(__name__)
+HELPER_IDLE = 60.0  # seconds the file helper may stay silent before the host gives up
 EXEC_GRACE = 5.0  # seconds the host waits past an exec's time limit before it gives up on it
 
 
@@ -405,7 +407,9 @@ class DockerBackend(Backend):
         name = engine_name(self._installation, sandbox_id)
         try:
             with engine_errors("list sandboxes"):
-                summaries = self.client.api.containers(all=True, filters={"name": f"^/{name}$"})
+                summaries = self.client.api.containers(
+                    all=True, filters={"name": f"^/{re.escape(name)}$"}
+                )
         except SandboxError:
             return  # the next engine call says what is wrong
         for summary in summaries:
@@ -644,6 +648,7 @@ class DockerBackend(Backend):
             channel.write(agent_source() + secret.encode() + b"\n")
             channel.set_timeout(30)
             if channel.read_line() != b"listening":
+                self.unwedge(sandbox_id)  # its start may be frozen, holding the engine
                 return None  # another spare already waits there, or it failed
             host_pid = self._exec_state(sandbox_id, channel.exec_id).get("Pid") or 0
             identity = _process_identity(host_pid)
@@ -713,14 +718,29 @@ class DockerBackend(Backend):
 
     # -- files (docker_files.py) -------------------------------------------------------------
     def _file_helper(self, sandbox_id: str) -> HelperOpener:
-        """Starts the in-sandbox file helper: in /, its stderr apart from the data."""
-        return lambda cmd: self.open_channel(sandbox_id, cmd, cwd="/", merge_stderr=False)
+        """Starts the in-sandbox file helper: in /, its stderr apart from the data, and
+        given up when it stays silent for HELPER_IDLE seconds (a cell can freeze it)."""
+
+        def open_helper(cmd: builtins.list[str]) -> DockerChannel:
+            channel = self.open_channel(sandbox_id, cmd, cwd="/", merge_stderr=False)
+            channel.set_timeout(HELPER_IDLE)
+            return channel
+
+        return open_helper
 
     def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
-        write_file(self._file_helper(sandbox_id), sandbox_id, path, data)
+        try:
+            write_file(self._file_helper(sandbox_id), sandbox_id, path, data)
+        except SandboxError:
+            self.unwedge(sandbox_id)  # a helper frozen at its start holds the engine
+            raise
 
     def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
-        return read_file(self._file_helper(sandbox_id), sandbox_id, path)
+        try:
+            yield from read_file(self._file_helper(sandbox_id), sandbox_id, path)
+        except SandboxError:
+            self.unwedge(sandbox_id)
+            raise
 
 
 def _create_failed(sandbox_id: str, runtime: str, error: SandboxError) -> SandboxFailed:
