@@ -179,10 +179,6 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
     store = Store(config)
     if not dry_run:
         try:
-            backend.sweep()  # first: it frees what a frozen sandbox wedged in the engine
-        except Exception:  # leftovers wait for the next run
-            pass
-        try:
             end_dead_kernels(backend, store)  # before their records could go stale
         except Exception:  # leftovers wait for the next run
             pass
@@ -197,6 +193,10 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
     actions = plan(infos, config, store, backend.name)
     if dry_run:
         return actions
+    try:
+        backend.sweep()  # also frees what a frozen sandbox wedged in the engine
+    except Exception:  # leftovers wait for the next run
+        pass
     for action in actions:
         try:
             _apply(backend, store, action)
