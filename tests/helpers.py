@@ -61,8 +61,13 @@ async def run_over_websocket(
         )
     )
     out: list[str] = []
+    reply: dict[str, Any] | None = None
+    idle = False
     deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+    # The reply comes on the shell channel and the output on iopub: the websocket merges
+    # them in no fixed order, so the cell is over only once both the reply and iopub's
+    # idle have come (what nbclient waits for too).
+    while reply is None or not idle:
         left = deadline - asyncio.get_running_loop().time()
         raw = await asyncio.wait_for(ws.read_message(), max(left, 0.1))
         if raw is None:
@@ -76,4 +81,8 @@ async def run_over_websocket(
         elif kind == "error":
             out.append("\n".join(msg["content"]["traceback"]))
         elif kind == "execute_reply":
-            return "".join(out), msg["content"]
+            reply = msg["content"]
+        elif kind == "status" and msg["content"]["execution_state"] == "idle":
+            idle = True
+    assert reply is not None
+    return "".join(out), reply
