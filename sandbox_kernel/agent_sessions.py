@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from .agent import command_source
+from .agent import command_source, program
 from .backends.base import WORKSPACE, SandboxInfo
 from .connection import OVERFLOW, AgentConnection, AgentGone
 from .errors import BadRequest, Conflict, SandboxError, SandboxNotFound
@@ -653,18 +653,14 @@ class AgentSessions:
         rel = workspace_cwd(cwd)
         info = self.running(owner, sandbox_id)
         limit = self.service.config.output_limit
-        runner = [
-            "python3",
-            "-c",
+        runner = program(
             command_source(),
             str(limit),
             repr(seconds),
             rel,
             "--",
-            "/bin/sh",
-            "-c",
-            command,
-        ]
+            *self.service.as_user(info, ["/bin/sh", "-c", command]),
+        )
         started = time.monotonic()
         raw = self.service.exec(info, runner, timeout=seconds + COMMAND_GRACE, cwd=WORKSPACE)
         duration = time.monotonic() - started

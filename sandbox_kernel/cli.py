@@ -144,7 +144,12 @@ def cmd_exec(args: argparse.Namespace) -> int:
     inside = info.work_folder and (
         here == info.work_folder or here.startswith(info.work_folder + "/")
     )
-    result = service.exec(info, list(args.cmd), timeout=args.timeout, cwd=here if inside else "")
+    result = service.exec(
+        info,
+        service.as_user(info, list(args.cmd)),
+        timeout=args.timeout,
+        cwd=here if inside else "",
+    )
     sys.stdout.buffer.write(result.output)
     sys.stdout.flush()
     return result.exit_code

@@ -249,11 +249,11 @@ def end_processes(backend: Backend, sandbox_id: str, procs: str) -> None:
     """
     if not backend.shares_processes:
         return  # processes the engine does not show us end with their sandbox
-    from .agent import agent_source
+    from .agent import agent_source, program
 
     backend.exec(
         sandbox_id,
-        ["python3", "-c", agent_source().decode(), "--end-processes", procs],
+        program(agent_source().decode(), "--end-processes", procs),
         timeout=30,
     )
 

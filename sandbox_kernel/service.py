@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .agent import restricted
+from .agent import as_user
 from .backends import Backend, make_backend
 from .backends.base import (
     LABEL_SNAPSHOT,
@@ -445,20 +445,22 @@ class SandboxService:
             totals["yours"] = len(self.backend.list(user))
         return totals
 
+    def as_user(self, info: SandboxInfo, cmd: builtins.list[str]) -> builtins.list[str]:
+        """``cmd`` as the user's own command in sandbox ``info``, as cells run: their PATH,
+        and beneath its host work folder no links, FIFOs or sockets may be made."""
+        return as_user(cmd, [info.work_folder] if info.work_folder else [])
+
     def exec(
         self,
         info: SandboxInfo,
-        cmd: builtins.list[str],
+        argv: builtins.list[str],
         timeout: float | None = None,
         cwd: str = "",
     ) -> Any:
-        """Run a command in a sandbox as the kernel's interpreter would be run: beneath its
-        host work folder, no links, FIFOs or sockets may be made."""
+        """Run ``argv`` as given in a sandbox (a user's command goes through
+        :meth:`as_user` first), counting as its use."""
         self.store.touch(self.backend.name, info.id)
-        folders = [info.work_folder] if info.work_folder else []
-        return self.backend.exec(
-            info.id, restricted(cmd, folders), timeout=timeout, cwd=cwd or WORKSPACE
-        )
+        return self.backend.exec(info.id, argv, timeout=timeout, cwd=cwd or WORKSPACE)
 
     # -- files ----------------------------------------------------------------------
     def workspace(self, user: str | None, sandbox_id: str) -> Workspace | RemoteWorkspace:

@@ -31,7 +31,6 @@ import tty
 from collections.abc import Callable
 from typing import Any
 
-from .agent import restricted
 from .backends.base import WORKSPACE, Pty, SandboxInfo
 from .errors import SandboxError
 
@@ -75,11 +74,10 @@ def open_shell(
     """A login shell on a new terminal in sandbox ``info``, run as cells and
     ``service.exec`` are (the sandbox's user; beneath a host work folder no links,
     FIFOs, sockets or devices may be made), starting in ``cwd`` (default /workspace)."""
-    folders = [info.work_folder] if info.work_folder else []
     service.store.touch(service.backend.name, info.id)
     return service.backend.open_pty(
         info.id,
-        restricted(LOGIN_SHELL, folders),
+        service.as_user(info, LOGIN_SHELL),
         cwd=cwd or WORKSPACE,
         env=terminal_env(),
         rows=rows,

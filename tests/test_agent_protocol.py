@@ -237,3 +237,40 @@ def test_a_packed_line_keeps_its_bytes() -> None:
         True,
         "update_display_data",
     )
+
+
+def test_the_users_path_is_theirs_and_the_hosts_programs_find_nothing_of_theirs(
+    tmp_path: Path,
+) -> None:
+    """The sandbox's own PATH (which finds the host's programs) keeps no folder a cell
+    can write, even for a sandbox made by an older version with ~/.local/bin first; the
+    user's commands get ~/.local/bin first, once; the host's programs run isolated."""
+    import subprocess
+    import sys
+
+    from sandbox_kernel.agent import as_user, program
+    from sandbox_kernel.backends.docker import exec_env, sandbox_path
+
+    mixed = "/home/sandbox/.local/bin:/usr/local/bin::.:bin:/tmp/x:/workspace/bin:/usr/bin:/dev/shm"
+    assert sandbox_path(mixed) == "/usr/local/bin:/usr/bin"
+    assert (
+        sandbox_path("/home/sandbox/bin")
+        == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    )
+    old = {"Config": {"Env": ["HOME=/home/sandbox", f"PATH={mixed}"]}}
+    assert exec_env(old, {"A": "1"}) == {"PATH": "/usr/local/bin:/usr/bin", "A": "1"}
+    assert program("pass", "x")[:3] == ["python3", "-I", "-c"]
+    home = tmp_path / "home"
+    command = as_user(["sh", "-c", 'echo "$PATH"'], [])
+    for path, expected in (
+        ("/usr/bin:/bin", f"{home}/.local/bin:/usr/bin:/bin"),
+        (f"/bin:{home}/.local/bin", f"/bin:{home}/.local/bin"),  # already there: kept
+    ):
+        out = subprocess.run(
+            [sys.executable, *command[1:]],
+            env={"HOME": str(home), "PATH": path},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert out.strip() == expected

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -69,7 +70,7 @@ def in_container(container: Any, code: str, *args: str, check: bool = True) -> s
     """Run ``python3 -c code args...`` in the container as the sandbox user; its stdout.
 
     The snippets bound their own run time (the SDK's exec has no timeout)."""
-    code_rc, (out, err) = container.exec_run(["python3", "-c", code, *args], demux=True)
+    code_rc, (out, err) = container.exec_run(["python3", "-I", "-c", code, *args], demux=True)
     out, err = (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
     if check:
         assert code_rc == 0, f"snippet failed ({code_rc}): {err[-2000:]}"
@@ -741,6 +742,116 @@ def test_killed_kernel_leaves_no_process_even_with_its_watcher_frozen(
     the sandbox is left to act when the kernel dies. Then the host's reaper must: after
     one run, within GONE_SECONDS nothing the cell started, nor the interpreter, exists."""
     leave_behind_then_kill(kernels, start, stop_supervisors=True)
+
+
+# -- 3b: a python3 and site code planted where the user's own programs are found ----------
+
+# What a cell leaves behind: a `python3` (and `python`) first on the user's PATH that logs
+# who ran it and then runs the real one, and a .pth file in the user's site-packages that
+# logs the first flag of every interpreter that reads it. Both keep working, as an
+# attacker's would, so nothing fails visibly: only the logs say who ran them.
+_PLANT_PROGRAMS = r"""
+import json, os, site
+bin_dir = os.path.expanduser("~/.local/bin")
+os.makedirs(bin_dir, exist_ok=True)
+for name in ("python3", "python"):
+    path = os.path.join(bin_dir, name)
+    with open(path, "w") as fh:
+        fh.write('#!/bin/sh\necho "$0 $1" >> /workspace/planted-python3.log\nexec /usr/bin/python3 "$@"\n')
+    os.chmod(path, 0o755)
+user_site = site.getusersitepackages()
+os.makedirs(user_site, exist_ok=True)
+with open(os.path.join(user_site, "zz-planted.pth"), "w") as fh:
+    fh.write("import sys; open('/workspace/planted-site.log', 'ab').write(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1] + b'\\n')\n")
+print(json.dumps(os.environ["PATH"].split(":")))
+"""
+
+
+def _first_path_entry(text: str) -> str:
+    """The first folder of the PATH= line a command printed."""
+    found = re.search(r"PATH=(/[^:\n]*)", text)
+    assert found, f"no PATH= in {text[-500:]!r}"
+    return found.group(1)
+
+
+def _terminal_path(service: SandboxService, info: Any) -> str:
+    """What a JupyterLab terminal of the sandbox says its PATH starts with (a login
+    shell: the image's /etc/profile sets PATH anew)."""
+    from sandbox_kernel.terminal import open_shell
+
+    pty = open_shell(service, info)
+    try:
+        pty.write(b"echo PATH=$PATH; exit\r")
+        seen = b""
+        deadline = time.monotonic() + 60
+        while b"\nPATH=/" not in seen.replace(b"\r", b"") or not seen.endswith(b"\n"):
+            assert time.monotonic() < deadline, f"no PATH from the terminal: {seen[-500:]!r}"
+            chunk = pty.read()
+            if not chunk:
+                break
+            seen += chunk
+        return _first_path_entry(seen.decode(errors="replace").replace("\r", ""))
+    finally:
+        pty.close()
+
+
+def test_planted_python3_and_site_code_never_run_the_hosts_programs(kernels: Kernels) -> None:
+    """Attack: a cell plants ``~/.local/bin/python3`` (first on the user's PATH) and a
+    ``.pth`` file in the user's site-packages. Then everything the host starts in the
+    sandbox runs: a new kernel's interpreter (cold and from the warm spare), the file
+    helper (outside and inside the workspace), the folder walk, the process reaper,
+    `sandbox-kernel exec` with a time limit, an agent's shell command, a terminal, and a
+    full reaper round. None may run the planted python3, and only the kernels'
+    interpreters (the user's own, started with ``-u``) may read the user's site code.
+    The user keeps their PATH: cells, commands and terminals see ``~/.local/bin`` first."""
+    from sandbox_kernel.agent_sessions import AgentSessions
+    from sandbox_kernel.files import RemoteWorkspace
+    from sandbox_kernel.lifecycle import end_processes
+    from sandbox_kernel.sync import listing
+
+    km1, kc1 = start_kernel(kernels)
+    user_bin = "/home/sandbox/.local/bin"
+    assert json.loads(ok_cell(kc1, _PLANT_PROGRAMS))[0] == user_bin
+    container = kernels.container()
+    wait_for_spare(container)
+    _, kc2 = kernels.start()  # takes the spare
+    _, kc3 = kernels.start()  # cold, or the next spare
+    for kc in (kc2, kc3):
+        assert ok_cell(kc, "import os; print(os.environ['PATH'].split(':')[0])").strip() == user_bin
+    assert kernels.env is not None
+    cfg = kernels.env.config()
+    service = SandboxService(cfg)
+    backend = service.backend
+    info = backend.get(kernels.sandbox_id)
+    sid = info.id
+    backend.put_file(sid, "/tmp/probe.txt", b"probe")
+    assert b"".join(backend.get_file(sid, "/tmp/probe.txt")) == b"probe"
+    entries, _ = RemoteWorkspace(backend, sid).list("")
+    assert "planted-python3.log" not in {e.name for e in entries}
+    assert "planted-site.log" in {e.name for e in entries}  # the kernels read it
+    listing(backend, sid, "/workspace")
+    end_processes(backend, sid, "[]")
+    ran = service.exec(info, service.as_user(info, ["sh", "-c", "echo PATH=$PATH"]), timeout=30)
+    assert ran.exit_code == 0 and _first_path_entry(ran.output.decode()) == user_bin, ran
+    agent = AgentSessions(service, str(kernels.root)).run_command(
+        kernels.env.user, "echo PATH=$PATH", 30, sandbox_id=sid
+    )
+    assert agent.exit_code == 0 and _first_path_entry(agent.stdout) == user_bin, agent
+    assert _terminal_path(service, info).startswith("/")
+    kc1.stop_channels()
+    km1.shutdown_kernel(now=True)
+    gc(backend, cfg)
+    logs = json.loads(
+        in_container(
+            container,
+            "import json, os\n"
+            "print(json.dumps({f: open(f).read() if os.path.exists(f) else '' for f in "
+            "('/workspace/planted-python3.log', '/workspace/planted-site.log')}))",
+        )
+    )
+    assert logs["/workspace/planted-python3.log"] == "", f"the planted python3 ran: {logs}"
+    readers = set(logs["/workspace/planted-site.log"].split())
+    assert readers <= {"-u"}, f"a program of the host read the user's site code: {readers}"
 
 
 # -- 4 and 5: output that would swamp the notebook ---------------------------------------

@@ -21,22 +21,35 @@ def agent_source() -> bytes:
     return (Path(__file__).parent / "agent.py").read_bytes()
 
 
-def restricted(command: list[str], folders: list[str]) -> list[str]:
-    """``command`` run so that it cannot make links, FIFOs, sockets or devices beneath
-    ``folders`` (host folders mounted in the sandbox; see agent.restrict_special_files)."""
+def program(source: str, *args: str) -> list[str]:
+    """How the host runs a program of ours in the sandbox (``python3 -c SOURCE ARGS``).
+
+    Cells can write the user's site-packages (a ``.pth`` file there runs in every
+    interpreter that reads it) and leave modules in any working folder: ``-I`` makes
+    the interpreter read neither (nor ``PYTHON*`` variables). ``python3`` itself is
+    found through the sandbox's own PATH, which the backends keep free of folders a
+    cell can write (:func:`as_user` gives the user's commands their own PATH back).
+    """
+    return ["python3", "-I", "-c", source, *args]
+
+
+def as_user(command: list[str], folders: list[str]) -> list[str]:
+    """``command`` run as the user's own: their ``~/.local/bin`` first on PATH (see
+    :mod:`.user_command`), and unable to make links, FIFOs, sockets or devices beneath
+    ``folders`` (host folders mounted in the sandbox; see agent.restrict_special_files),
+    which the agent restricts before the PATH is the user's."""
+    mine = program(user_command_source(), *command)
     if not folders:
-        return command
+        return mine
     import json
 
-    return [
-        "python3",
-        "-c",
-        agent_source().decode(),
-        "--restricted",
-        json.dumps(folders),
-        "--",
-        *command,
-    ]
+    return program(agent_source().decode(), "--restricted", json.dumps(folders), "--", *mine)
+
+
+@lru_cache(maxsize=1)
+def user_command_source() -> str:
+    """The in-sandbox start of a user's command (:mod:`.user_command`), for ``python3 -c``."""
+    return (Path(__file__).parent / "user_command.py").read_text()
 
 
 @lru_cache(maxsize=1)
@@ -66,5 +79,7 @@ def bootstrap_command(
     and recorded: the agent hands the channel to it only if the listener at that path
     is that very process, else it starts cold.
     """
+    # Not -I: the kernel's interpreter is the user's, with their site-packages and the
+    # notebook's folder on sys.path as ipykernel has them (the agent hardens itself first).
     cmd = [python, "-u", "-c", boot_source(), str(len(agent_source()))]
     return [*cmd, spare[0], str(spare[1]), spare[2]] if spare else cmd

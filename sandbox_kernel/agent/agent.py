@@ -1058,6 +1058,17 @@ def restrict_special_files(folders):
         os.close(ruleset)
 
 
+def use_user_path():
+    """Put the user's ``~/.local/bin`` first on PATH for what cells start (``pip install
+    --user`` puts scripts there), as user_command.py does for the user's commands. The
+    sandbox's own PATH leaves it out: the host's programs must not find a ``python3`` a
+    cell planted there."""
+    mine = os.path.expanduser("~/.local/bin")
+    path = os.environ.get("PATH", "")
+    if mine not in path.split(os.pathsep):
+        os.environ["PATH"] = mine + os.pathsep + path if path else mine
+
+
 def run_restricted(argv):
     """``--restricted FOLDERS_JSON -- CMD...``: restrict, then become CMD (commands the
     host runs in a sandbox with host folders, e.g. `sandbox-kernel exec`)."""
@@ -1538,6 +1549,7 @@ def main():
     wire = Wire()
     send_ready(wire)
     enable_user_site()
+    use_user_path()
     # fd 0 and 1 now belong to the protocol; user code gets /dev/null and pipes.
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

@@ -41,7 +41,7 @@ from typing import IO, Any
 import docker
 from docker.types import Mount
 
-from ..agent import SPARE_SOCKET, agent_source, bootstrap_command
+from ..agent import SPARE_SOCKET, agent_source, bootstrap_command, program
 from ..identity import ScopeKey
 from . import idmap
 from .base import (
@@ -98,7 +98,11 @@ from .docker_snapshots import DockerSnapshots
 HOME = "/home/sandbox"
 # The container's PID 1 (under docker-init) only waits; python3 is the one thing every
 # image we support has, so we do not depend on `sleep` or a shell.
-IDLE_COMMAND = ["python3", "-c", "import signal; signal.pause()"]
+IDLE_COMMAND = program("import signal; signal.pause()")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Folders of a sandbox that its processes can write: never on the PATH that finds the
+# host's programs (a cell could plant a `python3` there; see agent.program).
+WRITABLE = (HOME, WORKSPACE, "/tmp", "/var/tmp", "/dev/shm")
 EXEC_OUTPUT_LIMIT = 64 << 20  # bytes of a command's output kept by exec(); the rest is dropped
 log = logging.getLogger(__name__)
 HELPER_IDLE = 60.0  # seconds the file helper may stay silent before the host gives up
@@ -313,7 +317,7 @@ class DockerBackend(Backend):
             for item in (image.attrs.get("Config", {}).get("Env") or [])
             if "=" in item
         )
-        path = image_env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        path = sandbox_path(image_env.get("PATH", DEFAULT_PATH))
         mounts = [Mount(WORKSPACE, str(source), type="bind", read_only=False)]
         work_mounts, work_point = self._mounts.work_folder(name, spec, uid, gid, how)
         mounts += work_mounts
@@ -333,7 +337,9 @@ class DockerBackend(Backend):
                 "HOME": HOME,
                 "USER": "sandbox",
                 "LOGNAME": "sandbox",
-                "PATH": f"{HOME}/.local/bin:{path}",
+                # The user's ~/.local/bin is put first by what runs their code (the
+                # agent for cells; agent.as_user for their commands), never here.
+                "PATH": path,
                 # pip falls back to a user install (HOME, kept until destroy) as non-root;
                 # Debian-based images refuse even that without this switch.
                 "PIP_BREAK_SYSTEM_PACKAGES": "1",
@@ -525,7 +531,7 @@ class DockerBackend(Backend):
                 stderr=True,
                 tty=False,
                 workdir=cwd,
-                environment=env or None,
+                environment=exec_env(container.attrs, env),
             )["Id"]
             sock = api.exec_start(exec_id, socket=True, demux=False)
         raw = getattr(sock, "_sock", sock)
@@ -559,13 +565,13 @@ class DockerBackend(Backend):
         with engine_errors("open a terminal in", sid):
             exec_id = api.exec_create(
                 container.id,
-                ["python3", "-c", announce, *cmd],
+                program(announce, *cmd),
                 stdin=True,
                 stdout=True,
                 stderr=True,
                 tty=True,
                 workdir=cwd,
-                environment=env or None,
+                environment=exec_env(container.attrs, env),
             )["Id"]
             sock = api.exec_start(exec_id, socket=True, tty=True)
         raw = getattr(sock, "_sock", sock)
@@ -586,7 +592,7 @@ class DockerBackend(Backend):
     ) -> ExecResult:
         deadline = None
         if timeout:
-            cmd = ["python3", "-c", _program("timeout_runner"), str(timeout), *cmd]
+            cmd = program(_program("timeout_runner"), str(timeout), *cmd)
             # The runner kills the command in the sandbox at the limit, but it is a
             # process of the sandbox's user: a cell can freeze it (SIGSTOP to all its
             # processes). The host keeps its own deadline, a little later.
@@ -752,6 +758,29 @@ def _create_failed(sandbox_id: str, runtime: str, error: SandboxError) -> Sandbo
             "with dockerd (gVisor: runsc), or unset SANDBOX_KERNEL_RUNTIME / c.SandboxConfig.runtime"
         )
     return SandboxFailed(f"Docker could not create {sandbox_id}: {reason}")
+
+
+def sandbox_path(path: str) -> str:
+    """``path`` without the folders the sandbox's processes can write, nor relative
+    entries (an empty one is the working folder): what finds the programs the host
+    starts there. A sandbox made by an older version, or from a snapshot of one, has
+    ``~/.local/bin`` first in its environment."""
+    kept = [
+        entry
+        for entry in path.split(":")
+        if entry.startswith("/")
+        and not any(entry == top or entry.startswith(top + "/") for top in WRITABLE)
+    ]
+    return ":".join(kept) or DEFAULT_PATH
+
+
+def exec_env(attrs: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process the host starts in a container (``attrs``: its
+    inspect): the container's PATH made safe (:func:`sandbox_path`), then ``env``."""
+    own = dict(
+        item.split("=", 1) for item in ((attrs.get("Config") or {}).get("Env") or []) if "=" in item
+    )
+    return {"PATH": sandbox_path(own.get("PATH", DEFAULT_PATH)), **(env or {})}
 
 
 @cache

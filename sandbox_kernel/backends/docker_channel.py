@@ -259,12 +259,16 @@ def hang_up_when_gone() -> None:
     (see programs/hangup.py)."""
     import docker
 
-    from .docker import _program
+    from ..agent import program
+    from .docker import _program, exec_env
 
     exec_id, container_id, session = sys.argv[1:4]
     sys.stdin.buffer.read()
     client = docker.from_env(timeout=60)
     if client.api.exec_inspect(exec_id).get("Running"):
-        client.containers.get(container_id).exec_run(
-            ["python3", "-c", _program("hangup"), session], stdin=False
+        container = client.containers.get(container_id)
+        container.exec_run(
+            program(_program("hangup"), session),
+            stdin=False,
+            environment=exec_env(container.attrs),
         )

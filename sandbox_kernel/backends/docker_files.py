@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-from ..agent import fs_helper_source
+from ..agent import fs_helper_source, program
 from .base import WORKSPACE, SandboxError
 from .docker_channel import DockerChannel
 
@@ -34,7 +34,7 @@ def helper_command(op: str, path: str, *extra: str) -> list[str]:
     target = PurePosixPath(path)
     if not target.is_absolute():
         target = PurePosixPath(WORKSPACE) / target
-    return ["python3", "-c", fs_helper_source(), op, "/", str(target).lstrip("/"), *extra]
+    return program(fs_helper_source(), op, "/", str(target).lstrip("/"), *extra)
 
 
 def write_file(

@@ -401,7 +401,9 @@ class LocalBackend(Backend):
         home = self.root / record["id"] / "home"
         home.mkdir(parents=True, exist_ok=True)
         base_env = {
-            "PATH": f"{HOME if bwrap_works() else home}/.local/bin:{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
+            # No ~/.local/bin: the host's programs must not find a planted python3 (the
+            # agent puts it first for cells, agent.as_user for the user's commands).
+            "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "USER": "sandbox",
             "LOGNAME": "sandbox",
