@@ -527,3 +527,53 @@ def test_remount_refuses_a_folder_swapped_for_a_link(
     assert (secret / "secret.txt").read_text() == "host only"
     assert secret.stat().st_mode & 0o777 == 0o700
 
+
+def test_sweeps_never_release_the_mounts_of_a_sandbox_being_made(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
+    """Race: every kernel's start runs a reaper round a moment later, whose sweep
+    releases the idmapped mounts of containers the engine does not list. A sandbox's
+    mounts are made before its container: a sweep in between must not release them
+    (the create then failed with "cannot present the folder"). Sweeps run back to back
+    in a thread while users' sandboxes are made; then a mount whose container never
+    came is released once it is no longer fresh."""
+    import threading
+
+    from sandbox_kernel.backends import docker_mounts, idmap
+
+    service = SandboxService(make_config())
+    backend = service.backend
+    assert isinstance(backend, DockerBackend)
+    if backend._mounts.ownership(engine().images.get(service.config.image))[2] != "idmap":
+        pytest.skip("idmapped mounts need a root server and a kernel that has them")
+    done = threading.Event()
+    sweeps = 0
+
+    def sweep_on() -> None:
+        nonlocal sweeps
+        while not done.is_set():
+            backend.sweep()
+            sweeps += 1
+
+    sweeper = threading.Thread(target=sweep_on)
+    sweeper.start()
+    try:
+        made = [service.ensure(ScopeKey(f"{test_user}-{n}")).info for n in range(6)]
+    finally:
+        done.set()
+        sweeper.join()
+    assert sweeps > 6
+    for info in made:
+        assert (
+            run(backend, info.id, "import os; print(len(os.listdir('/workspace')) >= 0)") == "True"
+        )
+    # Mounts made for a container that never came: spared while fresh, then released.
+    name = engine_name(backend._installation, f"sk-{test_user}-never")
+    _, point = backend._mounts.workspace(ScopeKey(f"{test_user}-never"), name, 1000, 1000, "idmap")
+    assert idmap.is_mountpoint(point)
+    backend.sweep()
+    assert idmap.is_mountpoint(point)
+    old = time.time() - docker_mounts.FRESH - 1
+    os.utime(point.parent / ".lock", (old, old))
+    backend.sweep()
+    assert not idmap.is_mountpoint(point) and not point.parent.exists()

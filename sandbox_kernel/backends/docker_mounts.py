@@ -18,8 +18,11 @@ from __future__ import annotations
 import fcntl
 import os
 import pwd
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from docker.types import Mount
 
@@ -37,6 +40,10 @@ from .docker_info import (
 )
 
 DEFAULT_UID = 1000
+# Seconds a sandbox's mounts are spared by the sweep after they were made: its container
+# is created only after them, so a sweep that listed the engine a moment before would
+# otherwise release them under a create in progress.
+FRESH = 600.0
 
 
 class WorkspaceMounts:
@@ -111,9 +118,8 @@ class WorkspaceMounts:
     def _idmap(self, folder: Path, point: Path, uid: int, gid: int, expect: str = "") -> None:
         """Make (or keep) the idmapped mount; one process at a time per sandbox. With
         ``expect`` ("device:inode"), only of that very folder."""
-        point.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(point.parent / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _locked(point.parent) as lock:
+            os.utime(lock.fileno())  # made now: the sweep spares it for FRESH seconds
             try:
                 idmap.mount(folder, point, uid, gid, expect=expect)
             except OSError as exc:
@@ -139,21 +145,46 @@ class WorkspaceMounts:
                     expect=labels.get(ident, ""),
                 )
 
-    def release(self, name: str) -> None:
-        """Unmount what container ``name`` had (it is gone, or was never made)."""
-        for what in ("work", "workspace"):
-            point = self._point(name, what)
-            if point.parent.exists():
-                idmap.unmount(point)
+    def release(self, name: str, older_than: float = 0.0) -> bool:
+        """Unmount what container ``name`` had (it is gone, or was never made), unless
+        its mounts were made less than ``older_than`` seconds ago; whether it did."""
+        folder = self._base() / name
+        if not folder.is_dir():
+            return False
+        with _locked(folder) as lock:
+            if time.time() - os.fstat(lock.fileno()).st_mtime < older_than:
+                return False
+            for what in ("work", "workspace"):
+                idmap.unmount(folder / what)
+        return True
 
     def sweep(self, live: set[str]) -> None:
-        """Release the mounts of every container not in ``live`` (removed with `docker rm`)."""
+        """Release the mounts of every container not in ``live`` (removed with `docker
+        rm`), except those just made for a sandbox whose container is not created yet."""
         base = self._base()
         if not base.is_dir():
             return
         for folder in base.iterdir():
             if folder.is_dir() and not folder.name.startswith(".") and folder.name not in live:
-                self.release(folder.name)
+                self.release(folder.name, older_than=FRESH)
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[IO[str]]:
+    """The lock of one sandbox's mount folder, held: one process at a time mounts or
+    releases there. Its file's time says when the mounts were last made. A release
+    removes the file with the folder: whoever waited on that file tries again."""
+    while True:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(folder / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = os.stat(folder / ".lock").st_ino == os.fstat(lock.fileno()).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                yield lock
+                return
 
 
 def _unused_host_uid() -> int:
