@@ -260,7 +260,6 @@ def end_processes(backend: Backend, sandbox_id: str, procs: str) -> None:
 
 def _apply(backend: Backend, store: Store, action: Action) -> None:
     """Do one action, to the very sandbox that was judged (its engine id), or to none."""
-    backend.unwedge(action.sandbox_id)  # else the inspect below could wait on a frozen start
     current = backend.get(action.sandbox_id)
     same = not action.engine_id or current.engine_id == action.engine_id
     if action.action == "stop":

@@ -399,16 +399,12 @@ class SandboxService:
         return self.describe([self.owned(user, sandbox_id)])[0]
 
     def destroy(self, user: str | None, sandbox_id: str) -> bool:
-        # Its own processes may have frozen the engine's hold on it: free that first, or
-        # even the ownership check (an inspect) would wait on it.
-        self.backend.unwedge(check_id(sandbox_id))
         self.owned(user, sandbox_id)
         gone = self.backend.destroy(sandbox_id)
         self.store.delete(self.backend.name, sandbox_id)
         return gone
 
     def stop(self, user: str | None, sandbox_id: str) -> dict[str, Any]:
-        self.backend.unwedge(check_id(sandbox_id))  # as for destroy
         self.owned(user, sandbox_id)
         self.backend.stop(sandbox_id)
         return self.get(user, sandbox_id)

@@ -19,75 +19,74 @@ def cgroup_usage(container_id: str) -> dict[str, float] | None:
     if memory is None:
         return None
     found: dict[str, float] = {"memory": memory}
-    for path, scale in (
-        (f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage", 1e-9),
-        (f"/sys/fs/cgroup/cpu,cpuacct/docker/{container_id}/cpuacct.usage", 1e-9),
-    ):
-        try:
-            found["cpu_seconds"] = int(Path(path).read_text()) * scale
-            return found
-        except (OSError, ValueError):
-            continue
-    for base in (
-        f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope",
-        f"/sys/fs/cgroup/docker/{container_id}",
-    ):
-        try:
-            for line in Path(base, "cpu.stat").read_text().splitlines():
-                if line.startswith("usage_usec "):
-                    found["cpu_seconds"] = int(line.split()[1]) * 1e-6
-                    return found
-        except (OSError, ValueError):
-            continue
+    for folder in _cgroup_dirs(container_id, "cpuacct", "cpu,cpuacct"):
+        nanoseconds = _read_int(folder / "cpuacct.usage")  # v1
+        if nanoseconds is not None:
+            found["cpu_seconds"] = nanoseconds * 1e-9
+            break
+        microseconds = _stat_value(folder / "cpu.stat", "usage_usec")  # v2
+        if microseconds is not None:
+            found["cpu_seconds"] = microseconds * 1e-6
+            break
     return found
 
 
 def cgroup_memory(container_id: str) -> int | None:
-    """Memory use of a container from cgroup v1 or v2 files on this host, if visible."""
-    candidates = [
-        (
-            f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes",
-            "total_inactive_file",
-        ),
-        (
-            f"/sys/fs/cgroup/memory/system.slice/docker-{container_id}.scope/memory.usage_in_bytes",
-            "total_inactive_file",
-        ),
-        (
-            f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.current",
-            "inactive_file",
-        ),
-        (f"/sys/fs/cgroup/docker/{container_id}/memory.current", "inactive_file"),
-    ]
-    for usage_file, inactive_key in candidates:
-        try:
-            usage = int(Path(usage_file).read_text())
-        except (OSError, ValueError):
-            continue
-        inactive = 0
-        try:
-            for line in Path(usage_file).with_name("memory.stat").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == inactive_key:
-                    inactive = int(value)
-        except (OSError, ValueError):
-            pass
-        return max(0, usage - inactive)
+    """Memory use of a container from cgroup v1 or v2 files on this host, if visible:
+    what it uses less the file cache it could give back at once."""
+    for folder in _cgroup_dirs(container_id, "memory"):
+        for usage_file, inactive_key in (
+            ("memory.usage_in_bytes", "total_inactive_file"),  # v1
+            ("memory.current", "inactive_file"),  # v2
+        ):
+            usage = _read_int(folder / usage_file)
+            if usage is not None:
+                inactive = _stat_value(folder / "memory.stat", inactive_key) or 0
+                return max(0, usage - inactive)
     return None
 
 
 def container_pids(container_id: str) -> list[int] | None:
     """The host pids of every process of a container (cgroup v1 or v2), if visible here."""
-    for procs in (
-        f"/sys/fs/cgroup/pids/docker/{container_id}/cgroup.procs",
-        f"/sys/fs/cgroup/pids/system.slice/docker-{container_id}.scope/cgroup.procs",
-        f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/cgroup.procs",
-        f"/sys/fs/cgroup/docker/{container_id}/cgroup.procs",
-    ):
+    for folder in _cgroup_dirs(container_id, "pids"):
         try:
-            return [int(line) for line in Path(procs).read_text().split()]
+            return [int(line) for line in (folder / "cgroup.procs").read_text().split()]
         except (OSError, ValueError):
             continue
+    return None
+
+
+def _cgroup_dirs(container_id: str, *controllers: str) -> list[Path]:
+    """Where a container's cgroup may be on this host: under each cgroup v1
+    ``controllers`` folder, then the single v2 tree; each as Docker lays it out with
+    the cgroupfs driver (``docker/<id>``) and the systemd one (``docker-<id>.scope``)."""
+    root = Path("/sys/fs/cgroup")
+    found = []
+    for top in (*(root / c for c in controllers), root):
+        found += [
+            top / "docker" / container_id,
+            top / "system.slice" / f"docker-{container_id}.scope",
+        ]
+    return found
+
+
+def _read_int(path: Path) -> int | None:
+    """The number a cgroup file holds, or None if it is not there."""
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _stat_value(path: Path, key: str) -> int | None:
+    """The value of ``key`` in a cgroup ``*.stat`` file (``key value`` lines), or None."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
     return None
 
 
@@ -107,16 +106,21 @@ def end_stuck_starts(container_id: str) -> int:
     (a cell can name itself so and stop itself: then it is its own that ends). Returns
     how many were killed; 0 where the engine's processes are not visible here.
     """
-    killed = 0
-    for pid in container_pids(container_id) or []:
-        age = _stopped_start_age(pid, container_id)
-        if age is None:
-            continue
-        if age < STUCK_AFTER:  # stopped now, but maybe only for a moment: look again then
-            time.sleep(STUCK_AFTER - age)
-        if _is_stuck_start(pid, container_id) and _kill_exactly(pid, container_id):
-            killed += 1
-    return killed
+    stopped = {
+        pid: age
+        for pid in container_pids(container_id) or []
+        if (age := _stopped_start_age(pid, container_id)) is not None
+    }
+    if not stopped:
+        return 0
+    youngest = min(stopped.values())
+    if youngest < STUCK_AFTER:  # stopped now, but maybe only for a moment: look again then
+        time.sleep(STUCK_AFTER - youngest)
+    return sum(
+        1
+        for pid in stopped
+        if _is_stuck_start(pid, container_id) and _kill_exactly(pid, container_id)
+    )
 
 
 def _is_stuck_start(pid: int, container_id: str) -> bool:

@@ -107,6 +107,9 @@ EXEC_OUTPUT_LIMIT = 64 << 20  # bytes of a command's output kept by exec(); the 
 log = logging.getLogger(__name__)
 HELPER_IDLE = 60.0  # seconds the file helper may stay silent before the host gives up
 EXEC_GRACE = 5.0  # seconds the host waits past an exec's time limit before it gives up on it
+# Seconds an inspect may take before the host looks for frozen starts holding the
+# container (a healthy engine answers in milliseconds, a loaded one in a second or two).
+INSPECT_PATIENCE = 5.0
 
 
 class DockerBackend(Backend):
@@ -178,15 +181,21 @@ class DockerBackend(Backend):
         return None
 
     def _get_container(self, name: str, sandbox_id: str) -> Any:
-        """Inspect one container; if the engine did not answer, free it from starts its
-        processes froze (they hold its lock: see :meth:`unwedge`) and ask once more."""
+        """Inspect one container. Every call that acts on a sandbox (stop, destroy, a
+        process) looks it up here first, so this is where a sandbox whose processes
+        froze a start is noticed: the engine then holds the container's lock and the
+        inspect gets no answer (see :meth:`unwedge`). After INSPECT_PATIENCE seconds
+        the host frees it from such starts and asks once more, with the usual patience."""
+        api = self.client.api
         try:
             with engine_errors(f"look up {sandbox_id}"):
-                return self.client.containers.get(name)
+                url = api._url("/containers/{0}/json", name)
+                attrs = api._result(api._get(url, timeout=INSPECT_PATIENCE), True)
+                return self.client.containers.prepare_model(attrs)
         except EngineUnavailable:
             self.unwedge(sandbox_id)
-            with engine_errors(f"look up {sandbox_id}"):
-                return self.client.containers.get(name)
+        with engine_errors(f"look up {sandbox_id}"):
+            return self.client.containers.get(name)
 
     def _require(self, sandbox_id: str) -> Any:
         container = self._container(sandbox_id)
@@ -426,7 +435,6 @@ class DockerBackend(Backend):
                 )
 
     def stop(self, sandbox_id: str) -> SandboxInfo:
-        self.unwedge(sandbox_id)
         container = self._require(sandbox_id)
         with engine_errors("stop", sandbox_id):
             container.stop(timeout=5)
@@ -472,7 +480,6 @@ class DockerBackend(Backend):
         return True
 
     def destroy(self, sandbox_id: str) -> bool:
-        self.unwedge(sandbox_id)
         container = self._container(sandbox_id)
         if container is None:
             return False
@@ -599,27 +606,22 @@ class DockerBackend(Backend):
             deadline = time.monotonic() + timeout + EXEC_GRACE
         channel = self.open_channel(sandbox_id, cmd, cwd=cwd, env=env, merge_stderr=True)
         out = bytearray()
-        overdue = False
         try:
             # stdin is not used: closing our half tells the process so.
             channel.close_input()
-            while True:
+            while deadline is None or time.monotonic() < deadline:
                 if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        overdue = True
-                        break
-                    channel.set_timeout(left)
-                chunk = channel.read()
+                    channel.set_timeout(max(0.01, deadline - time.monotonic()))
+                chunk = channel.read()  # b"" at the end of output, or at the deadline
                 if not chunk:
                     break
                 if len(out) < EXEC_OUTPUT_LIMIT:
                     out += chunk[: EXEC_OUTPUT_LIMIT - len(out)]
         finally:
             channel.close()
+        # Within the last half second the read gave up at the deadline: the runner in the
+        # sandbox would have ended the command EXEC_GRACE seconds before.
         if deadline is not None and time.monotonic() >= deadline - 0.5:
-            overdue = True  # the read gave up at the deadline, not at the end of output
-        if overdue:
             self.unwedge(sandbox_id)  # a start that never began holds the engine's lock
             out += f"timed out after {timeout} s (the sandbox did not end it)\n".encode()
             return ExecResult(124, bytes(out))
