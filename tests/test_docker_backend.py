@@ -577,3 +577,48 @@ def test_sweeps_never_release_the_mounts_of_a_sandbox_being_made(
     os.utime(point.parent / ".lock", (old, old))
     backend.sweep()
     assert not idmap.is_mountpoint(point) and not point.parent.exists()
+
+
+def test_a_mount_made_while_another_is_released_stays(
+    make_config: Callable[..., SandboxConfig], test_user: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Race: one process releases a sandbox's mounts (slowed down here) while another
+    makes them for the same name anew. The new mount must be there afterwards, made
+    once the release is over; and a mount left from a workspace folder that was made
+    anew since is replaced, never shown instead of the folder at that path."""
+    import threading
+
+    from sandbox_kernel.backends import idmap
+    from sandbox_kernel.backends.docker_mounts import WorkspaceMounts
+
+    service = SandboxService(make_config())
+    backend = service.backend
+    assert isinstance(backend, DockerBackend)
+    mounts: WorkspaceMounts = backend._mounts
+    if mounts.ownership(engine().images.get(service.config.image))[2] != "idmap":
+        pytest.skip("idmapped mounts need a root server and a kernel that has them")
+    key = ScopeKey(test_user)
+    name = engine_name(backend._installation, key.name)
+    workspace, point = mounts.workspace(key, name, 1000, 1000, "idmap")
+    slow_unmount = idmap.unmount
+
+    def unmount(target: Path) -> None:
+        time.sleep(0.3)
+        slow_unmount(target)
+
+    monkeypatch.setattr(idmap, "unmount", unmount)
+    releasing = threading.Thread(target=mounts.release, args=(name,))
+    releasing.start()
+    time.sleep(0.1)  # the release holds the lock now
+    _, again = mounts.workspace(key, name, 1000, 1000, "idmap")
+    releasing.join()
+    monkeypatch.setattr(idmap, "unmount", slow_unmount)
+    assert again == point and idmap.is_mountpoint(point)
+    assert idmap.identity(point) == idmap.identity(workspace)
+    # The workspace folder made anew (destroyed and recreated by hand): the old mount goes.
+    workspace.rename(workspace.with_name(workspace.name + "-old"))
+    workspace.mkdir()
+    mounts.workspace(key, name, 1000, 1000, "idmap")
+    assert idmap.identity(point) == idmap.identity(workspace)
+    mounts.release(name)
+    assert not point.parent.exists()

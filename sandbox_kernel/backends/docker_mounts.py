@@ -156,6 +156,13 @@ class WorkspaceMounts:
                 return False
             for what in ("work", "workspace"):
                 idmap.unmount(folder / what)
+            # The lock file last, while held: whoever waits on it then finds it gone and
+            # starts over (see _locked), never mounting into a folder being removed.
+            for leftover in (folder / ".lock", folder, folder.parent):
+                try:
+                    leftover.unlink() if leftover.name == ".lock" else leftover.rmdir()
+                except OSError:
+                    pass
         return True
 
     def sweep(self, live: set[str]) -> None:
@@ -176,7 +183,11 @@ def _locked(folder: Path) -> Iterator[IO[str]]:
     removes the file with the folder: whoever waited on that file tries again."""
     while True:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(folder / ".lock", "a") as lock:
+        try:
+            opened = open(folder / ".lock", "a")
+        except FileNotFoundError:
+            continue  # a release removed the folder in between
+        with opened as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 current = os.stat(folder / ".lock").st_ino == os.fstat(lock.fileno()).st_ino

@@ -134,10 +134,13 @@ def mount(
     another sandbox whose folder holds this path may have put a link there meanwhile.
     The check is on the opened tree itself, so nothing can change between check and mount.
 
-    Idempotent: an existing mount at ``target`` is kept. Raises :class:`IdmapError`.
+    Idempotent: an existing mount of ``source`` at ``target`` is kept; a mount of
+    another folder there is replaced. Raises :class:`IdmapError`.
     """
     if is_mountpoint(target):
-        return
+        if _same_folder(target, source):
+            return
+        unmount(target)  # of another folder: the one at that path was made anew meanwhile
     target.mkdir(parents=True, exist_ok=True)
     libc = _libc()
     ns_fd = _userns_fd(inside_uid, inside_gid, host_uid, host_gid)
@@ -186,6 +189,15 @@ def mount(
             os.close(tree_fd)
 
 
+def _same_folder(mounted: Path, source: Path) -> bool:
+    """Whether the mount at ``mounted`` shows the folder at ``source`` (not a link)."""
+    try:
+        there, here = os.stat(mounted), os.lstat(source)
+    except OSError:
+        return False
+    return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
+
+
 def identity(path: Path) -> str:
     """ "device:inode" of the folder at ``path`` (an idmapped mount keeps its source's)."""
     st = os.stat(path)
@@ -218,12 +230,10 @@ def unmount(target: Path) -> None:
             break
         if libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
             break
-    # The mount point, its lock file and the folders above it that are left empty.
-    for leftover in (target, target.parent / ".lock", target.parent, target.parent.parent):
-        try:
-            leftover.unlink() if leftover.name == ".lock" else leftover.rmdir()
-        except OSError:
-            pass
+    try:
+        target.rmdir()
+    except OSError:
+        pass
 
 
 @lru_cache(maxsize=8)
