@@ -546,6 +546,12 @@ def main() -> None:
     if sys.argv[1:2] == ["install"]:
         sys.exit("use `sandbox-kernel install` to install the kernelspec")
     _log_to_stderr()
+    if not getattr(sys.flags, "safe_path", False):
+        log.warning(
+            "Python %s puts the notebook's folder first on this kernel's import path, and "
+            "code in the sandbox can write there: run the kernel with Python 3.11 or newer",
+            platform.python_version(),
+        )
     # Cells run in the sandbox: what this host process prints, warns or logs is never a
     # cell's output. ipykernel would turn its stdout/stderr (and fds 1/2) into streams of
     # whichever cell runs; they stay the process's real ones instead, so they reach the

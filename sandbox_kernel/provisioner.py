@@ -83,6 +83,11 @@ class SandboxProvisioner(LocalProvisioner):
             km.ip = os.path.join(self._socket_folder, "k")
             km.cache_ports = False  # the port cache binds TCP sockets on km.ip
         kwargs = await super().pre_launch(**kwargs)
+        # The kernel starts in the notebook's folder, which code in the sandbox can write
+        # (a host work folder): `python -m` would put that folder first on the kernel's
+        # import path, and a `json.py` a cell left there would run on the host. Python
+        # 3.11+ leaves it out with this (see kernel.main for older ones).
+        kwargs["env"]["PYTHONSAFEPATH"] = "1"
         if os.environ.get(OWNER_FROM_ENV) == "request":
             self._pin_owner(kwargs["env"])
         return kwargs

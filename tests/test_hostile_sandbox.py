@@ -802,7 +802,7 @@ def test_planted_python3_and_site_code_never_run_the_hosts_programs(kernels: Ker
     helper (outside and inside the workspace), the folder walk, the process reaper,
     `sandbox-kernel exec` with a time limit, an agent's shell command, a terminal, and a
     full reaper round. None may run the planted python3, and only the kernels'
-    interpreters (the user's own, started with ``-u``) may read the user's site code.
+    interpreters (the user's own, started with ``-s -u``) may read the user's site code.
     The user keeps their PATH: cells, commands and terminals see ``~/.local/bin`` first."""
     from sandbox_kernel.agent_sessions import AgentSessions
     from sandbox_kernel.files import RemoteWorkspace
@@ -851,7 +851,9 @@ def test_planted_python3_and_site_code_never_run_the_hosts_programs(kernels: Ker
     )
     assert logs["/workspace/planted-python3.log"] == "", f"the planted python3 ran: {logs}"
     readers = set(logs["/workspace/planted-site.log"].split())
-    assert readers <= {"-u"}, f"a program of the host read the user's site code: {readers}"
+    # Only the kernels' interpreters (`python3 -s -u`) read it: their agent adds the user's
+    # site once hardened and restricted (tests/test_work_folders.py checks that order).
+    assert readers <= {"-s"}, f"a program of the host read the user's site code: {readers}"
 
 
 # -- 4 and 5: output that would swamp the notebook ---------------------------------------

@@ -195,6 +195,78 @@ def test_host_folder_is_hostile_ground(kenv: KernelEnv, tmp_path: Path) -> None:
     assert not (folder / "x").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
 
 
+def test_code_left_for_the_next_kernel_runs_only_restricted(
+    kenv: KernelEnv, tmp_path: Path
+) -> None:
+    """Attack: a cell leaves code for the next kernel's interpreter to run at its start,
+    before the agent restricts it: a ``.pth`` file in the user's site-packages and a
+    ``ctypes.py`` in the notebook's folder (the start program imports ctypes), each
+    planting a link in the host folder. The next kernels (cold, and from the warm spare)
+    must run the .pth only once restricted (its link refused) and never the module; the
+    user's site-packages and the notebook's folder still import, in ipykernel's order."""
+    checkout = make_checkout(tmp_path / "planted")
+    folder = checkout / "notebooks"
+    link_attempt = (
+        "import os\n"
+        "try:\n"
+        "    os.symlink('/etc/passwd', {link!r}); said = 'made'\n"
+        "except OSError:\n"
+        "    said = 'refused'\n"
+        "open({log!r}, 'a').write(said + '\\n')\n"
+    )
+    pth_code = link_attempt.format(link=str(folder / "pth-link"), log="/tmp/pth-said")
+    cwd_code = link_attempt.format(link=str(folder / "cwd-link"), log="/tmp/cwd-said")
+    plant = nbformat.v4.new_notebook()
+    plant.cells = [
+        nbformat.v4.new_code_cell(
+            "import os, site\n"
+            "user_site = site.getusersitepackages()\n"
+            "os.makedirs(user_site, exist_ok=True)\n"
+            f"open(os.path.join(user_site, 'planted.py'), 'w').write({pth_code!r})\n"
+            "open(os.path.join(user_site, 'zz-planted.pth'), 'w').write('import planted\\n')\n"
+            "open(os.path.join(user_site, 'usermod.py'), 'w').write('WHERE = \"user site\"\\n')\n"
+            f"open('ctypes.py', 'w').write({cwd_code!r} + 'raise ImportError(\"planted\")\\n')\n"
+            "open('localmod.py', 'w').write('WHERE = \"notebook folder\"\\n')\n"
+        )
+    ]
+    check = nbformat.v4.new_notebook()
+    check.cells = [
+        nbformat.v4.new_code_cell(
+            "import json, site, sys, usermod, localmod\n"
+            "system = [i for i, p in enumerate(sys.path) if p in site.getsitepackages()]\n"
+            "print(json.dumps([sys.path[0], usermod.WHERE, localmod.WHERE,\n"
+            "    sys.path.index(site.getusersitepackages()) < min(system)]))\n"
+        )
+    ]
+    for name, nb in (("plant.ipynb", plant), ("check.ipynb", check)):
+        nb.metadata["kernelspec"] = {
+            "name": "sandbox",
+            "display_name": "sandbox",
+            "language": "python",
+        }
+        nbformat.write(nb, folder / name)
+    run = ("-m", "jupyter", "execute", "--inplace", "--kernel_name=sandbox")
+    run_tool(kenv, folder, sys.executable, *run, "plant.ipynb")
+    for _ in range(3):  # a cold start, then the warm spare the previous kernel left
+        run_tool(kenv, folder, sys.executable, *run, "--allow-errors", "check.ipynb")
+        (shown,) = outputs(folder / "check.ipynb")[0]
+        assert json.loads(shown.get("text", "null")) == [
+            "",
+            "user site",
+            "notebook folder",
+            True,
+        ], shown
+    assert not os.path.lexists(folder / "pth-link") and not os.path.lexists(folder / "cwd-link")
+    (info,) = service_for(kenv).list(kenv.user)
+    logs = service_for(kenv).exec(
+        service_for(kenv).backend.get(info["id"]),
+        ["sh", "-c", "cat /tmp/pth-said; echo --; cat /tmp/cwd-said 2>/dev/null; true"],
+    )
+    pth, _, cwd = logs.output.decode().partition("--")
+    assert pth.split() and set(pth.split()) == {"refused"}, logs.output  # ran, restricted
+    assert cwd.split() == [], logs.output  # never imported
+
+
 def test_one_user_two_folders(kenv: KernelEnv, tmp_path: Path) -> None:
     """Two checkouts of one user: two sandboxes (each with its folder), one workspace."""
     one = make_checkout(tmp_path / "one") / "notebooks"

@@ -21,6 +21,12 @@ def agent_source() -> bytes:
     return (Path(__file__).parent / "agent.py").read_bytes()
 
 
+# The first lines of every program of ours: non-dumpable at once, so that other processes
+# of the sandbox (same uid, no capabilities) can neither ptrace it nor write its
+# /proc/<pid>/mem to run their code in it (the kernel's interpreter does so in boot.py).
+_HARDEN = "try:\n    import ctypes\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\nexcept Exception:\n    pass\n"
+
+
 def program(source: str, *args: str) -> list[str]:
     """How the host runs a program of ours in the sandbox (``python3 -c SOURCE ARGS``).
 
@@ -29,8 +35,9 @@ def program(source: str, *args: str) -> list[str]:
     the interpreter read neither (nor ``PYTHON*`` variables). ``python3`` itself is
     found through the sandbox's own PATH, which the backends keep free of folders a
     cell can write (:func:`as_user` gives the user's commands their own PATH back).
+    It makes itself non-dumpable first (:data:`_HARDEN`).
     """
-    return ["python3", "-I", "-c", source, *args]
+    return ["python3", "-I", "-c", _HARDEN + source, *args]
 
 
 def as_user(command: list[str], folders: list[str]) -> list[str]:
@@ -79,7 +86,8 @@ def bootstrap_command(
     and recorded: the agent hands the channel to it only if the listener at that path
     is that very process, else it starts cold.
     """
-    # Not -I: the kernel's interpreter is the user's, with their site-packages and the
-    # notebook's folder on sys.path as ipykernel has them (the agent hardens itself first).
-    cmd = [python, "-u", "-c", boot_source(), str(len(agent_source()))]
+    # Not -I: the kernel's interpreter is the user's, with their PYTHON* variables. Their
+    # site-packages and the notebook's folder come on sys.path as ipykernel has them, but
+    # only once the agent has hardened and restricted itself (see boot.py).
+    cmd = [python, "-s", "-u", "-c", boot_source(), str(len(agent_source()))]
     return [*cmd, spare[0], str(spare[1]), spare[2]] if spare else cmd

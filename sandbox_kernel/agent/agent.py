@@ -926,22 +926,32 @@ def make_shell(agent):
 
 
 def enable_user_site():
-    """Make `pip install` (a user install for a non-root sandbox) importable at once.
+    """Put the user's site-packages on sys.path where Python would, before the system's,
+    and run its ``.pth`` files; made first, so that a package the first ``%pip
+    install`` of a fresh sandbox puts there is importable without a restart.
 
-    Python adds the user site folder to sys.path only if it exists at start-up; a
-    package installed by the first %pip of a fresh sandbox would need a restart.
+    The interpreter starts without it (``-s``): a cell can write there, and code of a
+    ``.pth`` file runs at start-up, before this process is made non-dumpable and
+    restricted. Here it runs after, as a cell would.
     """
     import site
 
-    if not site.ENABLE_USER_SITE:
-        return
+    if os.getuid() != os.geteuid():
+        return  # what Python itself does for a set-uid interpreter
     try:
         path = site.getusersitepackages()
         os.makedirs(path, exist_ok=True)
     except OSError:
         return
-    if path not in sys.path:
-        site.addsitedir(path)
+    if path in sys.path:
+        return
+    before = list(sys.path)
+    site.addsitedir(path)
+    added = [p for p in sys.path if p not in before]
+    system = set(site.getsitepackages())
+    at = next((i for i, p in enumerate(before) if p in system), len(before))
+    sys.path[:] = before[:at] + added + before[at:]
+    site.ENABLE_USER_SITE = True
 
 
 SPARE_TTL = 600.0  # seconds a spare waits for a kernel before it ends (its memory is freed)
@@ -1577,6 +1587,9 @@ def main():
         agent.namespace["display"] = display
         agent.namespace["clear_output"] = clear_output
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The working folder first, as ipykernel has it (cells import the notebook's modules);
+    # the start left it out (see boot.py).
+    sys.path.insert(0, "")
     agent.serve()
 
 
