@@ -21,14 +21,16 @@ run outside any request, so they see every terminal.
 from __future__ import annotations
 
 import contextvars
-import sys
 from typing import Any
 
 from jupyter_server.base.call_context import CallContext
 from tornado import web
 
-#: What a terminal runs: the shell command of the server's own Python.
-SHELL_COMMAND = [sys.executable, "-m", "sandbox_kernel.cli", "shell"]
+from sandbox_kernel.host_python import python_command
+
+#: What a terminal runs: the shell command of the server's own Python (started in the
+#: terminal's folder, which a sandbox may write: see host_python).
+SHELL_COMMAND = python_command("from sandbox_kernel.cli import main\nsys.exit(main())", "shell")
 TERMINALS_EXTENSION = "jupyter_server_terminals"
 
 

@@ -274,3 +274,27 @@ def test_the_users_path_is_theirs_and_the_hosts_programs_find_nothing_of_theirs(
             check=True,
         ).stdout
         assert out.strip() == expected
+
+
+def test_host_programs_never_import_from_their_working_folder(tmp_path: Path) -> None:
+    """The host's own Python helpers start in folders a sandbox can write (a checkout,
+    a notebook's folder): modules left there (a ctypes.py, a sandbox_kernel package)
+    must never be imported by them."""
+    import subprocess
+
+    from jupyter_ext.terminals import SHELL_COMMAND
+    from sandbox_kernel.host_python import python_command
+
+    (tmp_path / "ctypes.py").write_text("raise SystemExit('planted ctypes ran')\n")
+    (tmp_path / "sandbox_kernel").mkdir()
+    (tmp_path / "sandbox_kernel" / "__init__.py").write_text("raise SystemExit('planted')\n")
+    done = subprocess.run(
+        python_command(
+            "import ctypes, sandbox_kernel; print(ctypes.__file__, sandbox_kernel.__file__)"
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and str(tmp_path) not in done.stdout, done
+    assert SHELL_COMMAND[:2] == python_command("")[:2] and "del sys.path[0]" in SHELL_COMMAND[2]

@@ -405,3 +405,36 @@ def test_readme_quick_start_shows_the_counter(kenv: KernelEnv, tmp_path: Path) -
             "uid 1000" in line and "sandbox " in line for line in lines
         ), lines
     assert len({line.split("sandbox ")[1] for line in lines}) == 1  # the same sandbox both times
+
+
+def test_cli_in_a_checkout_never_runs_what_a_cell_left_there(
+    kenv: KernelEnv, tmp_path: Path
+) -> None:
+    """`sandbox-kernel exec` in a checkout makes the checkout's sandbox, which (on a root
+    server) starts a helper process in that folder: a ctypes.py a cell wrote there must
+    not run on the host."""
+    checkout = make_checkout(tmp_path / "cli")
+    folder = checkout / "notebooks"
+    marker = tmp_path / "planted-ran"
+    (folder / "ctypes.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    cfg = kenv.config()
+    env = {
+        **kenv.environ(),
+        "SANDBOX_KERNEL_BACKEND": "docker",
+        "SANDBOX_KERNEL_IMAGE": cfg.image,
+        "SANDBOX_KERNEL_WORKSPACE_ROOT": cfg.workspace_root,
+        "SANDBOX_KERNEL_STATE_DIR": cfg.state_dir,
+        "SANDBOX_KERNEL_USER": kenv.user,
+        "SANDBOX_KERNEL_WORK_ROOT": "auto",
+    }
+    cli = Path(sys.executable).parent / "sandbox-kernel"
+    done = subprocess.run(
+        [str(cli), "exec", "--", "python3", "-c", "print('inside')"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "inside", done.stderr[-2000:]
+    assert not marker.exists()

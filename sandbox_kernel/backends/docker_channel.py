@@ -12,6 +12,7 @@ import time
 from collections import deque
 from typing import Any
 
+from ..host_python import python_command
 from .base import Channel, Pty, SandboxError
 
 
@@ -179,14 +180,12 @@ class DockerPty(Pty):
             self.session = int(head[len(PTY_PID_PREFIX) :])
             self._pending = rest
             self._watcher = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
+                python_command(
                     "from sandbox_kernel.backends.docker_channel import hang_up_when_gone as h; h()",
                     self.exec_id,
                     self.container_id,
                     str(self.session),
-                ],
+                ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

@@ -25,6 +25,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from ..host_python import python_command
+
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
 _SYS_MOUNT_SETATTR = 442
@@ -69,7 +71,7 @@ def _userns_fd(inside_uid: int, inside_gid: int, host_uid: int, host_gid: int) -
     ``inside_uid`` through an idmapped mount (and files made as ``inside_uid`` land as
     ``host_uid``); the same for gids."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER],
+        python_command(_HOLDER),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
