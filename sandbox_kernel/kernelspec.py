@@ -26,6 +26,8 @@ def kernelspec(
             "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME},
         },
     }
-    if env:
-        spec["env"] = env
+    # The kernel starts in the notebook's folder, which a sandbox can write: Python 3.11+
+    # then leaves that folder off its import path (the provisioner sets it too, for
+    # kernelspecs written before; this is for launchers that skip provisioners).
+    spec["env"] = {"PYTHONSAFEPATH": "1", **(env or {})}
     return spec

@@ -580,7 +580,10 @@ def test_sweeps_never_release_the_mounts_of_a_sandbox_being_made(
 
 
 def test_a_mount_made_while_another_is_released_stays(
-    make_config: Callable[..., SandboxConfig], test_user: str, monkeypatch: pytest.MonkeyPatch
+    make_config: Callable[..., SandboxConfig],
+    test_user: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     """Race: one process releases a sandbox's mounts (slowed down here) while another
     makes them for the same name anew. The new mount must be there afterwards, made
@@ -622,3 +625,10 @@ def test_a_mount_made_while_another_is_released_stays(
     assert idmap.identity(point) == idmap.identity(workspace)
     mounts.release(name)
     assert not point.parent.exists()
+    # A link where a folder should be is never presented (its target would be).
+    link = workspace.with_name(workspace.name + "-link")
+    link.symlink_to(workspace)
+    elsewhere = tmp_path / "point"
+    with pytest.raises(idmap.IdmapError, match="is a link, not a folder"):
+        idmap.mount(link, elsewhere, 1000, 1000)
+    assert not idmap.is_mountpoint(elsewhere)

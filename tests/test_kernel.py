@@ -521,6 +521,7 @@ def test_install_kernelspec_variant(tmp_path: Path) -> None:
     assert spec["argv"][1:3] == ["-m", "sandbox_kernel"]
     # Another image: the variant's sandboxes are its own (a flavor alone would resize).
     assert spec["env"] == {
+        "PYTHONSAFEPATH": "1",  # the notebook's folder stays off the kernel's import path
         "SANDBOX_KERNEL_FLAVOR": "large",
         "SANDBOX_KERNEL_SCOPE": "thread",
         "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,

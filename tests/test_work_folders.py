@@ -227,16 +227,33 @@ def test_code_left_for_the_next_kernel_runs_only_restricted(
             "open(os.path.join(user_site, 'usermod.py'), 'w').write('WHERE = \"user site\"\\n')\n"
             f"open('ctypes.py', 'w').write({cwd_code!r} + 'raise ImportError(\"planted\")\\n')\n"
             "open('localmod.py', 'w').write('WHERE = \"notebook folder\"\\n')\n"
-        )
+        ),
+        nbformat.v4.new_code_cell("import time; time.sleep(5)  # a warm spare comes meanwhile"),
     ]
     check = nbformat.v4.new_notebook()
     check.cells = [
         nbformat.v4.new_code_cell(
+            "import time\n"
+            "time.sleep(5)  # the kernel leaves a warm spare for the next run meanwhile\n"
             "import json, site, sys, usermod, localmod\n"
             "system = [i for i, p in enumerate(sys.path) if p in site.getsitepackages()]\n"
             "print(json.dumps([sys.path[0], usermod.WHERE, localmod.WHERE,\n"
             "    sys.path.index(site.getusersitepackages()) < min(system)]))\n"
-        )
+        ),
+        # The agent's own output thread made to run a cell's code: a warm spare started
+        # it long before it was restricted, once.
+        nbformat.v4.new_code_cell(
+            "import os, sys, time\n"
+            "def attack():\n"
+            "    try:\n"
+            f"        os.symlink('/etc/passwd', {str(folder / 'flusher-link')!r}); said = 'made'\n"
+            "    except OSError:\n"
+            "        said = 'refused'\n"
+            "    open('/tmp/flusher-said', 'a').write(said + '\\n')\n"
+            "sys.stdout.output.flush = attack\n"
+            "sys.stdout.output.wake.set()\n"
+            "time.sleep(1)\n"
+        ),
     ]
     for name, nb in (("plant.ipynb", plant), ("check.ipynb", check)):
         nb.metadata["kernelspec"] = {
@@ -247,7 +264,7 @@ def test_code_left_for_the_next_kernel_runs_only_restricted(
         nbformat.write(nb, folder / name)
     run = ("-m", "jupyter", "execute", "--inplace", "--kernel_name=sandbox")
     run_tool(kenv, folder, sys.executable, *run, "plant.ipynb")
-    for _ in range(3):  # a cold start, then the warm spare the previous kernel left
+    for _ in range(3):  # each takes the warm spare the previous kernel left
         run_tool(kenv, folder, sys.executable, *run, "--allow-errors", "check.ipynb")
         (shown,) = outputs(folder / "check.ipynb")[0]
         assert json.loads(shown.get("text", "null")) == [
@@ -256,13 +273,19 @@ def test_code_left_for_the_next_kernel_runs_only_restricted(
             "notebook folder",
             True,
         ], shown
-    assert not os.path.lexists(folder / "pth-link") and not os.path.lexists(folder / "cwd-link")
+    for link in ("pth-link", "cwd-link", "flusher-link"):
+        assert not os.path.lexists(folder / link), link
     (info,) = service_for(kenv).list(kenv.user)
     logs = service_for(kenv).exec(
         service_for(kenv).backend.get(info["id"]),
-        ["sh", "-c", "cat /tmp/pth-said; echo --; cat /tmp/cwd-said 2>/dev/null; true"],
+        [
+            "sh",
+            "-c",
+            "cat /tmp/pth-said; echo --; cat /tmp/cwd-said 2>/dev/null; echo --; cat /tmp/flusher-said",
+        ],
     )
-    pth, _, cwd = logs.output.decode().partition("--")
+    pth, cwd, flusher = logs.output.decode().split("--")
+    assert len(flusher.split()) >= 3 and set(flusher.split()) == {"refused"}, logs.output
     assert pth.split() and set(pth.split()) == {"refused"}, logs.output  # ran, restricted
     assert cwd.split() == [], logs.output  # never imported
 

@@ -123,6 +123,11 @@ class Output:
         self.wake = threading.Event()
         self.captured = {}  # pipe read end -> CapturedFd, for fds 1 and 2
         self.poller = select.poll()
+
+    def start(self):
+        """Start the flusher thread: only once the process is restricted (main), since
+        Landlock binds the thread that asks and the threads it starts after, not threads
+        already running (a warm spare builds its Output long before)."""
         threading.Thread(target=self._flusher, daemon=True).start()
 
     def drain(self):
@@ -1025,6 +1030,11 @@ def restrict_special_files(folders):
     folders = [os.path.realpath(f) for f in folders if f]
     if not folders:
         return False
+    if threading.active_count() != 1:  # one would stay free of the restriction
+        sys.stderr.write(
+            "sandbox agent: a thread started before the restriction; refusing to run\n"
+        )
+        os._exit(70)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     if libc.syscall(LANDLOCK_CREATE_RULESET, None, 0, 1) < 1:  # the ABI version
@@ -1568,6 +1578,7 @@ def main():
         agent = Agent(wire)
     else:
         agent.wire = agent.output.wire = wire
+    agent.output.start()
     capture_fd(1, "stdout", agent.output)
     capture_fd(2, "stderr", agent.output)
     sys.stdout = Stream(agent.output, "stdout")

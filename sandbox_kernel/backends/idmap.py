@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 import struct
 import subprocess
 import sys
@@ -33,6 +34,7 @@ _SYS_MOUNT_SETATTR = 442
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
 _AT_RECURSIVE = 0x8000
+_AT_SYMLINK_NOFOLLOW = 0x100
 _OPEN_TREE_CLONE = 1
 _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
@@ -154,18 +156,19 @@ def mount(
                 _SYS_OPEN_TREE,
                 _AT_FDCWD,
                 os.fsencode(source),
-                _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC,
+                _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_SYMLINK_NOFOLLOW,
             ),
             f"open_tree({source})",
         )
-        if expect:
-            st = os.fstat(tree_fd)
-            if f"{st.st_dev}:{st.st_ino}" != expect:
-                raise IdmapError(
-                    errno.EPERM,
-                    f"{source} is no longer the folder this sandbox was made with (replaced, or "
-                    "a link): destroy the sandbox (your files stay) and open the notebook again",
-                )
+        st = os.fstat(tree_fd)
+        if expect and f"{st.st_dev}:{st.st_ino}" != expect:
+            raise IdmapError(
+                errno.EPERM,
+                f"{source} is no longer the folder this sandbox was made with (replaced, or "
+                "a link): destroy the sandbox (your files stay) and open the notebook again",
+            )
+        if not stat.S_ISDIR(st.st_mode):
+            raise IdmapError(errno.ELOOP, f"{source} is a link, not a folder: not presented")
         attr = struct.pack(
             "QQQQ", _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, ns_fd
         )
