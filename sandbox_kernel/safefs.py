@@ -528,6 +528,11 @@ class AtomicWrite:
                 raise BadRequest(
                     f"{shorten(self.shown)!r} is a folder; uploads only replace regular files"
                 ) from None
+            except FileNotFoundError:  # the folder is held open: only the temporary can be gone
+                raise Conflict(
+                    f"the upload to {shorten(self.shown)!r} was interfered with (its temporary file was "
+                    "removed from inside the sandbox); nothing was written, try again"
+                ) from None
             except OSError as exc:
                 raise _refusal(exc, self.shown) from None
             if not self._still_ours(self.name):
