@@ -161,7 +161,9 @@ def mount(
             f"open_tree({source})",
         )
         st = os.fstat(tree_fd)
-        if expect and f"{st.st_dev}:{st.st_ino}" != expect:
+        # A link made where the folder was may get the folder's freed inode number: the
+        # type counts as much as the identity.
+        if expect and (f"{st.st_dev}:{st.st_ino}" != expect or not stat.S_ISDIR(st.st_mode)):
             raise IdmapError(
                 errno.EPERM,
                 f"{source} is no longer the folder this sandbox was made with (replaced, or "
