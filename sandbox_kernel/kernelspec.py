@@ -10,6 +10,10 @@ DISPLAY_NAME = "Python 3 (sandbox)"
 #: :class:`sandbox_kernel.provisioner.SandboxProvisioner`.
 PROVISIONER_NAME = "sandbox-kernel-provisioner"
 
+#: What every kernel's environment carries: it starts in the notebook's folder, which a
+#: sandbox can write, and Python 3.11+ then leaves that folder off its import path.
+SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
+
 
 def kernelspec(
     display_name: str, env: dict[str, str] | None, python: str = "python"
@@ -26,8 +30,7 @@ def kernelspec(
             "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME},
         },
     }
-    # The kernel starts in the notebook's folder, which a sandbox can write: Python 3.11+
-    # then leaves that folder off its import path (the provisioner sets it too, for
-    # kernelspecs written before; this is for launchers that skip provisioners).
-    spec["env"] = {"PYTHONSAFEPATH": "1", **(env or {})}
+    # The provisioner sets it too, for kernelspecs written before; this is for launchers
+    # that skip provisioners.
+    spec["env"] = {**SAFE_PATH_ENV, **(env or {})}
     return spec

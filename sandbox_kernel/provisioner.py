@@ -34,6 +34,7 @@ from jupyter_core.paths import jupyter_runtime_dir
 from traitlets import Unicode
 
 from .identity import OWNER_FROM_ENV
+from .kernelspec import SAFE_PATH_ENV
 
 #: The longest ``{folder}/k-{n}`` a Unix socket address can hold (108 bytes on Linux,
 #: less on macOS), with room for the socket number.
@@ -83,11 +84,10 @@ class SandboxProvisioner(LocalProvisioner):
             km.ip = os.path.join(self._socket_folder, "k")
             km.cache_ports = False  # the port cache binds TCP sockets on km.ip
         kwargs = await super().pre_launch(**kwargs)
-        # The kernel starts in the notebook's folder, which code in the sandbox can write
-        # (a host work folder): `python -m` would put that folder first on the kernel's
-        # import path, and a `json.py` a cell left there would run on the host. Python
-        # 3.11+ leaves it out with this (see kernel.main for older ones).
-        kwargs["env"]["PYTHONSAFEPATH"] = "1"
+        # `python -m` in the notebook's folder, which code in the sandbox can write, would
+        # put that folder first on the kernel's import path: a `json.py` a cell left there
+        # would run on the host (see kernelspec.SAFE_PATH_ENV; kernel.main for Python 3.10).
+        kwargs["env"].update(SAFE_PATH_ENV)
         if os.environ.get(OWNER_FROM_ENV) == "request":
             self._pin_owner(kwargs["env"])
         return kwargs

@@ -518,10 +518,7 @@ class AtomicWrite:
             if self._owner is not None:
                 os.fchown(self._fd, *self._owner)
             if not self._still_ours(self._tmp):
-                raise Conflict(
-                    f"the upload to {shorten(self.shown)!r} was interfered with (its temporary file was "
-                    "replaced from inside the sandbox); nothing was written, try again"
-                )
+                raise self._interfered("replaced")
             try:
                 os.rename(self._tmp, self.name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
             except IsADirectoryError:
@@ -529,10 +526,7 @@ class AtomicWrite:
                     f"{shorten(self.shown)!r} is a folder; uploads only replace regular files"
                 ) from None
             except FileNotFoundError:  # the folder is held open: only the temporary can be gone
-                raise Conflict(
-                    f"the upload to {shorten(self.shown)!r} was interfered with (its temporary file was "
-                    "removed from inside the sandbox); nothing was written, try again"
-                ) from None
+                raise self._interfered("removed") from None
             except OSError as exc:
                 raise _refusal(exc, self.shown) from None
             if not self._still_ours(self.name):
@@ -544,6 +538,12 @@ class AtomicWrite:
             return self.size
         finally:
             self._finish()
+
+    def _interfered(self, how: str) -> Conflict:
+        return Conflict(
+            f"the upload to {shorten(self.shown)!r} was interfered with (its temporary file was "
+            f"{how} from inside the sandbox); nothing was written, try again"
+        )
 
     def abort(self) -> None:
         """Drop the upload: remove the temporary if it is still ours."""

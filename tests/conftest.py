@@ -91,19 +91,11 @@ def _release_idmapped_mounts(tmp_path: Path) -> Iterator[None]:
     removes containers itself (or a crashed one) must not leave mounts on the host."""
     yield
     from sandbox_kernel.backends import idmap
+    from sandbox_kernel.backends.docker_mounts import remove_mount_folder
 
     for _source, target in idmap.mounts_of(tmp_path):
         idmap.unmount(Path(target))
-        _remove_mount_folder(Path(target).parent)
-
-
-def _remove_mount_folder(folder: Path) -> None:
-    """A sandbox's mount folder (its lock file, then itself), once its mounts are gone."""
-    for leftover in (folder / ".lock", folder):
-        try:
-            leftover.unlink() if leftover.name == ".lock" else leftover.rmdir()
-        except OSError:
-            pass
+        remove_mount_folder(Path(target).parent)
 
 
 @pytest.fixture
@@ -147,6 +139,7 @@ def remove_user_containers(user_id_prefix: str, client: object = None) -> None:
     import docker
 
     from sandbox_kernel.backends import idmap
+    from sandbox_kernel.backends.docker_mounts import remove_mount_folder
 
     client = client or docker.from_env()
     for container in client.containers.list(
@@ -157,7 +150,7 @@ def remove_user_containers(user_id_prefix: str, client: object = None) -> None:
             mount = container.labels.get("sandbox-kernel.workspace-mount")
             if mount:  # removed behind the backend's back: its idmapped mount too
                 idmap.unmount(Path(mount))
-                _remove_mount_folder(Path(mount).parent)
+                remove_mount_folder(Path(mount).parent)
 
 
 def sandbox_container(sandbox_id: str, client: object = None) -> object:

@@ -321,12 +321,7 @@ class DockerBackend(Backend):
         name = engine_name(self._installation, sandbox_id)
         uid, gid, how = self._mounts.ownership(image)
         workspace, source = self._mounts.workspace(key, name, uid, gid, how)
-        image_env = dict(
-            item.split("=", 1)
-            for item in (image.attrs.get("Config", {}).get("Env") or [])
-            if "=" in item
-        )
-        path = sandbox_path(image_env.get("PATH", DEFAULT_PATH))
+        path = sandbox_path(_env_of(image.attrs).get("PATH", DEFAULT_PATH))
         mounts = [Mount(WORKSPACE, str(source), type="bind", read_only=False)]
         work_mounts, work_point = self._mounts.work_folder(name, spec, uid, gid, how)
         mounts += work_mounts
@@ -779,10 +774,13 @@ def sandbox_path(path: str) -> str:
 def exec_env(attrs: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a process the host starts in a container (``attrs``: its
     inspect): the container's PATH made safe (:func:`sandbox_path`), then ``env``."""
-    own = dict(
-        item.split("=", 1) for item in ((attrs.get("Config") or {}).get("Env") or []) if "=" in item
-    )
-    return {"PATH": sandbox_path(own.get("PATH", DEFAULT_PATH)), **(env or {})}
+    return {"PATH": sandbox_path(_env_of(attrs).get("PATH", DEFAULT_PATH)), **(env or {})}
+
+
+def _env_of(attrs: dict[str, Any]) -> dict[str, str]:
+    """The environment an image's or a container's inspect (``attrs``) declares."""
+    items = (attrs.get("Config") or {}).get("Env") or []
+    return dict(item.split("=", 1) for item in items if "=" in item)
 
 
 @cache

@@ -158,11 +158,7 @@ class WorkspaceMounts:
                 idmap.unmount(folder / what)
             # The lock file last, while held: whoever waits on it then finds it gone and
             # starts over (see _locked), never mounting into a folder being removed.
-            for leftover in (folder / ".lock", folder, folder.parent):
-                try:
-                    leftover.unlink() if leftover.name == ".lock" else leftover.rmdir()
-                except OSError:
-                    pass
+            remove_mount_folder(folder)
         return True
 
     def sweep(self, live: set[str]) -> None:
@@ -174,6 +170,16 @@ class WorkspaceMounts:
         for folder in base.iterdir():
             if folder.is_dir() and not folder.name.startswith(".") and folder.name not in live:
                 self.release(folder.name, older_than=FRESH)
+
+
+def remove_mount_folder(folder: Path) -> None:
+    """A sandbox's mount folder, its mounts gone: its lock file, itself, and the
+    installation's folder above it when that is left empty."""
+    for leftover in (folder / ".lock", folder, folder.parent):
+        try:
+            leftover.unlink() if leftover.name == ".lock" else leftover.rmdir()
+        except OSError:
+            pass
 
 
 @contextmanager

@@ -163,14 +163,14 @@ def mount(
         st = os.fstat(tree_fd)
         # A link made where the folder was may get the folder's freed inode number: the
         # type counts as much as the identity.
-        if expect and (f"{st.st_dev}:{st.st_ino}" != expect or not stat.S_ISDIR(st.st_mode)):
+        if not stat.S_ISDIR(st.st_mode) or (expect and f"{st.st_dev}:{st.st_ino}" != expect):
+            if not expect:
+                raise IdmapError(errno.ELOOP, f"{source} is a link, not a folder: not presented")
             raise IdmapError(
                 errno.EPERM,
                 f"{source} is no longer the folder this sandbox was made with (replaced, or "
                 "a link): destroy the sandbox (your files stay) and open the notebook again",
             )
-        if not stat.S_ISDIR(st.st_mode):
-            raise IdmapError(errno.ELOOP, f"{source} is a link, not a folder: not presented")
         attr = struct.pack(
             "QQQQ", _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, ns_fd
         )
