@@ -33,6 +33,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ipykernel import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
 
 from . import __version__
@@ -127,9 +128,17 @@ class SandboxKernel(Kernel):
 
     @property
     def kernel_info(self) -> dict[str, Any]:
-        info = super().kernel_info
-        info["supported_features"] = []  # no debugger, no subshells
-        return info
+        # Not KernelBase's: it imports ipykernel's debugger (and debugpy, 50 ms of the
+        # first reply's path) only to list a feature this kernel lacks.
+        return {
+            "protocol_version": kernel_protocol_version,
+            "implementation": self.implementation,
+            "implementation_version": self.implementation_version,
+            "language_info": self.language_info,
+            "banner": self.banner,
+            "help_links": self.help_links,
+            "supported_features": [],  # no debugger, no subshells
+        }
 
     async def kernel_info_request(self, stream: Any, ident: Any, parent: Any) -> None:
         task = self._start_connect()

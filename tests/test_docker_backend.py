@@ -269,10 +269,22 @@ def test_files_round_trip_streamed(
     assert (Path(info.workspace) / "deep/er/blob.bin").stat().st_size == len(payload)
 
 
+@pytest.fixture(params=["wire", "sdk"])
+def via(request: pytest.FixtureRequest, backend: DockerBackend) -> str:
+    """Processes started over the engine's socket directly (a local engine), or through
+    the SDK (an engine reached over TCP or SSH): both paths, the same behaviour."""
+    if request.param == "sdk":
+        backend._wire = None
+    return str(request.param)
+
+
 def test_exec_exit_code_output_and_timeout(
-    backend: DockerBackend, service: SandboxService, test_user: str
+    backend: DockerBackend, service: SandboxService, test_user: str, via: str
 ) -> None:
     info = service.ensure(ScopeKey(test_user)).info
+    # Output written at once may share a packet with the attach's answer: never lost.
+    for _ in range(20):
+        assert backend.exec(info.id, ["echo", "first"]).output == b"first\n"
     result = backend.exec(
         info.id,
         ["python3", "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(7)"],
@@ -284,7 +296,7 @@ def test_exec_exit_code_output_and_timeout(
 
 
 def test_channel_round_trip_and_process_ends_on_close(
-    backend: DockerBackend, service: SandboxService, test_user: str
+    backend: DockerBackend, service: SandboxService, test_user: str, via: str
 ) -> None:
     info = service.ensure(ScopeKey(test_user)).info
     channel = backend.open_channel(
@@ -334,6 +346,8 @@ def test_unreachable_engine_says_what_to_do(
     assert not health.ok and "cannot reach the Docker engine" in health.message
     with pytest.raises(EngineUnavailable, match="SANDBOX_KERNEL_BACKEND=local"):
         backend.list()
+    with pytest.raises(EngineUnavailable, match="SANDBOX_KERNEL_BACKEND=local"):
+        backend.find("sk-anything")  # a kernel's lookup, without the SDK
 
 
 def test_list_only_shows_ours(

@@ -38,6 +38,8 @@ from sandbox_kernel.backends.base import (
     engine_name,
 )
 from sandbox_kernel.backends.docker import DockerBackend
+from sandbox_kernel.backends.docker_errors import engine_errors
+from sandbox_kernel.backends.docker_wire import EngineWire
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.service import SandboxService
@@ -275,6 +277,15 @@ def test_engine_that_stops_answering(backend: DockerBackend, tmp_path: Path) -> 
         with pytest.raises(EngineUnavailable) as err:
             backend.list()
         assert "did not answer in time when we tried to list sandboxes" in one_line(err.value)
+        # A kernel's start speaks to the socket without the SDK: the same words.
+        backend._wire = EngineWire(str(path))
+        for call in (
+            lambda wire: wire.inspect_container("sk-anything", 1),
+            lambda wire: wire.exec_start("0" * 64, False, 1),
+        ):
+            with pytest.raises(EngineUnavailable) as err, engine_errors("look up", "sk-anything"):
+                call(backend._wire)
+            assert "did not answer in time when we tried to look up sk-anything" in str(err.value)
     path.unlink()
     with pytest.raises(EngineUnavailable) as err:
         backend.stop("sk-anything")

@@ -97,6 +97,57 @@ class TestConformance(ConformanceSuite):
         assert info["supported_features"] == []
 
 
+START_PATH = """
+import json, sys
+from sandbox_kernel.config import load_config
+from sandbox_kernel.identity import scope_key
+from sandbox_kernel.kernel import SandboxKernel
+from sandbox_kernel.session import SandboxSession
+
+cfg = load_config()
+session = SandboxSession(cfg, scope_key(cfg, "k1"), "k1")
+agent = session.open()
+kernel = SandboxKernel.__new__(SandboxKernel)
+kernel._python_version = agent.ready["python_version"]
+info = kernel.kernel_info
+agent.close()
+heavy = ("docker", "requests", "urllib3", "debugpy", "ipykernel.debugger")
+print(json.dumps({
+    "loaded": [name for name in heavy if name in sys.modules],
+    "version": info["language_info"]["version"],
+    "features": info["supported_features"],
+}))
+"""
+
+
+def test_a_start_where_the_sandbox_runs_loads_neither_the_sdk_nor_a_debugger(
+    tmp_path: Path,
+) -> None:
+    """The kernel's start in a running sandbox (look it up, start the interpreter) goes
+    straight to the engine's socket, and its kernel_info never loads ipykernel's
+    debugger: the docker SDK (requests) and debugpy cost about 110 ms of CPU in the
+    process that is answering Jupyter's first request."""
+    kenv = make_kernel_env(tmp_path)
+    spec = json.loads((Path(kenv.jupyter_path) / "kernels" / "sandbox" / "kernel.json").read_text())
+    env = {**os.environ, **spec["env"]}
+
+    def start() -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-c", START_PATH], env=env, capture_output=True, text=True, timeout=180
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return dict(json.loads(done.stdout.splitlines()[-1]))
+
+    try:
+        made = start()  # no sandbox yet: creating one is the SDK's work
+        assert "docker" in made["loaded"] and "requests" in made["loaded"]
+        again = start()
+        assert again["loaded"] == []
+        assert again["version"].startswith("3.11") and again["features"] == []
+    finally:
+        remove_user_containers(kenv.user)
+
+
 def test_first_cell_stores_nothing_of_the_sandbox(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

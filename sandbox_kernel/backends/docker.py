@@ -38,9 +38,6 @@ from importlib.resources import files
 from pathlib import Path
 from typing import IO, Any
 
-import docker
-from docker.types import Mount
-
 from ..agent import SPARE_SOCKET, agent_source, bootstrap_command, program
 from ..identity import ScopeKey
 from . import idmap
@@ -88,12 +85,14 @@ from .docker_info import (
     LABEL_WORK_MOUNT,
     LABEL_WORK_MOUNT_ID,
     STATES,
+    Inspected,
     container_info,
     summary_info,
 )
 from .docker_mounts import DEFAULT_UID, WorkspaceMounts
 from .docker_security import NETWORK, seccomp_profile, shared_network
 from .docker_snapshots import DockerSnapshots
+from .docker_wire import EngineWire
 
 HOME = "/home/sandbox"
 # The container's PID 1 (under docker-init) only waits; python3 is the one thing every
@@ -110,6 +109,7 @@ EXEC_GRACE = 5.0  # seconds the host waits past an exec's time limit before it g
 # Seconds an inspect may take before the host looks for frozen starts holding the
 # container (a healthy engine answers in milliseconds, a loaded one in a second or two).
 INSPECT_PATIENCE = 5.0
+ENGINE_TIMEOUT = 60  # seconds any other engine call may take
 
 
 class DockerBackend(Backend):
@@ -128,14 +128,19 @@ class DockerBackend(Backend):
         self._proc_visible: bool | None = None
         self._mounts = WorkspaceMounts(settings)
         self._snapshots = DockerSnapshots(settings.installation, lambda: self.client)
+        # A kernel's start (look up, start a process, attach) goes straight to a local
+        # engine's socket, without the SDK (see docker_wire); None: the SDK does all.
+        self._wire = EngineWire.from_env()
 
     # -- engine --------------------------------------------------------------
     @property
     def client(self) -> Any:
         """The SDK client, made (and the engine pinged) on first use."""
         if self._client is None:
+            import docker  # only here: a kernel's start never needs it (see docker_wire)
+
             try:
-                client = docker.from_env(timeout=60)
+                client = docker.from_env(timeout=ENGINE_TIMEOUT)
                 client.ping()
             except Exception as exc:  # whatever stops us connecting, the advice is the same
                 raise EngineUnavailable(unreachable(exc)) from None
@@ -169,33 +174,43 @@ class DockerBackend(Backend):
             and labels.get(LABEL_INSTALLATION) == self._installation
         )
 
-    def _container(self, sandbox_id: str) -> Any:
-        """Our container by sandbox id (or engine id), or None; others' are never ours."""
+    def _lookup(self, sandbox_id: str) -> Inspected | None:
+        """Our container by sandbox id (or engine id), as one inspect sees it, or None;
+        others' are never ours."""
         for candidate in (engine_name(self._installation, sandbox_id), sandbox_id):
             try:
-                container = self._get_container(candidate, sandbox_id)
+                found = Inspected(self._inspect_attrs(candidate, sandbox_id))
             except SandboxNotFound:
                 continue
-            if self._ours(container.labels):
-                return container
+            if self._ours(found.labels):
+                return found
         return None
 
-    def _get_container(self, name: str, sandbox_id: str) -> Any:
+    def _container(self, sandbox_id: str) -> Any:
+        """Our container as the SDK's model, to act on it (stop, start, remove), or None."""
+        found = self._lookup(sandbox_id)
+        return None if found is None else self.client.containers.prepare_model(found.attrs)
+
+    def _inspect_attrs(self, name: str, sandbox_id: str) -> dict[str, Any]:
         """Inspect one container. Every call that acts on a sandbox (stop, destroy, a
         process) looks it up here first, so this is where a sandbox whose processes
         froze a start is noticed: the engine then holds the container's lock and the
         inspect gets no answer (see :meth:`unwedge`). After INSPECT_PATIENCE seconds
         the host frees it from such starts and asks once more, with the usual patience."""
-        api = self.client.api
         try:
             with engine_errors(f"look up {sandbox_id}"):
-                url = api._url("/containers/{0}/json", name)
-                attrs = api._result(api._get(url, timeout=INSPECT_PATIENCE), True)
-                return self.client.containers.prepare_model(attrs)
+                return self._get_attrs(name, INSPECT_PATIENCE)
         except EngineUnavailable:
             self.unwedge(sandbox_id)
         with engine_errors(f"look up {sandbox_id}"):
-            return self.client.containers.get(name)
+            return self._get_attrs(name, ENGINE_TIMEOUT)
+
+    def _get_attrs(self, name: str, timeout: float) -> dict[str, Any]:
+        if self._wire is not None:
+            return self._wire.inspect_container(name, timeout)
+        api = self.client.api
+        url = api._url("/containers/{0}/json", name)
+        return dict(api._result(api._get(url, timeout=timeout), True))
 
     def _require(self, sandbox_id: str) -> Any:
         container = self._container(sandbox_id)
@@ -213,7 +228,7 @@ class DockerBackend(Backend):
         return container
 
     def find(self, sandbox_id: str) -> SandboxInfo | None:
-        container = self._container(sandbox_id)
+        container = self._lookup(sandbox_id)
         return None if container is None else container_info(self._installation, container)
 
     def list(self, user: str | None = None) -> list[SandboxInfo]:
@@ -318,6 +333,8 @@ class DockerBackend(Backend):
         self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], image: Any
     ) -> dict[str, Any]:
         """Everything ``containers.create`` is given: the hardening lives here."""
+        from docker.types import Mount
+
         name = engine_name(self._installation, sandbox_id)
         uid, gid, how = self._mounts.ownership(image)
         workspace, source = self._mounts.workspace(key, name, uid, gid, how)
@@ -503,8 +520,10 @@ class DockerBackend(Backend):
                 log.warning("%s: ended process starts it had frozen", summary.get("Names"))
 
     # -- processes -------------------------------------------------------------
-    def _running(self, sandbox_id: str) -> Any:
-        container = self._require(sandbox_id)
+    def _running(self, sandbox_id: str) -> Inspected:
+        container = self._lookup(sandbox_id)
+        if container is None:
+            raise not_found(sandbox_id)
         if container.status != "running":
             sid = self._id(container)
             raise SandboxError(
@@ -523,25 +542,32 @@ class DockerBackend(Backend):
         merge_stderr: bool = False,
     ) -> DockerChannel:
         container = self._running(sandbox_id)
-        api = self.client.api
+        config = {
+            "User": "",
+            "Privileged": False,
+            "Tty": False,
+            "AttachStdin": True,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Cmd": cmd,
+            "Env": [f"{k}={v}" for k, v in exec_env(container.attrs, env).items()],
+            "WorkingDir": cwd,
+        }
         with engine_errors("run a process in", self._id(container)):
-            exec_id = api.exec_create(
-                container.id,
-                cmd,
-                stdin=True,
-                stdout=True,
-                stderr=True,
-                tty=False,
-                workdir=cwd,
-                environment=exec_env(container.attrs, env),
-            )["Id"]
-            sock = api.exec_start(exec_id, socket=True, demux=False)
-        raw = getattr(sock, "_sock", sock)
+            if self._wire is not None:
+                exec_id = self._wire.exec_create(container.id, config, ENGINE_TIMEOUT)
+                raw = keep_alive = self._wire.exec_start(exec_id, False, ENGINE_TIMEOUT)
+            else:
+                api = self.client.api
+                url = api._url("/containers/{0}/exec", container.id)
+                exec_id = api._result(api._post_json(url, data=config), True)["Id"]
+                keep_alive = api.exec_start(exec_id, socket=True, demux=False)
+                raw = getattr(keep_alive, "_sock", keep_alive)
         raw.settimeout(None)
-        channel = DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=api)
+        channel = DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=self._execs)
         # The SDK's wrapper holds the HTTP response; once that is garbage-collected it
         # closes the connection under us (an EOF mid-session, at a random moment).
-        channel.keep_alive = sock
+        channel.keep_alive = keep_alive
         return channel
 
     def open_pty(
@@ -629,7 +655,12 @@ class DockerBackend(Backend):
     def _exec_state(self, sandbox_id: str, exec_id: str) -> dict[str, Any]:
         """What the engine knows of one ``docker exec`` (exit code, host pid)."""
         with engine_errors("read the state of a process in", sandbox_id):
-            return self.client.api.exec_inspect(exec_id)
+            return dict(self._execs.exec_inspect(exec_id))
+
+    @property
+    def _execs(self) -> Any:
+        """What reads a process's state: the wire when the engine is local, else the SDK."""
+        return self._wire if self._wire is not None else self.client.api
 
     # -- warm spares -------------------------------------------------------------------
     def start_spare(self, sandbox_id: str) -> Spare | None:

@@ -2,7 +2,8 @@
 
 The docker SDK raises its own classes (``docker.errors.APIError`` with the engine's
 HTTP status, ``requests`` errors for a socket that does not answer, a few plain
-``DockerException``). Above the backends nobody knows them: the REST API would answer
+``DockerException``); :mod:`.docker_wire`, which makes a kernel's start calls without
+the SDK, raises two of its own with the same meaning. Above the backends nobody knows them: the REST API would answer
 500 with a traceback in the log, the CLI and the kernel would print a traceback. So
 every SDK call in the Docker backend runs inside :func:`engine_errors`, and
 :func:`translate` decides, in one table, what each means for the user:
@@ -30,11 +31,10 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import docker.errors
-import requests
+from typing import Any
 
 from ..errors import (
     BadRequest,
@@ -45,6 +45,7 @@ from ..errors import (
     shorten,
 )
 from .base import ExecResult
+from .docker_wire import EngineRefused, EngineSilent
 
 REASON_LIMIT = 300  # characters of Docker's explanation kept in a message
 
@@ -55,7 +56,8 @@ _LONG_ID = re.compile(r"\b([0-9a-f]{12})[0-9a-f]{52}\b")
 def engine_errors(
     what: str, sandbox_id: str = "", refused: type[SandboxError] | None = None
 ) -> Iterator[None]:
-    """Run docker SDK calls, raising our error for whatever the engine says.
+    """Run engine calls (the SDK's or the wire's), raising our error for whatever the
+    engine says.
 
     ``what`` is the action as a verb phrase, and when ``sandbox_id`` is given it takes
     the sandbox as its object ("stop" + "sk-alice"), so that one phrase serves both
@@ -66,44 +68,66 @@ def engine_errors(
     """
     try:
         yield
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        raise translate(exc, what, sandbox_id, refused) from None
+    except Exception as exc:
+        error = translate(exc, what, sandbox_id, refused)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _sdk_errors() -> tuple[Any, Any] | None:
+    """The SDK's error modules when it is loaded; when it is not, none of its errors
+    can be in flight (and a kernel that never needed it does not load it for this)."""
+    if "docker.errors" not in sys.modules or "requests" not in sys.modules:
+        return None
+    import docker.errors
+    import requests
+
+    return docker.errors, requests.exceptions
 
 
 def translate(
     exc: Exception, what: str, sandbox_id: str = "", refused: type[SandboxError] | None = None
-) -> SandboxError:
-    """Our error for ``exc``, raised by the docker SDK while we tried to ``what``."""
+) -> SandboxError | None:
+    """Our error for ``exc``, raised by the engine's client while we tried to ``what``;
+    None when ``exc`` is no engine error at all."""
     target = f"{what} {sandbox_id}" if sandbox_id else what
-    if isinstance(exc, docker.errors.APIError):
-        return _refusal(exc, what, target, sandbox_id, refused)
-    if isinstance(
-        exc,
-        docker.errors.NullResource
-        | docker.errors.InvalidArgument
-        | docker.errors.InvalidRepository,
-    ):
+    if isinstance(exc, EngineRefused):
+        return _refusal(exc.status_code, exc.explanation, what, target, sandbox_id, refused)
+    if isinstance(exc, EngineSilent):
+        return _too_slow(target) if exc.timed_out else EngineUnavailable(unreachable(exc))
+    sdk = _sdk_errors()
+    if sdk is None:
+        return None
+    errors, http = sdk
+    if isinstance(exc, errors.APIError):
+        return _refusal(exc.status_code or 0, explanation(exc), what, target, sandbox_id, refused)
+    if isinstance(exc, errors.NullResource | errors.InvalidArgument | errors.InvalidRepository):
         return BadRequest(f"cannot {target}: {one_line(str(exc))}")
-    if isinstance(exc, requests.exceptions.Timeout) and not isinstance(
-        exc, requests.exceptions.ConnectionError
-    ):
-        return EngineUnavailable(
-            f"the Docker engine did not answer in time when we tried to {target}; it may be "
-            "overloaded: try again in a moment"
-        )
-    return EngineUnavailable(unreachable(exc))
+    if isinstance(exc, http.Timeout) and not isinstance(exc, http.ConnectionError):
+        return _too_slow(target)
+    if isinstance(exc, errors.DockerException | http.RequestException):
+        return EngineUnavailable(unreachable(exc))
+    return None
+
+
+def _too_slow(target: str) -> EngineUnavailable:
+    return EngineUnavailable(
+        f"the Docker engine did not answer in time when we tried to {target}; it may be "
+        "overloaded: try again in a moment"
+    )
 
 
 def _refusal(
-    exc: docker.errors.APIError,
+    status: int,
+    reason: str,
     what: str,
     target: str,
     sandbox_id: str,
     refused: type[SandboxError] | None,
 ) -> SandboxError:
-    """What an engine's HTTP error status means for the user."""
-    status = exc.status_code or 0
-    reason = explanation(exc)
+    """What an engine's HTTP error status means for the user (``reason``: its words)."""
+    reason = one_line(reason)
     if status == 404 and sandbox_id:
         return SandboxNotFound(
             f"sandbox {sandbox_id} was removed while we tried to {what} it; "
@@ -126,7 +150,7 @@ def engine_reason(error: BaseException) -> str:
     """Docker's own words behind an error :func:`engine_errors` raised, for a caller that
     phrases its own message (the engine's exception stays the error's ``__context__``)."""
     cause = error.__context__
-    if isinstance(cause, docker.errors.DockerException | requests.exceptions.RequestException):
+    if isinstance(cause, Exception) and translate(cause, "") is not None:
         return explanation(cause)
     return one_line(str(error))
 

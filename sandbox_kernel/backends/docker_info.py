@@ -60,6 +60,32 @@ STATES = {
 }
 
 
+class Inspected:
+    """A container as one inspect saw it: the part of the SDK's model that reads
+    (``attrs``, ``id``, ``name``, ``labels``, ``status``), without the SDK behind it,
+    so looking a sandbox up and starting a process in it never loads the SDK."""
+
+    def __init__(self, attrs: dict[str, Any]) -> None:
+        self.attrs = attrs
+
+    @property
+    def id(self) -> str:
+        return str(self.attrs.get("Id", ""))
+
+    @property
+    def name(self) -> str:
+        return str(self.attrs.get("Name", "")).lstrip("/")
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict((self.attrs.get("Config") or {}).get("Labels") or {})
+
+    @property
+    def status(self) -> str:
+        state = self.attrs.get("State")
+        return str(state.get("Status", "") if isinstance(state, dict) else state or "")
+
+
 def container_info(installation: str, container: Any) -> SandboxInfo:
     """Everything about one container, from a full inspect (``container.attrs``)."""
     attrs = container.attrs

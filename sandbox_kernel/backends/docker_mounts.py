@@ -22,9 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
-
-from docker.types import Mount
+from typing import IO, TYPE_CHECKING, Any
 
 from ..identity import ScopeKey
 from ..safefs import make_folder
@@ -38,6 +36,9 @@ from .docker_info import (
     LABEL_WORK_MOUNT,
     LABEL_WORK_MOUNT_ID,
 )
+
+if TYPE_CHECKING:
+    from docker.types import Mount
 
 DEFAULT_UID = 1000
 # Seconds a sandbox's mounts are spared by the sweep after they were made: its container
@@ -97,6 +98,8 @@ class WorkspaceMounts:
         self, name: str, spec: Spec, uid: int, gid: int, how: str
     ) -> tuple[list[Mount], str]:
         """The work folder at its own path, and its masks; (mounts, idmapped point or "")."""
+        from docker.types import Mount  # creating a sandbox: the SDK is loaded anyway
+
         if not spec.work_folder:
             return [], ""
         source, point = spec.work_folder, ""
