@@ -27,20 +27,17 @@ import concurrent.futures
 import logging
 import os
 import platform
-import re
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from ipykernel import kernel_protocol_version
 from ipykernel.kernelbase import Kernel
 
-from . import __version__
+from . import __version__, early_start
 from .backends import SandboxError
-from .config import ConfigError, load_config
 from .connection import OVERFLOW, AgentConnection, AgentGone
-from .identity import notebook_metadata, scope_key
+from .early_start import kernel_id_of
 from .session import SandboxSession, one_line
 
 log = logging.getLogger("sandbox_kernel")
@@ -67,26 +64,12 @@ class SandboxKernel(Kernel):
         self._tasks: set[asyncio.Future[Any]] = set()  # the loop keeps only weak references
         self._next_count = 1  # what the interpreter in the sandbox numbers the next stored cell
         self._first_cell = True
-        self._setup_error = ""
-        self.sandbox: SandboxSession | None = None
-        try:
-            cfg = load_config(**notebook_choices())
-            kernel_id = self._kernel_id()
-            self.sandbox = SandboxSession(
-                cfg, scope_key(cfg, kernel_id), kernel_id or f"pid{os.getpid()}"
-            )
-        except (ConfigError, SandboxError) as exc:
-            self._setup_error = str(exc)
-        # Start reaching the sandbox now, while the rest of the kernel starts: starting an
-        # interpreter in it takes about as long as starting this process.
-        self._early: concurrent.futures.Future[AgentConnection] | None = concurrent.futures.Future()
-        threading.Thread(target=self._connect_early, args=(self._early,), daemon=True).start()
-
-    def _connect_early(self, future: concurrent.futures.Future[AgentConnection]) -> None:
-        try:
-            future.set_result(self._open_agent())
-        except BaseException as exc:
-            future.set_exception(exc)
+        # The sandbox has been sought since this process began (see early_start), while
+        # the kernel imported and started: its first reply waits for less.
+        early = early_start.take(kernel_id_of(getattr(self.parent, "connection_file", "") or ""))
+        self.sandbox: SandboxSession | None = early.session
+        self._setup_error = early.error
+        self._early: concurrent.futures.Future[AgentConnection] | None = early.agent
 
     def _open_agent(self) -> AgentConnection:
         """Find or create the sandbox, start an interpreter in it (worker thread)."""
@@ -150,11 +133,6 @@ class SandboxKernel(Kernel):
         await super().kernel_info_request(stream, ident, parent)
 
     # -- connecting to the sandbox ----------------------------------------------------
-    def _kernel_id(self) -> str | None:
-        connection_file = getattr(self.parent, "connection_file", "") or ""
-        match = re.search(r"kernel-(.+)\.json$", os.path.basename(connection_file))
-        return match.group(1) if match else None
-
     def _start_connect(self) -> asyncio.Task[None] | None:
         if self._agent is not None and self._agent.alive:
             return None
@@ -499,17 +477,6 @@ class SandboxKernel(Kernel):
         self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
 
-def notebook_choices() -> dict[str, Any]:
-    """flavor / snapshot from the notebook's ``metadata.sandbox``, unless the environment
-    (a kernelspec variant, an admin) already fixes them: the environment wins."""
-    meta = notebook_metadata(os.environ.get("JPY_SESSION_NAME"))
-    return {
-        name: meta[name]
-        for name in ("flavor", "snapshot")
-        if isinstance(meta.get(name), str) and not os.environ.get(f"SANDBOX_KERNEL_{name.upper()}")
-    }
-
-
 _DICT_FIELDS = ("data", "metadata", "transient")
 
 
@@ -554,7 +521,7 @@ def main() -> None:
 
     if sys.argv[1:2] == ["install"]:
         sys.exit("use `sandbox-kernel install` to install the kernelspec")
-    _log_to_stderr()
+    early_start.log_to_stderr()
     if not getattr(sys.flags, "safe_path", False):
         log.warning(
             "Python %s puts the notebook's folder first on this kernel's import path, and "
@@ -568,14 +535,3 @@ def main() -> None:
     IPKernelApp.launch_instance(
         kernel_class=SandboxKernel, outstream_class=None, capture_fd_output=False
     )
-
-
-def _log_to_stderr() -> None:
-    """The ``sandbox_kernel`` logger (progress, settings ignored, lifecycle actions) at
-    INFO on stderr, which `jupyter execute`, papermill and nbmake pass through to the
-    job's log and a Jupyter server to its own log."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[SandboxKernel] %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False

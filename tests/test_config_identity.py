@@ -287,3 +287,52 @@ def test_a_misspelt_variable_is_named_with_its_likely_meaning(
 )
 def test_sizes_read_the_same_everywhere(size: int, text: str) -> None:
     assert format_size(size) == text
+
+
+# -- the kernel's early start: which kernel a command line launches -----------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["-f", "/run/jupyter/kernel-1a2b.json"], "/run/jupyter/kernel-1a2b.json"),
+        (["-f=/x/kernel-9.json"], "/x/kernel-9.json"),
+        (["--debug", "--f=/x/kernel-9.json"], "/x/kernel-9.json"),
+        (["install"], None),
+        (["-f"], None),  # no file after the flag: no kernel to start for
+    ],
+)
+def test_the_connection_file_is_read_from_the_command_line(
+    argv: list[str], expected: str | None
+) -> None:
+    from sandbox_kernel.early_start import connection_file_of
+
+    assert connection_file_of(argv) == expected
+
+
+def test_the_kernel_id_is_the_one_jupyter_named_the_file_after() -> None:
+    from sandbox_kernel.early_start import kernel_id_of
+
+    assert kernel_id_of("/r/kernel-5f3c-11.json") == "5f3c-11"
+    assert kernel_id_of("/tmp/tmpab12.json") is None  # a launcher's own name: no id
+
+
+def test_a_start_begun_for_another_kernel_is_ended_not_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the kernel reads another id than the command line gave (a launcher this
+    reading misses), what was begun is ended and its records go, never reused under
+    the wrong kernel id."""
+    from sandbox_kernel import early_start
+
+    monkeypatch.setenv("SANDBOX_KERNEL_BACKEND", "nonesuch")  # a setup error: no sandbox sought
+    monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(tmp_path))
+    begun = early_start.EarlyStart("kernel-a")
+    ended: list[str] = []
+    monkeypatch.setattr(begun, "abandon", lambda: ended.append("a"))
+    monkeypatch.setattr(early_start, "_pending", [begun])
+    taken = early_start.take("kernel-b")
+    assert ended == ["a"] and taken is not begun and taken.kernel_id == "kernel-b"
+    assert "nonesuch" in taken.error and early_start._pending == []
+    with pytest.raises(Exception, match="nonesuch"):
+        taken.agent.result(timeout=10)
