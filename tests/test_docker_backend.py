@@ -189,9 +189,14 @@ def test_ten_processes_get_one_container(
     assert found[0].status == "running"
 
 
-def test_hardening_is_applied(make_config: Callable[..., SandboxConfig], test_user: str) -> None:
+@pytest.mark.parametrize("transport", ["wire", "sdk"])
+def test_hardening_is_applied(
+    make_config: Callable[..., SandboxConfig], test_user: str, transport: str
+) -> None:
     service = SandboxService(make_config(flavor="medium", pids_limit=100, network=False))
     backend = service.backend
+    if transport == "sdk":  # an engine reached over TCP: the SDK carries the create
+        backend._wire = None  # type: ignore[attr-defined]
     info = service.ensure(ScopeKey(test_user)).info
     attrs = engine().containers.get(info.engine_id).attrs
     host = attrs["HostConfig"]

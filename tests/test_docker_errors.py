@@ -274,10 +274,11 @@ def test_engine_that_stops_answering(backend: DockerBackend, tmp_path: Path) -> 
         listener.listen()
         # The backend's own client waits 60 s per call; this one gives up after 1.
         backend._client = docker.DockerClient(base_url=f"unix://{path}", version=version, timeout=1)
+        backend._wire = None  # as for an engine reached over TCP: the SDK carries every call
         with pytest.raises(EngineUnavailable) as err:
             backend.list()
         assert "did not answer in time when we tried to list sandboxes" in one_line(err.value)
-        # A kernel's start speaks to the socket without the SDK: the same words.
+        # A local engine's socket, spoken to without the SDK: the same words.
         backend._wire = EngineWire(str(path))
         for call in (
             lambda wire: wire.inspect_container("sk-anything", 1),

@@ -98,12 +98,15 @@ class TestConformance(ConformanceSuite):
 
 
 START_PATH = """
-import json, sys
+import io, json, logging, sys
 from sandbox_kernel.config import load_config
 from sandbox_kernel.identity import scope_key
 from sandbox_kernel.kernel import SandboxKernel
 from sandbox_kernel.session import SandboxSession
 
+log = io.StringIO()
+logging.getLogger("sandbox_kernel").addHandler(logging.StreamHandler(log))
+logging.getLogger("sandbox_kernel").setLevel(logging.INFO)
 cfg = load_config()
 session = SandboxSession(cfg, scope_key(cfg, "k1"), "k1")
 agent = session.open()
@@ -114,22 +117,21 @@ agent.close()
 heavy = ("docker", "requests", "urllib3", "debugpy", "ipykernel.debugger")
 print(json.dumps({
     "loaded": [name for name in heavy if name in sys.modules],
+    "log": log.getvalue(),
     "version": info["language_info"]["version"],
     "features": info["supported_features"],
 }))
 """
 
 
-def test_a_start_where_the_sandbox_runs_loads_neither_the_sdk_nor_a_debugger(
-    tmp_path: Path,
-) -> None:
-    """The kernel's start in a running sandbox (look it up, start the interpreter) goes
-    straight to the engine's socket, and its kernel_info never loads ipykernel's
-    debugger: the docker SDK (requests) and debugpy cost about 110 ms of CPU in the
-    process that is answering Jupyter's first request."""
+def test_a_kernels_start_loads_neither_the_sdk_nor_a_debugger(tmp_path: Path) -> None:
+    """The kernel's start (make or find the sandbox, start the interpreter) speaks to
+    the engine's socket itself, and its kernel_info never loads ipykernel's debugger:
+    the docker SDK (requests) and debugpy cost about 110 ms of CPU in the process that
+    is answering Jupyter's first request."""
     kenv = make_kernel_env(tmp_path)
     spec = json.loads((Path(kenv.jupyter_path) / "kernels" / "sandbox" / "kernel.json").read_text())
-    env = {**os.environ, **spec["env"]}
+    env = {**os.environ, **spec["env"], "SANDBOX_KERNEL_MAX_SANDBOXES": "50"}  # a quota: a listing
 
     def start() -> dict[str, Any]:
         done = subprocess.run(
@@ -139,11 +141,14 @@ def test_a_start_where_the_sandbox_runs_loads_neither_the_sdk_nor_a_debugger(
         return dict(json.loads(done.stdout.splitlines()[-1]))
 
     try:
-        made = start()  # no sandbox yet: creating one is the SDK's work
-        assert "docker" in made["loaded"] and "requests" in made["loaded"]
-        again = start()
-        assert again["loaded"] == []
-        assert again["version"].startswith("3.11") and again["features"] == []
+        made = start()  # no sandbox yet: it is made
+        assert "creating sandbox" in made["log"]
+        again = start()  # it runs: found
+        sandbox_container(f"sk-{kenv.user}").stop(timeout=1)  # type: ignore[attr-defined]
+        restarted = start()  # it had stopped: started again
+        for run in (made, again, restarted):
+            assert run["loaded"] == [], run
+            assert run["version"].startswith("3.11") and run["features"] == []
     finally:
         remove_user_containers(kenv.user)
 

@@ -89,10 +89,10 @@ from .docker_info import (
     container_info,
     summary_info,
 )
-from .docker_mounts import DEFAULT_UID, WorkspaceMounts
+from .docker_mounts import DEFAULT_UID, WorkspaceMounts, bind_mount
 from .docker_security import NETWORK, seccomp_profile, shared_network
 from .docker_snapshots import DockerSnapshots
-from .docker_wire import EngineWire
+from .docker_wire import ENGINE_TIMEOUT, EngineCalls, EngineWire, SdkCalls
 
 HOME = "/home/sandbox"
 # The container's PID 1 (under docker-init) only waits; python3 is the one thing every
@@ -109,7 +109,6 @@ EXEC_GRACE = 5.0  # seconds the host waits past an exec's time limit before it g
 # Seconds an inspect may take before the host looks for frozen starts holding the
 # container (a healthy engine answers in milliseconds, a loaded one in a second or two).
 INSPECT_PATIENCE = 5.0
-ENGINE_TIMEOUT = 60  # seconds any other engine call may take
 
 
 class DockerBackend(Backend):
@@ -128,9 +127,14 @@ class DockerBackend(Backend):
         self._proc_visible: bool | None = None
         self._mounts = WorkspaceMounts(settings)
         self._snapshots = DockerSnapshots(settings.installation, lambda: self.client)
-        # A kernel's start (look up, start a process, attach) goes straight to a local
-        # engine's socket, without the SDK (see docker_wire); None: the SDK does all.
+        # The calls on a kernel's path go straight to a local engine's socket, without
+        # the SDK (see docker_wire); None: the SDK carries them too (a remote engine).
         self._wire = EngineWire.from_env()
+
+    @property
+    def _engine(self) -> EngineCalls:
+        """Who carries the calls of a kernel's path (look up, create, start, processes)."""
+        return self._wire if self._wire is not None else SdkCalls(self.client.api)
 
     # -- engine --------------------------------------------------------------
     @property
@@ -158,7 +162,7 @@ class DockerBackend(Backend):
     def _engine_cpus(self) -> float:
         if not hasattr(self, "_ncpu"):
             with engine_errors("ask the engine its CPU count"):
-                self._ncpu = float(self.client.info().get("NCPU") or os.cpu_count() or 1)
+                self._ncpu = float(self._engine.info().get("NCPU") or os.cpu_count() or 1)
         return self._ncpu
 
     # -- lookups -------------------------------------------------------------
@@ -206,25 +210,12 @@ class DockerBackend(Backend):
             return self._get_attrs(name, ENGINE_TIMEOUT)
 
     def _get_attrs(self, name: str, timeout: float) -> dict[str, Any]:
-        if self._wire is not None:
-            return self._wire.inspect_container(name, timeout)
-        api = self.client.api
-        url = api._url("/containers/{0}/json", name)
-        return dict(api._result(api._get(url, timeout=timeout), True))
+        return self._engine.inspect_container(name, timeout)
 
     def _require(self, sandbox_id: str) -> Any:
         container = self._container(sandbox_id)
         if container is None:
             raise not_found(sandbox_id)
-        return container
-
-    def _inspect(self, container: Any) -> SandboxInfo:
-        """The container's state now (one inspect)."""
-        return container_info(self._installation, self._reload(container))
-
-    def _reload(self, container: Any) -> Any:
-        with engine_errors("read the state of", self._id(container)):
-            container.reload()
         return container
 
     def find(self, sandbox_id: str) -> SandboxInfo | None:
@@ -237,7 +228,7 @@ class DockerBackend(Backend):
             filters.append(f"{LABEL_USER_ID}={ScopeKey(user).user_id}")
         # One round trip for the whole list (the SDK's containers.list inspects each one).
         with engine_errors("list sandboxes"):
-            summaries = self.client.api.containers(all=True, filters={"label": filters})
+            summaries = self._engine.list_containers({"label": filters})
         return sorted((summary_info(self._installation, s) for s in summaries), key=lambda i: i.id)
 
     # -- create ----------------------------------------------------------------
@@ -250,18 +241,18 @@ class DockerBackend(Backend):
             if spec.snapshot_ref
             else self._ensure_image(spec.image, progress)
         )
-        args = self._create_args(sandbox_id, key, spec, labels, image)
+        config = self._create_config(sandbox_id, key, spec, labels, image)
         try:
             with engine_errors(f"create {sandbox_id}", refused=SandboxFailed):
-                container = self.client.containers.create(**args)
+                engine_id = self._engine.create_container(name, config)
         except Conflict:  # the name is taken: another process of ours won the race?
             raise self._lost_race(name, sandbox_id) from None
         except (SandboxFailed, SandboxNotFound) as exc:  # refused, or its image removed meanwhile
             self._mounts.release(name)
             raise _create_failed(sandbox_id, spec.runtime, exc) from None
-        self._prepare(container)
-        self._start(container)
-        return self._inspect(container)
+        created = Inspected({"Id": engine_id, "Name": "/" + name, "Config": config})
+        self._prepare(created)
+        return self._start(created)
 
     def _lost_race(self, name: str, sandbox_id: str) -> SandboxError:
         """Why the name was taken: by the winner of a create race (take its container), or
@@ -281,17 +272,17 @@ class DockerBackend(Backend):
         while True:
             try:
                 with engine_errors(f"look up {sandbox_id}"):
-                    return self.client.containers.get(name).labels or {}
+                    return Inspected(self._engine.inspect_container(name)).labels
             except SandboxNotFound:
                 if time.monotonic() > deadline:
                     return None
                 time.sleep(0.05)
 
-    def _ensure_image(self, name: str, say: Progress) -> Any:
-        """Image ``name``, pulled when it is not here."""
+    def _ensure_image(self, name: str, say: Progress) -> Inspected:
+        """Image ``name`` (its attributes), pulled when it is not here."""
         try:
             with engine_errors(f"use image {name!r}"):
-                return self.client.images.get(name)
+                return Inspected(self._engine.inspect_image(name))
         except SandboxNotFound:
             pass
         except BadRequest as exc:  # not an image name at all (capitals, spaces...)
@@ -305,7 +296,7 @@ class DockerBackend(Backend):
         try:
             with engine_errors(f"pull {name}", refused=SandboxFailed):
                 self._pull(repo, tag, name, say)
-                return self.client.images.get(name)
+                return Inspected(self._engine.inspect_image(name))
         except (SandboxFailed, SandboxNotFound) as exc:
             raise SandboxFailed(
                 f"image {name} is not present and could not be pulled ({engine_reason(exc)}); "
@@ -325,48 +316,58 @@ class DockerBackend(Backend):
     def _network(self) -> str:
         """Our shared network, made or checked once per process."""
         if not self._network_checked:
-            shared_network(self.client)
+            shared_network(self._engine)
             self._network_checked = True
         return NETWORK
 
-    def _create_args(
+    def _create_config(
         self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], image: Any
     ) -> dict[str, Any]:
-        """Everything ``containers.create`` is given: the hardening lives here."""
-        from docker.types import Mount
-
+        """The engine's create request for the sandbox: the hardening lives here."""
         name = engine_name(self._installation, sandbox_id)
         uid, gid, how = self._mounts.ownership(image)
         workspace, source = self._mounts.workspace(key, name, uid, gid, how)
         path = sandbox_path(_env_of(image.attrs).get("PATH", DEFAULT_PATH))
-        mounts = [Mount(WORKSPACE, str(source), type="bind", read_only=False)]
+        mounts = [bind_mount(WORKSPACE, str(source))]
         work_mounts, work_point = self._mounts.work_folder(name, spec, uid, gid, how)
         mounts += work_mounts
         if spec.shared_folder:
-            mounts.append(Mount(SHARED, spec.shared_folder, type="bind", read_only=True))
+            mounts.append(bind_mount(SHARED, spec.shared_folder, read_only=True))
         cpus = self._cpus(spec)
-        args: dict[str, Any] = {
-            "image": image.id,
-            "name": name,
-            "command": IDLE_COMMAND,
-            "entrypoint": [],
-            "init": True,
-            "user": f"{uid}:{gid}",
-            "working_dir": WORKSPACE,
-            "hostname": "sandbox",
-            "environment": {
-                "HOME": HOME,
-                "USER": "sandbox",
-                "LOGNAME": "sandbox",
-                # The user's ~/.local/bin is put first by what runs their code (the
-                # agent for cells; agent.as_user for their commands), never here.
-                "PATH": path,
-                # pip falls back to a user install (HOME, kept until destroy) as non-root;
-                # Debian-based images refuse even that without this switch.
-                "PIP_BREAK_SYSTEM_PACKAGES": "1",
-                "PYTHONUNBUFFERED": "1",
-            },
-            "labels": {
+        environment = {
+            "HOME": HOME,
+            "USER": "sandbox",
+            "LOGNAME": "sandbox",
+            # The user's ~/.local/bin is put first by what runs their code (the agent
+            # for cells; agent.as_user for their commands), never here.
+            "PATH": path,
+            # pip falls back to a user install (HOME, kept until destroy) as non-root;
+            # Debian-based images refuse even that without this switch.
+            "PIP_BREAK_SYSTEM_PACKAGES": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        host: dict[str, Any] = {
+            "Init": True,
+            "Mounts": mounts,
+            "CapDrop": ["ALL"],
+            "SecurityOpt": ["no-new-privileges", f"seccomp={seccomp_profile()}"],
+            "PidsLimit": spec.pids,
+            "Memory": spec.memory,
+            "MemorySwap": spec.memory,
+            "NanoCpus": int(cpus * 1e9),
+            "NetworkMode": self._network() if spec.network else "none",
+        }
+        if spec.runtime:
+            host["Runtime"] = spec.runtime
+        return {
+            "Image": image.id,
+            "Cmd": IDLE_COMMAND,
+            "Entrypoint": [],
+            "User": f"{uid}:{gid}",
+            "WorkingDir": WORKSPACE,
+            "Hostname": "sandbox",
+            "Env": [f"{k}={v}" for k, v in environment.items()],
+            "Labels": {
                 **labels,
                 LABEL_WORKSPACE: str(workspace),
                 LABEL_CPUS: f"{cpus:g}",
@@ -381,42 +382,29 @@ class DockerBackend(Backend):
                 LABEL_RUNTIME: spec.runtime,
                 LABEL_SNAPSHOT_REF: spec.snapshot_ref,
             },
-            "mounts": mounts,
-            "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges", f"seccomp={seccomp_profile()}"],
-            "pids_limit": spec.pids,
-            "mem_limit": spec.memory,
-            "memswap_limit": spec.memory,
-            "nano_cpus": int(cpus * 1e9),
-            "detach": True,
+            "HostConfig": host,
         }
-        if spec.network:
-            args["network"] = self._network()
-        else:
-            args["network_mode"] = "none"
-        if spec.runtime:
-            args["runtime"] = spec.runtime
-        return args
 
     def _cpus(self, spec: Spec) -> float:
         # Docker refuses more CPUs than the engine's machine has: a large flavor on a
         # small host gets all of its CPUs rather than an error.
         return min(spec.cpus, self._engine_cpus())
 
-    def _prepare(self, container: Any) -> None:
+    def _prepare(self, container: Inspected) -> None:
         """Create the sandbox user's HOME before start (the image may not have it)."""
         uid, _, gid = container.labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
         with engine_errors("make the home folder in", self._id(container)):
-            container.put_archive("/", home_archive(int(uid), int(gid or uid)))
+            self._engine.put_archive(container.id, "/", home_archive(int(uid), int(gid or uid)))
 
-    def _start(self, container: Any) -> None:
+    def _start(self, container: Inspected) -> SandboxInfo:
+        """Start the container (its idmapped mounts first); the sandbox as it runs."""
         self._mounts.remount(container.labels)
         with engine_errors("start", self._id(container), refused=SandboxFailed):
-            container.start()
-        self._reload(container)
-        if container.status != "running":
+            self._engine.start_container(container.id)
+        started = self._reinspect(container)
+        if started.status != "running":
             with engine_errors("read the output of", self._id(container)):
-                logs = container.logs(tail=5).decode("utf-8", "replace").strip()
+                logs = self.client.api.logs(container.id, tail=5).decode("utf-8", "replace").strip()
             hint = (
                 " (does the image have python3 on its PATH?)"
                 if "python3" in logs or not logs
@@ -425,6 +413,11 @@ class DockerBackend(Backend):
             raise SandboxFailed(
                 f"sandbox {self._id(container)} stopped right after start{hint}: {logs[-300:]}"
             )
+        return container_info(self._installation, started)
+
+    def _reinspect(self, container: Inspected) -> Inspected:
+        with engine_errors("read the state of", self._id(container)):
+            return Inspected(self._engine.inspect_container(container.id))
 
     # -- life ------------------------------------------------------------------
     def unwedge(self, sandbox_id: str) -> None:
@@ -434,9 +427,7 @@ class DockerBackend(Backend):
         name = engine_name(self._installation, sandbox_id)
         try:
             with engine_errors("list sandboxes"):
-                summaries = self.client.api.containers(
-                    all=True, filters={"name": f"^/{re.escape(name)}$"}
-                )
+                summaries = self._engine.list_containers({"name": [f"^/{re.escape(name)}$"]})
         except SandboxError:
             return  # the next engine call says what is wrong
         for summary in summaries:
@@ -450,29 +441,31 @@ class DockerBackend(Backend):
         container = self._require(sandbox_id)
         with engine_errors("stop", sandbox_id):
             container.stop(timeout=5)
-        return self._inspect(container)
+        return container_info(self._installation, self._reinspect(Inspected(container.attrs)))
 
     def start(self, sandbox_id: str, progress: Progress | None = None) -> SandboxInfo:
-        container = self._require(sandbox_id)
+        container = self._lookup(sandbox_id)
+        if container is None:
+            raise not_found(sandbox_id)
         if container.status == "created":
             # Either another process is between create and start (give it a moment), or
             # a create crashed half-way; preparing and starting is idempotent either way.
             deadline = time.monotonic() + 10
             while container.status == "created" and time.monotonic() < deadline:
                 time.sleep(0.1)
-                container = self._reload(container)
+                container = self._reinspect(container)
             if container.status == "created":
                 self._prepare(container)
         if container.status == "paused":
             with engine_errors("unpause", sandbox_id):
-                container.unpause()
+                self._engine.unpause_container(container.id)
         elif container.status in ("dead", "removing"):
             raise SandboxFailed(f"sandbox {sandbox_id} is {container.status} and cannot start")
         elif container.status != "running":
             if progress:
                 progress(f"starting sandbox {sandbox_id}")
-            self._start(container)
-        return self._inspect(container)
+            return self._start(container)
+        return container_info(self._installation, self._reinspect(container))
 
     def resize(self, sandbox_id: str, spec: Spec) -> bool:
         """CPUs, memory and processes of a container change in place (``docker update``)."""
@@ -511,8 +504,8 @@ class DockerBackend(Backend):
         started them: a kernel, a terminal, a spare), so none stays wedged for longer
         than one reaper's round."""
         with engine_errors("list sandboxes"):
-            summaries = self.client.api.containers(
-                all=True, filters={"label": [f"{LABEL_INSTALLATION}={self._installation}"]}
+            summaries = self._engine.list_containers(
+                {"label": [f"{LABEL_INSTALLATION}={self._installation}"]}
             )
         self._mounts.sweep({(c.get("Names") or ["/?"])[0].lstrip("/") for c in summaries})
         for summary in summaries:
@@ -553,20 +546,12 @@ class DockerBackend(Backend):
             "Env": [f"{k}={v}" for k, v in exec_env(container.attrs, env).items()],
             "WorkingDir": cwd,
         }
+        engine = self._engine
         with engine_errors("run a process in", self._id(container)):
-            if self._wire is not None:
-                exec_id = self._wire.exec_create(container.id, config, ENGINE_TIMEOUT)
-                raw = keep_alive = self._wire.exec_start(exec_id, False, ENGINE_TIMEOUT)
-            else:
-                api = self.client.api
-                url = api._url("/containers/{0}/exec", container.id)
-                exec_id = api._result(api._post_json(url, data=config), True)["Id"]
-                keep_alive = api.exec_start(exec_id, socket=True, demux=False)
-                raw = getattr(keep_alive, "_sock", keep_alive)
+            exec_id = engine.exec_create(container.id, config)
+            raw, keep_alive = engine.exec_start(exec_id, False, ENGINE_TIMEOUT)
         raw.settimeout(None)
-        channel = DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=self._execs)
-        # The SDK's wrapper holds the HTTP response; once that is garbage-collected it
-        # closes the connection under us (an EOF mid-session, at a random moment).
+        channel = DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=engine)
         channel.keep_alive = keep_alive
         return channel
 
@@ -655,12 +640,7 @@ class DockerBackend(Backend):
     def _exec_state(self, sandbox_id: str, exec_id: str) -> dict[str, Any]:
         """What the engine knows of one ``docker exec`` (exit code, host pid)."""
         with engine_errors("read the state of a process in", sandbox_id):
-            return dict(self._execs.exec_inspect(exec_id))
-
-    @property
-    def _execs(self) -> Any:
-        """What reads a process's state: the wire when the engine is local, else the SDK."""
-        return self._wire if self._wire is not None else self.client.api
+            return self._engine.exec_inspect(exec_id)
 
     # -- warm spares -------------------------------------------------------------------
     def start_spare(self, sandbox_id: str) -> Spare | None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from ..identity import ScopeKey
 from ..safefs import make_folder
@@ -37,14 +37,16 @@ from .docker_info import (
     LABEL_WORK_MOUNT_ID,
 )
 
-if TYPE_CHECKING:
-    from docker.types import Mount
-
 DEFAULT_UID = 1000
 # Seconds a sandbox's mounts are spared by the sweep after they were made: its container
 # is created only after them, so a sweep that listed the engine a moment before would
 # otherwise release them under a create in progress.
 FRESH = 600.0
+
+
+def bind_mount(target: str, source: str, read_only: bool = False) -> dict[str, Any]:
+    """A host path at ``target`` in the sandbox, as the engine's create request says it."""
+    return {"Target": target, "Source": source, "Type": "bind", "ReadOnly": read_only}
 
 
 class WorkspaceMounts:
@@ -96,10 +98,8 @@ class WorkspaceMounts:
 
     def work_folder(
         self, name: str, spec: Spec, uid: int, gid: int, how: str
-    ) -> tuple[list[Mount], str]:
+    ) -> tuple[list[dict[str, Any]], str]:
         """The work folder at its own path, and its masks; (mounts, idmapped point or "")."""
-        from docker.types import Mount  # creating a sandbox: the SDK is loaded anyway
-
         if not spec.work_folder:
             return [], ""
         source, point = spec.work_folder, ""
@@ -107,15 +107,17 @@ class WorkspaceMounts:
             point = str(self._point(name, "work"))
             self._idmap(Path(spec.work_folder), Path(point), uid, gid)
             source = point
-        mounts = [Mount(spec.work_folder, source, type="bind", read_only=False)]
+        mounts = [bind_mount(spec.work_folder, source)]
         for path, kind in spec.masks:
             inside = source + path[len(spec.work_folder) :]
             if kind == "read-only":
-                mounts.append(Mount(path, inside, type="bind", read_only=True))
+                mounts.append(bind_mount(path, inside, read_only=True))
             elif Path(path).is_dir():
-                mounts.append(Mount(path, None, type="tmpfs", tmpfs_size=1 << 20))
+                mounts.append(
+                    {"Target": path, "Type": "tmpfs", "TmpfsOptions": {"SizeBytes": 1 << 20}}
+                )
             else:
-                mounts.append(Mount(path, "/dev/null", type="bind", read_only=True))
+                mounts.append(bind_mount(path, "/dev/null", read_only=True))
         return mounts, point
 
     def _idmap(self, folder: Path, point: Path, uid: int, gid: int, expect: str = "") -> None:

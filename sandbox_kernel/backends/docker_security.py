@@ -33,6 +33,7 @@ from typing import Any
 
 from .base import LABEL_MANAGED, Conflict, SandboxFailed, SandboxNotFound
 from .docker_errors import engine_errors
+from .docker_wire import EngineCalls
 
 log = logging.getLogger("sandbox_kernel")
 
@@ -158,15 +159,15 @@ def seccomp_profile() -> str:
     return json.dumps(profile, separators=(",", ":"))
 
 
-def shared_network(client: Any) -> str:
+def shared_network(engine: EngineCalls) -> str:
     """The name of our shared network, made on first use; one of that name that we did
     not make is refused (its containers could reach each other)."""
     try:
         with engine_errors(f"look up the network {NETWORK}", refused=SandboxFailed):
-            network = client.networks.get(NETWORK)
+            network = engine.inspect_network(NETWORK)
     except SandboxNotFound:
-        network = _create_network(client)
-    if network.attrs.get("Labels", {}).get(LABEL_MANAGED) != "1":
+        network = _create_network(engine)
+    if (network.get("Labels") or {}).get(LABEL_MANAGED) != "1":
         raise SandboxFailed(
             f"a Docker network named {NETWORK} exists but was not made by sandbox-kernel; "
             "remove or rename it (its sandboxes could reach each other)"
@@ -178,25 +179,27 @@ def shared_network(client: Any) -> str:
     return NETWORK
 
 
-def _create_network(client: Any) -> Any:
+def _create_network(engine: EngineCalls) -> dict[str, Any]:
     """Make the shared network; another process making it at the same moment is fine."""
     try:
         with engine_errors(f"create the network {NETWORK}", refused=SandboxFailed):
-            return client.networks.create(NETWORK, check_duplicate=True, **network_options())
+            engine.create_network({"Name": NETWORK, "CheckDuplicate": True, **network_options()})
     except Conflict:
-        with engine_errors(f"look up the network {NETWORK}", refused=SandboxFailed):
-            return client.networks.get(NETWORK)
+        pass
+    with engine_errors(f"look up the network {NETWORK}", refused=SandboxFailed):
+        return engine.inspect_network(NETWORK)
 
 
 def network_options() -> dict[str, Any]:
-    """How our shared network is made: a bridge on which containers cannot reach each other."""
+    """How our shared network is made (the engine's create request): a bridge on which
+    containers cannot reach each other."""
     return {
-        "driver": "bridge",
-        "options": {
+        "Driver": "bridge",
+        "Options": {
             "com.docker.network.bridge.enable_icc": "false",
             "com.docker.network.bridge.name": BRIDGE,
         },
-        "labels": {LABEL_MANAGED: "1"},
+        "Labels": {LABEL_MANAGED: "1"},
     }
 
 

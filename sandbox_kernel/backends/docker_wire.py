@@ -1,17 +1,21 @@
-"""The engine calls of a kernel's start, spoken straight to the engine's Unix socket.
+"""The engine calls the Docker backend makes on a kernel's path, as plain HTTP.
 
-A kernel that starts in a sandbox that already runs makes three engine calls: look
-the container up, create a process in it, attach to that process. Through the docker
-SDK they cost the kernel its import (``requests``, ``urllib3``: about 60 ms of CPU,
-taken while the same process answers Jupyter's first request) and a version
-round trip, for requests that are each a few lines of HTTP. So :class:`EngineWire`
-makes exactly those calls with the standard library, and the SDK is loaded only when
-something else is needed (creating a sandbox, listing, stopping).
+A kernel's start makes a few engine calls: look the container up, start a process
+in it and attach to it, and when there is no sandbox yet, inspect the image, create
+the container, copy its home folder in, start it. Through the docker SDK they cost the
+kernel the SDK's import (``requests``, ``urllib3``: about 60 ms of CPU, taken while the
+same process imports and starts Jupyter's side) and a version round trip, for requests
+of a few lines each. So :class:`EngineCalls` states each of those calls once, as a
+request, and two transports carry them:
 
-It speaks to a local engine only (``unix://``, Docker's default); an engine reached
-over TCP, TLS or SSH goes through the SDK for everything. Its refusals carry the
-engine's status and message, which :mod:`.docker_errors` turns into ours exactly as it
-does the SDK's.
+* :class:`EngineWire`: the standard library over a local engine's Unix socket
+  (``unix://``, Docker's default), so the kernel's path never loads the SDK;
+* :class:`SdkCalls`: the SDK's own HTTP session, for an engine reached over TCP, TLS
+  or SSH.
+
+Everything else (pulling, snapshots, stats, stopping) stays with the SDK. Refusals
+carry the engine's status and message (the SDK's own errors, through the SDK), which
+:mod:`.docker_errors` turns into ours alike.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import json
 import os
 import socket
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
+ENGINE_TIMEOUT = 60  # seconds an engine call may take unless its caller says otherwise
 HEADER_LIMIT = 1 << 16  # bytes of an attach response's headers before we call it garbled
 
 
@@ -60,8 +65,90 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class EngineWire:
-    """A few engine API calls over its Unix socket, one connection per call (as cheap
+def _q(part: str) -> str:
+    return quote(part, safe="")
+
+
+class EngineCalls:
+    """The engine API calls of the backend's own paths, each stated once as a request
+    (method, path, query, body); a transport supplies :meth:`request` and
+    :meth:`exec_start`."""
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        tar: bytes | None = None,
+        timeout: float = ENGINE_TIMEOUT,
+    ) -> Any:
+        """One call; its decoded JSON answer (None when it has none)."""
+        raise NotImplementedError
+
+    def exec_start(self, exec_id: str, tty: bool, timeout: float) -> tuple[socket.socket, Any]:
+        """``POST /exec/{id}/start``, upgraded: (the process's stdio as a raw socket,
+        framed by stream when ``tty`` is false; what must stay referenced while it is
+        used)."""
+        raise NotImplementedError
+
+    # -- containers ------------------------------------------------------------
+    def inspect_container(self, name: str, timeout: float = ENGINE_TIMEOUT) -> dict[str, Any]:
+        """The same attributes the SDK's container model holds."""
+        return dict(self.request("GET", f"/containers/{_q(name)}/json", timeout=timeout))
+
+    def list_containers(self, filters: dict[str, list[str]]) -> list[dict[str, Any]]:
+        """Summaries of every container (running or not) that matches ``filters``."""
+        params = {"all": "1", "filters": json.dumps(filters)}
+        return list(self.request("GET", "/containers/json", params=params))
+
+    def create_container(self, name: str, config: dict[str, Any]) -> str:
+        """A new container (not started); its engine id."""
+        return str(
+            self.request("POST", "/containers/create", params={"name": name}, body=config)["Id"]
+        )
+
+    def put_archive(self, container_id: str, path: str, tar: bytes) -> None:
+        """Unpack ``tar`` at ``path`` in the container (running or not)."""
+        self.request(
+            "PUT", f"/containers/{_q(container_id)}/archive", params={"path": path}, tar=tar
+        )
+
+    def start_container(self, container_id: str) -> None:
+        self.request("POST", f"/containers/{_q(container_id)}/start")
+
+    def unpause_container(self, container_id: str) -> None:
+        self.request("POST", f"/containers/{_q(container_id)}/unpause")
+
+    # -- processes -------------------------------------------------------------
+    def exec_create(
+        self, container_id: str, config: dict[str, Any], timeout: float = ENGINE_TIMEOUT
+    ) -> str:
+        """A new process in the container (not started yet); its exec id."""
+        path = f"/containers/{_q(container_id)}/exec"
+        return str(self.request("POST", path, body=config, timeout=timeout)["Id"])
+
+    def exec_inspect(self, exec_id: str, timeout: float = ENGINE_TIMEOUT) -> dict[str, Any]:
+        """Running, exit code, host pid."""
+        return dict(self.request("GET", f"/exec/{_q(exec_id)}/json", timeout=timeout))
+
+    # -- the engine ------------------------------------------------------------
+    def inspect_image(self, name: str) -> dict[str, Any]:
+        return dict(self.request("GET", f"/images/{_q(name)}/json"))
+
+    def inspect_network(self, name: str) -> dict[str, Any]:
+        return dict(self.request("GET", f"/networks/{_q(name)}"))
+
+    def create_network(self, config: dict[str, Any]) -> None:
+        self.request("POST", "/networks/create", body=config)
+
+    def info(self) -> dict[str, Any]:
+        return dict(self.request("GET", "/info"))
+
+
+class EngineWire(EngineCalls):
+    """The calls over a local engine's Unix socket, one connection per call (as cheap
     as a local socket gets, and safe from any thread)."""
 
     def __init__(self, path: str) -> None:
@@ -70,7 +157,7 @@ class EngineWire:
     @classmethod
     def from_env(cls) -> EngineWire | None:
         """The local engine ``DOCKER_HOST`` names (or Docker's default socket), or None
-        when it names one reached otherwise (the SDK handles those)."""
+        when it names one reached otherwise (the SDK carries those calls)."""
         host = os.environ.get("DOCKER_HOST", "")
         if not host:
             return cls(DEFAULT_SOCKET)
@@ -78,30 +165,45 @@ class EngineWire:
             return cls(host.removeprefix("unix://"))
         return None
 
-    # -- calls -----------------------------------------------------------------
-    def inspect_container(self, name: str, timeout: float) -> dict[str, Any]:
-        """``GET /containers/{name}/json``: the same attributes the SDK's model holds."""
-        return self._json("GET", f"/containers/{quote(name, safe='')}/json", None, timeout)
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        tar: bytes | None = None,
+        timeout: float = ENGINE_TIMEOUT,
+    ) -> Any:
+        if params:
+            path = f"{path}?{urlencode(params)}"
+        headers = {}
+        payload: bytes | None = None
+        if tar is not None:
+            payload, headers["Content-Type"] = tar, "application/x-tar"
+        elif body is not None:
+            payload, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        conn = _UnixConnection(self.path, timeout)
+        try:
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise EngineSilent(exc) from None
+        finally:
+            conn.close()
+        if response.status >= 400:
+            raise EngineRefused(response.status, _message(data) or response.reason)
+        if not data or "json" not in (response.getheader("Content-Type") or ""):
+            return None
+        return json.loads(data)
 
-    def exec_create(self, container_id: str, config: dict[str, Any], timeout: float) -> str:
-        """``POST /containers/{id}/exec``: the new process's exec id (not started yet)."""
-        path = f"/containers/{quote(container_id, safe='')}/exec"
-        return str(self._json("POST", path, config, timeout)["Id"])
-
-    def exec_inspect(self, exec_id: str, timeout: float = 60.0) -> dict[str, Any]:
-        """``GET /exec/{id}/json``: running, exit code, host pid."""
-        return self._json("GET", f"/exec/{quote(exec_id, safe='')}/json", None, timeout)
-
-    def exec_start(self, exec_id: str, tty: bool, timeout: float) -> socket.socket:
-        """``POST /exec/{id}/start``, upgraded: the process's stdio as a raw socket
-        (framed by stream when ``tty`` is false, see :class:`.DockerChannel`).
-
-        The response's headers are read exactly, never past their end: the process's
-        first output may follow them in the same packet, and it belongs to the channel.
-        """
+    def exec_start(self, exec_id: str, tty: bool, timeout: float) -> tuple[socket.socket, Any]:
+        """Reads the answer's headers exactly, never past their end: the process's first
+        output may follow them in the same packet, and it belongs to the channel."""
         body = json.dumps({"Detach": False, "Tty": tty}).encode()
         request = (
-            f"POST /exec/{quote(exec_id, safe='')}/start HTTP/1.1\r\n"
+            f"POST /exec/{_q(exec_id)}/start HTTP/1.1\r\n"
             "Host: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
         ).encode() + body
@@ -114,31 +216,54 @@ class EngineWire:
         except OSError as exc:
             sock.close()
             raise EngineSilent(exc) from None
-        status, _, rest = head.partition(b"\r\n")
+        status, _, _ = head.partition(b"\r\n")
         code = _status_code(status)
         if code not in (101, 200):
             # An error's JSON body follows; the engine closes the connection after it.
             text = b"".join(iter(lambda: _recv(sock), b"")) if code else b""
             sock.close()
             raise EngineRefused(code, _message(text) or status.decode(errors="replace"))
-        return sock
+        return sock, None
 
-    # -- plumbing --------------------------------------------------------------
-    def _json(self, method: str, path: str, body: Any, timeout: float) -> Any:
-        conn = _UnixConnection(self.path, timeout)
-        try:
-            payload = None if body is None else json.dumps(body).encode()
-            headers = {"Content-Type": "application/json"} if payload is not None else {}
-            conn.request(method, path, body=payload, headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise EngineSilent(exc) from None
-        finally:
-            conn.close()
-        if response.status >= 400:
-            raise EngineRefused(response.status, _message(data) or response.reason)
-        return json.loads(data) if data else {}
+
+class SdkCalls(EngineCalls):
+    """The calls through the docker SDK's HTTP session (its errors are its own, which
+    :mod:`.docker_errors` knows), for engines the wire cannot reach."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        tar: bytes | None = None,
+        timeout: float = ENGINE_TIMEOUT,
+    ) -> Any:
+        api = self.api
+        headers = {}
+        data: bytes | None = None
+        if tar is not None:
+            data, headers["Content-Type"] = tar, "application/x-tar"
+        elif body is not None:
+            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        url = f"{api.base_url}/v{api.api_version}{path}"
+        response = api.request(
+            method, url, params=params, data=data, headers=headers, timeout=timeout
+        )
+        api._raise_for_status(response)
+        if not response.content or "json" not in response.headers.get("Content-Type", ""):
+            return None
+        return response.json()
+
+    def exec_start(self, exec_id: str, tty: bool, timeout: float) -> tuple[socket.socket, Any]:
+        # The SDK's wrapper holds the HTTP response; once that is garbage-collected it
+        # closes the connection under us (an EOF mid-session, at a random moment).
+        wrapper = self.api.exec_start(exec_id, socket=True, tty=tty, demux=False)
+        return getattr(wrapper, "_sock", wrapper), wrapper
 
 
 def _recv(sock: socket.socket) -> bytes:
