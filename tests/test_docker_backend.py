@@ -651,3 +651,27 @@ def test_a_mount_made_while_another_is_released_stays(
     with pytest.raises(idmap.IdmapError, match="is a link, not a folder"):
         idmap.mount(link, elsewhere, 1000, 1000)
     assert not idmap.is_mountpoint(elsewhere)
+
+
+def test_idmap_support_is_probed_once_per_kernel(
+    backend: DockerBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe starts a helper process, so its answer is kept (beside the mounts,
+    emptied at boot) and asked again only under another kernel."""
+    from sandbox_kernel.backends import idmap
+
+    if os.geteuid() != 0:
+        pytest.skip("only a root server uses idmapped mounts")
+    mounts = backend._mounts
+    kept = mounts._base() / ".idmap-probed"
+    kept.unlink(missing_ok=True)
+    probes: list[str] = []
+    real = idmap.supported
+    monkeypatch.setattr(idmap, "supported", lambda base: probes.append(base) or real(base))
+    answer = mounts._idmap_works()
+    assert [mounts._idmap_works() for _ in range(3)] == [answer] * 3
+    assert len(probes) == 1
+    kept.write_text(f"0.0.0-another-kernel\n{'no' if answer else 'yes'}")
+    assert mounts._idmap_works() == answer and len(probes) == 2
+    kept.write_text("garbled")
+    assert mounts._idmap_works() == answer and len(probes) == 3

@@ -65,13 +65,36 @@ class WorkspaceMounts:
             parts = configured.split(":")
             uid = int(parts[0]) if parts[0].isdigit() else DEFAULT_UID
             gid = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else uid
-            if idmap.supported(str(self._base())):
+            if self._idmap_works():
                 return uid, gid, "idmap"
             return uid, gid, "chown"
-        if idmap.supported(str(self._base())):
+        if self._idmap_works():
             return uid, gid, "idmap"
         uid = gid = _unused_host_uid()
         return uid, gid, "chown"
+
+    def _idmap_works(self) -> bool:
+        """Whether idmapped mounts work here: probed once per boot and kernel, since the
+        probe starts a helper process (30 ms of every sandbox's creation otherwise). The
+        answer is kept beside the mounts, in a root-only folder that /run empties at
+        boot; it names the kernel it holds for, for a folder outside /run."""
+        base = self._base()
+        kept = base / ".idmap-probed"
+        release = os.uname().release
+        try:
+            said_release, _, answer = kept.read_text().partition("\n")
+            if said_release == release and answer in ("yes", "no"):
+                return answer == "yes"
+        except OSError:
+            pass
+        works = idmap.supported(str(base))
+        scratch = base / f".idmap-probed.{os.getpid()}"
+        try:
+            scratch.write_text(f"{release}\n{'yes' if works else 'no'}")
+            scratch.replace(kept)
+        except OSError:
+            pass  # probed again next time
+        return works
 
     def _base(self) -> Path:
         """Where idmapped mounts live: /run (root-only, emptied at boot like the mounts
