@@ -84,7 +84,29 @@ class EngineCalls:
         tar: bytes | None = None,
         timeout: float = ENGINE_TIMEOUT,
     ) -> Any:
-        """One call; its decoded JSON answer (None when it has none)."""
+        """One call (a JSON ``body`` or a ``tar`` stream); its decoded JSON answer (None
+        when it has none)."""
+        headers: dict[str, str] = {}
+        payload: bytes | None = None
+        if tar is not None:
+            payload, headers["Content-Type"] = tar, "application/x-tar"
+        elif body is not None:
+            payload, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        content_type, data = self._send(method, path, params or {}, payload, headers, timeout)
+        if not data or "json" not in content_type:
+            return None
+        return json.loads(data)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str],
+        payload: bytes | None,
+        headers: dict[str, str],
+        timeout: float,
+    ) -> tuple[str, bytes]:
+        """Send one request; (the answer's content type, its body); a refusal raises."""
         raise NotImplementedError
 
     def exec_start(self, exec_id: str, tty: bool, timeout: float) -> tuple[socket.socket, Any]:
@@ -165,24 +187,17 @@ class EngineWire(EngineCalls):
             return cls(host.removeprefix("unix://"))
         return None
 
-    def request(
+    def _send(
         self,
         method: str,
         path: str,
-        *,
-        params: dict[str, str] | None = None,
-        body: Any = None,
-        tar: bytes | None = None,
-        timeout: float = ENGINE_TIMEOUT,
-    ) -> Any:
+        params: dict[str, str],
+        payload: bytes | None,
+        headers: dict[str, str],
+        timeout: float,
+    ) -> tuple[str, bytes]:
         if params:
             path = f"{path}?{urlencode(params)}"
-        headers = {}
-        payload: bytes | None = None
-        if tar is not None:
-            payload, headers["Content-Type"] = tar, "application/x-tar"
-        elif body is not None:
-            payload, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
         conn = _UnixConnection(self.path, timeout)
         try:
             conn.request(method, path, body=payload, headers=headers)
@@ -194,9 +209,7 @@ class EngineWire(EngineCalls):
             conn.close()
         if response.status >= 400:
             raise EngineRefused(response.status, _message(data) or response.reason)
-        if not data or "json" not in (response.getheader("Content-Type") or ""):
-            return None
-        return json.loads(data)
+        return response.getheader("Content-Type") or "", data
 
     def exec_start(self, exec_id: str, tty: bool, timeout: float) -> tuple[socket.socket, Any]:
         """Reads the answer's headers exactly, never past their end: the process's first
@@ -233,31 +246,24 @@ class SdkCalls(EngineCalls):
     def __init__(self, api: Any) -> None:
         self.api = api
 
-    def request(
+    def _send(
         self,
         method: str,
         path: str,
-        *,
-        params: dict[str, str] | None = None,
-        body: Any = None,
-        tar: bytes | None = None,
-        timeout: float = ENGINE_TIMEOUT,
-    ) -> Any:
+        params: dict[str, str],
+        payload: bytes | None,
+        headers: dict[str, str],
+        timeout: float,
+    ) -> tuple[str, bytes]:
         api = self.api
-        headers = {}
-        data: bytes | None = None
-        if tar is not None:
-            data, headers["Content-Type"] = tar, "application/x-tar"
-        elif body is not None:
-            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
         url = f"{api.base_url}/v{api.api_version}{path}"
+        # The client's own patience bounds every call too (an administrator's, or a test's).
+        patience = min(timeout, api.timeout) if api.timeout else timeout
         response = api.request(
-            method, url, params=params, data=data, headers=headers, timeout=timeout
+            method, url, params=params, data=payload, headers=headers, timeout=patience
         )
         api._raise_for_status(response)
-        if not response.content or "json" not in response.headers.get("Content-Type", ""):
-            return None
-        return response.json()
+        return response.headers.get("Content-Type", ""), response.content
 
     def exec_start(self, exec_id: str, tty: bool, timeout: float) -> tuple[socket.socket, Any]:
         # The SDK's wrapper holds the HTTP response; once that is garbage-collected it
