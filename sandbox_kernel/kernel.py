@@ -28,6 +28,7 @@ import logging
 import os
 import platform
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +71,7 @@ class SandboxKernel(Kernel):
         self.sandbox: SandboxSession | None = early.session
         self._setup_error = early.error
         self._early: concurrent.futures.Future[AgentConnection] | None = early.agent
+        self._first_start = early.agent  # kept: what control's kernel_info may wait for
 
     def _open_agent(self) -> AgentConnection:
         """Find or create the sandbox, start an interpreter in it (worker thread)."""
@@ -124,12 +126,31 @@ class SandboxKernel(Kernel):
         }
 
     async def kernel_info_request(self, stream: Any, ident: Any, parent: Any) -> None:
-        task = self._start_connect()
-        if task is not None:
+        """Reply once the sandbox's interpreter says its Python version (or after
+        CONNECT_WAIT_FOR_INFO seconds; the first cell reports any problem).
+
+        Jupyter asks on the shell and on the control channel, and ipykernel answers
+        control on a thread of its own with its own event loop. The connection belongs
+        to the shell's loop, where cells run: asked on control, the kernel only waits
+        for the start already under way, never starts one (a connection made on that
+        loop would deliver every cell's output to it, and the cell would wait for ever).
+        """
+        waiting: asyncio.Future[Any] | None
+        if threading.current_thread() is threading.main_thread():
+            task = self._start_connect()
+            waiting = asyncio.shield(task) if task is not None else None
+        elif not self._first_start.done():
+            waiting = asyncio.shield(asyncio.wrap_future(self._first_start))
+        else:
+            waiting = None
+        if waiting is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(task), CONNECT_WAIT_FOR_INFO)
+                await asyncio.wait_for(waiting, CONNECT_WAIT_FOR_INFO)
             except (asyncio.TimeoutError, Exception):
                 pass  # the first cell reports any problem
+        first = self._first_start
+        if first.done() and not first.cancelled() and first.exception() is None:
+            self._python_version = first.result().ready.get("python_version", self._python_version)
         await super().kernel_info_request(stream, ident, parent)
 
     # -- connecting to the sandbox ----------------------------------------------------

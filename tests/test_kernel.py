@@ -178,6 +178,46 @@ def test_first_cell_stores_nothing_of_the_sandbox(
         remove_user_containers(env.user)
 
 
+@pytest.mark.parametrize("sandbox", ["made", "running"])
+def test_a_kernel_asked_first_on_control_still_runs_cells(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sandbox: str
+) -> None:
+    """Jupyter's server asks kernel_info on the control channel too, and that may come
+    first (a restart through the server): ipykernel answers control on another thread
+    and event loop, and a connection made there left every cell of the kernel waiting
+    for ever. Asked there first, the kernel still answers, and its cells run."""
+    from jupyter_client.manager import KernelManager
+
+    env = make_kernel_env(tmp_path)
+    monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
+    rounds = 3 if sandbox == "running" else 1
+    try:
+        if sandbox == "running":
+            km, kc = start_new_kernel(kernel_name="sandbox")
+            assert run(kc, "1")[0]["status"] == "ok"
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+        for _ in range(rounds):
+            km = KernelManager(kernel_name="sandbox")
+            km.start_kernel()
+            kc = km.client()
+            kc.start_channels()
+            try:
+                asked = kc.session.msg("kernel_info_request")
+                kc.control_channel.send(asked)
+                answer = kc.control_channel.get_msg(timeout=60)
+                assert answer["parent_header"]["msg_id"] == asked["header"]["msg_id"]
+                assert answer["content"]["language_info"]["name"] == "python"
+                reply, outputs = run(kc, "print('ran')", timeout=30)
+                assert reply["status"] == "ok", reply
+                assert [o["content"].get("text") for o in outputs] == ["ran\n"]
+            finally:
+                kc.stop_channels()
+                km.shutdown_kernel(now=True)
+    finally:
+        remove_user_containers(env.user)
+
+
 def test_streams_incrementally(kernel: tuple[Any, Any]) -> None:
     _, kc = kernel
     msg_id = kc.execute(
