@@ -97,14 +97,16 @@ def take(kernel_id: str | None) -> EarlyStart:
 
 def connection_file_of(argv: list[str]) -> str | None:
     """The connection file in a kernel's command line (``-f FILE``, ``-f=FILE``,
-    ``--f=FILE``), as the kernelspec and Jupyter's launchers write it."""
+    ``--f=FILE``), as the kernelspec and Jupyter's launchers write it; the last one
+    given, as the kernel's own reading takes it."""
+    found = None
     for i, arg in enumerate(argv):
         if arg in ("-f", "--f") and i + 1 < len(argv):
-            return argv[i + 1]
+            found = argv[i + 1]
         for prefix in ("-f=", "--f="):
             if arg.startswith(prefix):
-                return arg[len(prefix) :]
-    return None
+                found = arg[len(prefix) :]
+    return found
 
 
 def kernel_id_of(connection_file: str) -> str | None:

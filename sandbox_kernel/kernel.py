@@ -136,7 +136,7 @@ class SandboxKernel(Kernel):
         loop would deliver every cell's output to it, and the cell would wait for ever).
         """
         waiting: asyncio.Future[Any] | None
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is not getattr(self, "control_thread", None):
             task = self._start_connect()
             waiting = asyncio.shield(task) if task is not None else None
         elif not self._first_start.done():

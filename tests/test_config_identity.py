@@ -298,6 +298,7 @@ def test_sizes_read_the_same_everywhere(size: int, text: str) -> None:
         (["-f", "/run/jupyter/kernel-1a2b.json"], "/run/jupyter/kernel-1a2b.json"),
         (["-f=/x/kernel-9.json"], "/x/kernel-9.json"),
         (["--debug", "--f=/x/kernel-9.json"], "/x/kernel-9.json"),
+        (["-f", "/a/kernel-1.json", "-f", "/b/kernel-2.json"], "/b/kernel-2.json"),  # the last
         (["install"], None),
         (["-f"], None),  # no file after the flag: no kernel to start for
     ],

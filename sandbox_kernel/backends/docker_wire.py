@@ -23,6 +23,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -30,6 +31,7 @@ from urllib.parse import quote, urlencode
 DEFAULT_SOCKET = "/var/run/docker.sock"
 ENGINE_TIMEOUT = 60  # seconds an engine call may take unless its caller says otherwise
 HEADER_LIMIT = 1 << 16  # bytes of an attach response's headers before we call it garbled
+ERROR_BODY_LIMIT = 1 << 16  # bytes of a refused attach's explanation read
 
 
 class EngineRefused(Exception):
@@ -207,7 +209,7 @@ class EngineWire(EngineCalls):
             raise EngineSilent(exc) from None
         finally:
             conn.close()
-        if response.status >= 400:
+        if not (200 <= response.status < 300 or response.status == 304):  # 304: nothing to do
             raise EngineRefused(response.status, _message(data) or response.reason)
         return response.getheader("Content-Type") or "", data
 
@@ -232,8 +234,7 @@ class EngineWire(EngineCalls):
         status, _, _ = head.partition(b"\r\n")
         code = _status_code(status)
         if code not in (101, 200):
-            # An error's JSON body follows; the engine closes the connection after it.
-            text = b"".join(iter(lambda: _recv(sock), b"")) if code else b""
+            text = _error_body(sock, head)
             sock.close()
             raise EngineRefused(code, _message(text) or status.decode(errors="replace"))
         return sock, None
@@ -294,6 +295,20 @@ def _read_head(sock: socket.socket) -> bytes:
         if len(head) + len(peeked) > HEADER_LIMIT:
             raise EngineSilent("the engine's answer has no end of headers")
         head += _recv_exactly(sock, len(peeked))
+
+
+def _error_body(sock: socket.socket, head: bytes) -> bytes:
+    """The body of a refused attach, which the engine sends before it would have taken
+    the connection over, and keeps the connection open after: read what its length
+    says (a chunked one, whatever comes within a second), never until the end."""
+    length = re.search(rb"\r\ncontent-length:\s*(\d+)", head, re.IGNORECASE)
+    try:
+        if length:
+            return _recv_exactly(sock, min(int(length.group(1)), ERROR_BODY_LIMIT))
+        sock.settimeout(1.0)
+        return sock.recv(ERROR_BODY_LIMIT)
+    except OSError:
+        return b""
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
