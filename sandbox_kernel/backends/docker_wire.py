@@ -25,6 +25,7 @@ import json
 import os
 import re
 import socket
+from abc import ABC, abstractmethod
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -71,9 +72,9 @@ def _q(part: str) -> str:
     return quote(part, safe="")
 
 
-class EngineCalls:
+class EngineCalls(ABC):
     """The engine API calls of the backend's own paths, each stated once as a request
-    (method, path, query, body); a transport supplies :meth:`request` and
+    (method, path, query, body); a transport supplies :meth:`_send` and
     :meth:`exec_start`."""
 
     def request(
@@ -99,6 +100,7 @@ class EngineCalls:
             return None
         return json.loads(data)
 
+    @abstractmethod
     def _send(
         self,
         method: str,
@@ -109,13 +111,12 @@ class EngineCalls:
         timeout: float,
     ) -> tuple[str, bytes]:
         """Send one request; (the answer's content type, its body); a refusal raises."""
-        raise NotImplementedError
 
+    @abstractmethod
     def exec_start(self, exec_id: str, tty: bool, timeout: float) -> tuple[socket.socket, Any]:
         """``POST /exec/{id}/start``, upgraded: (the process's stdio as a raw socket,
         framed by stream when ``tty`` is false; what must stay referenced while it is
         used)."""
-        raise NotImplementedError
 
     # -- containers ------------------------------------------------------------
     def inspect_container(self, name: str, timeout: float = ENGINE_TIMEOUT) -> dict[str, Any]:
