@@ -50,11 +50,16 @@ class EarlyStart:
             self.error = str(exc)
         threading.Thread(target=self._open, name="sandbox-connect", daemon=True).start()
 
+    def open_agent(self) -> AgentConnection:
+        """Find or create the sandbox and start an interpreter in it (blocking); a
+        configuration that could not be read fails here, where a cell reports it."""
+        if self.session is None:
+            raise SandboxError(self.error)
+        return self.session.open()
+
     def _open(self) -> None:
         try:
-            if self.session is None:
-                raise SandboxError(self.error)
-            self.agent.set_result(self.session.open())
+            self.agent.set_result(self.open_agent())
         except BaseException as exc:
             self.agent.set_exception(exc)
 

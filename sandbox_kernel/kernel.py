@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import concurrent.futures
 import logging
 import os
 import platform
@@ -69,15 +68,8 @@ class SandboxKernel(Kernel):
         # the kernel imported and started: its first reply waits for less.
         early = early_start.take(kernel_id_of(getattr(self.parent, "connection_file", "") or ""))
         self.sandbox: SandboxSession | None = early.session
-        self._setup_error = early.error
-        self._early: concurrent.futures.Future[AgentConnection] | None = early.agent
-        self._first_start = early.agent  # kept: what control's kernel_info may wait for
-
-    def _open_agent(self) -> AgentConnection:
-        """Find or create the sandbox, start an interpreter in it (worker thread)."""
-        if self.sandbox is None:
-            raise SandboxError(self._setup_error)
-        return self.sandbox.open()
+        self._early = early  # its interpreter serves the first connection; later ones start anew
+        self._early_taken = False
 
     @property
     def execution_count(self) -> int:
@@ -139,8 +131,8 @@ class SandboxKernel(Kernel):
         if threading.current_thread() is not getattr(self, "control_thread", None):
             task = self._start_connect()
             waiting = asyncio.shield(task) if task is not None else None
-        elif not self._first_start.done():
-            waiting = asyncio.shield(asyncio.wrap_future(self._first_start))
+        elif not self._early.agent.done():
+            waiting = asyncio.shield(asyncio.wrap_future(self._early.agent))
         else:
             waiting = None
         if waiting is not None:
@@ -148,9 +140,9 @@ class SandboxKernel(Kernel):
                 await asyncio.wait_for(waiting, CONNECT_WAIT_FOR_INFO)
             except (asyncio.TimeoutError, Exception):
                 pass  # the first cell reports any problem
-        first = self._first_start
+        first = self._early.agent
         if first.done() and not first.cancelled() and first.exception() is None:
-            self._python_version = first.result().ready.get("python_version", self._python_version)
+            self._learn_version(first.result())
         await super().kernel_info_request(stream, ident, parent)
 
     # -- connecting to the sandbox ----------------------------------------------------
@@ -168,14 +160,18 @@ class SandboxKernel(Kernel):
         return self._connecting
 
     async def _connect(self) -> None:
-        early, self._early = self._early, None
-        if early is not None:
-            agent = await asyncio.wrap_future(early)
+        if not self._early_taken:
+            self._early_taken = True
+            agent = await asyncio.wrap_future(self._early.agent)
         else:
-            agent = await asyncio.to_thread(self._open_agent)
+            agent = await asyncio.to_thread(self._early.open_agent)
         agent.attach(asyncio.get_running_loop())
         self._agent = agent
         self._next_count = 1  # a new interpreter counts from the start
+        self._learn_version(agent)
+
+    def _learn_version(self, agent: AgentConnection) -> None:
+        """What kernel_info reports: the sandbox interpreter's Python, once it said."""
         self._python_version = agent.ready.get("python_version", self._python_version)
 
     async def _ensure_agent(self) -> AgentConnection:
