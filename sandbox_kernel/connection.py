@@ -58,18 +58,25 @@ _PACKED_FIELDS = {
 }
 
 
+_LONGEST_TYPE = max(len(t) for t in _PACKED_FIELDS)
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # NaN and Infinity: clients refuse them
 
 
-def unpacked(line: bytes) -> dict[str, Any] | None:
+def unpacked(line: bytes | memoryview) -> dict[str, Any] | None:
     """The event of a packed line, with ``packed`` (the content's bytes, checked) and
-    ``msg_type``; None when anything about it is off (it is dropped, as a bad line is)."""
-    head, _, packed = line[1:].partition(b" ")
-    msg_type = head.decode("ascii", "replace")
+    ``msg_type``; None when anything about it is off (it is dropped, as a bad line is).
+
+    A line may be megabytes: the content is copied out of it once (the bytes that are
+    forwarded), not sliced and partitioned into copies."""
+    space = bytes(line[: _LONGEST_TYPE + 2]).find(b" ")
+    msg_type = bytes(line[1:space]).decode("ascii", "replace") if space > 0 else ""
     fields = _PACKED_FIELDS.get(msg_type)
     if fields is None:
         return None
+    packed = bytes(line[space + 1 :])
     try:
         content = json.loads(packed, parse_constant=_no_constant)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
@@ -248,13 +255,13 @@ class AgentConnection:
         try:
             while True:
                 while (nl := buf.find(b"\n", scanned)) >= 0:
-                    line = bytes(buf[:nl])
-                    del buf[: nl + 1]
-                    scanned = 0
                     if discarding:
                         discarding = False
-                        continue
-                    self._decode(line)
+                    elif nl:  # (empty: the newline each message starts with)
+                        with memoryview(buf) as whole, whole[:nl] as line:
+                            self._decode(line)  # copies what it keeps: buf may change after
+                    del buf[: nl + 1]
+                    scanned = 0
                 scanned = len(buf)
                 if len(buf) > self.max_line:
                     if not discarding:
@@ -271,14 +278,12 @@ class AgentConnection:
             if self.loop is not None:
                 self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
 
-    def _decode(self, line: bytes) -> None:
-        if not line:
-            return  # the newline each message starts with
+    def _decode(self, line: memoryview) -> None:
         if line[:1] == PACKED_MARK:
             msg = unpacked(line)
         else:
             try:
-                msg = json.loads(line)
+                msg = json.loads(bytes(line))
             except (ValueError, RecursionError):
                 return
         if isinstance(msg, dict):

@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from . import sync
 from .agent import SPARE_SOCKET, agent_source, bootstrap_command
 from .backends import Backend, SandboxError, SandboxNotFound
+from .backends.agent_sockets import SocketChannel
 from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
 from .config import MIN_PIDS, SandboxConfig
 from .connection import START_TIMEOUT, AgentConnection
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 # A warm spare says ready once its kernel's start program hands it the channel: it has
 # warmed up by then, or nearly. Past this it is given up for a cold start.
 SPARE_START_TIMEOUT = 20.0
+# Seconds an interpreter that said it connected to its socket has to show up there.
+CONNECT_WAIT = 10.0
 
 
 class SandboxSession:
@@ -175,13 +178,22 @@ class SandboxSession:
         within: float,
     ) -> AgentConnection:
         """Start the agent program in the sandbox (taking over ``spare`` if given) and
-        wait up to ``within`` seconds for its ready."""
+        wait up to ``within`` seconds for its ready; then it speaks over its socket to
+        this kernel, when the sandbox has one (see backends.agent_sockets)."""
+        listener = self.backend.agent_listener(info)
+        if listener is not None:
+            # Only a flag in the environment: the path and token go on stdin, unseen.
+            env = {**env, "SANDBOX_AGENT_CHANNEL": "1"}
+            offer = {"op": "channel", "path": listener.inside, "token": listener.token}
+            secret += json.dumps(offer).encode() + b"\n"
         channel = self.backend.open_channel(
             info.id, bootstrap_command(spare=spare), cwd=self.cell_cwd(), env=env
         )
         agent = AgentConnection(channel, max_line=self.output_ceiling)
         try:
             agent.start(agent_source() + secret, within=within)
+            if listener is not None and agent.ready.get("channel") is True:
+                agent.channel = SocketChannel(listener.accept(CONNECT_WAIT), channel)
         except SandboxError as exc:
             agent.close()
             self.backend.unwedge(info.id)  # a start the sandbox froze holds the engine
@@ -192,6 +204,9 @@ class SandboxSession:
         except BaseException:
             agent.close()
             raise
+        finally:
+            if listener is not None:
+                listener.close()
         return agent
 
     def _wants_folder_copy(self) -> bool:

@@ -65,11 +65,7 @@ class Wire:
         # Each message starts with a newline too: whatever a cell left half-written on
         # this fd ends there (the kernel drops the broken line), instead of swallowing
         # the next message, a reply above all.
-        line = ("\n" + json.dumps(msg, default=repr) + "\n").encode("utf-8", "surrogatepass")
-        with self.lock:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(self.wfd, view) :]
+        self.write(("\n" + json.dumps(msg, default=repr) + "\n").encode("utf-8", "surrogatepass"))
 
     def send_packed(self, msg_type, content):
         """Output content packed here, once, as JSON any Jupyter client reads
@@ -81,12 +77,28 @@ class Wire:
             packed = json.dumps(content, allow_nan=False, default=repr)
         except ValueError:
             return False
-        line = b"\n>" + msg_type.encode() + b" " + packed.encode("ascii") + b"\n"
-        with self.lock:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(self.wfd, view) :]
+        # In three writes, not joined first: a large output is copied once less.
+        self.write(b"\n>" + msg_type.encode() + b" ", packed.encode("ascii"), b"\n")
         return True
+
+    def write(self, *parts):
+        """Write ``parts`` whole, one after the other, with no other message between."""
+        with self.lock:
+            for part in parts:
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(self.wfd, view) :]
+
+    def move_to(self, sock):
+        """Speak over the kernel's socket from now on (see connect_kernel). The exec's
+        stdout stays open, carrying nothing more: the kernel learns of our end by it."""
+        with self.lock:
+            self.exec_out = self.wfd
+            self.wfd = os.dup(sock.fileno())
+            old, self.rfd = self.reader, os.dup(sock.fileno())
+            self.reader = os.fdopen(self.rfd, "rb", buffering=1 << 16)
+            old.close()
+        sock.close()
 
     def recv(self):
         line = self.reader.readline()
@@ -1270,11 +1282,12 @@ def oom_kills():
     return 0
 
 
-def read_secret():
-    """The line the kernel sends right after the source: a spare's one-time secret
-    (the kernel sends it only when it names a spare; nothing else is on fd 0 yet)."""
+def read_secret(limit=256):
+    """One line the kernel sends right after the source: a spare's one-time secret (the
+    kernel sends it only when it names a spare), then its socket's (see connect_kernel).
+    Byte by byte: what follows on fd 0 is not ours to read."""
     line = b""
-    while not line.endswith(b"\n") and len(line) < 256:
+    while not line.endswith(b"\n") and len(line) < limit:
         chunk = os.read(0, 1)
         if not chunk:
             break
@@ -1466,7 +1479,36 @@ def wait_as_spare(path):
     return agent
 
 
-def send_ready(wire):
+def connect_kernel():
+    """The kernel's socket, past the engine's exec stream (the host's agent_sockets), or
+    None: stdin and stdout stay the channel. The environment only says that there is
+    one; its path and the token that proves us to the kernel come on stdin, right after
+    the source (and a spare's secret), where no other process of the sandbox can read
+    them (it cannot list the socket's folder either)."""
+    if os.environ.pop("SANDBOX_AGENT_CHANNEL", "") != "1":
+        return None
+    try:
+        offer = json.loads(read_secret(512) or "{}")
+        path, token = offer.get("path"), offer.get("token")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(path, str) or not isinstance(token, str) or not token.isalnum():
+        return None
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(5)
+    try:
+        sock.connect(path)
+        sock.sendall(token.encode("ascii") + b"\n")
+    except OSError:
+        sock.close()
+        return None
+    sock.settimeout(None)
+    return sock
+
+
+def send_ready(wire, channel=False):
     """Tell the kernel we are here, before the slow part (building IPython's shell): the
     kernel answers kernel_info and its client settles meanwhile; requests wait in the pipe."""
     import importlib.util
@@ -1486,6 +1528,7 @@ def send_ready(wire):
         ipython=ipython,
         pid=os.getpid(),
         procs=procs,
+        channel=channel,  # True: all else goes over the kernel's socket
     )
 
 
@@ -1562,12 +1605,15 @@ def main():
         if len(spare) == 3 and spare[1].isdigit():
             hand_over(spare[0], int(spare[1]), spare[2])
         watch_child()
+    kernel = connect_kernel()
     # The kernel's (or, for a spare, the taking kernel's) host folders: no links there.
     restrict_special_files(
         json.loads(os.environ.pop("SANDBOX_AGENT_NO_SPECIAL_FILES", "[]") or "[]")
     )
     wire = Wire()
-    send_ready(wire)
+    send_ready(wire, channel=kernel is not None)
+    if kernel is not None:
+        wire.move_to(kernel)
     enable_user_site()
     use_user_path()
     # fd 0 and 1 now belong to the protocol; user code gets /dev/null and pipes.

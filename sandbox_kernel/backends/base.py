@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import (  # noqa: F401  (re-exported: backends raise them)
     AlreadyExists,
@@ -37,6 +37,9 @@ from ..errors import (  # noqa: F401  (re-exported: backends raise them)
     SandboxNotFound,
 )
 from ..identity import ScopeKey
+
+if TYPE_CHECKING:
+    from .agent_sockets import AgentListener
 
 Progress = Callable[[str], None]
 
@@ -54,6 +57,8 @@ LABEL_INSTALLATION = LABEL_PREFIX + "installation"
 LABEL_IMAGE = LABEL_PREFIX + "image"  # what it was made from, as shown to users
 LABEL_SNAPSHOT_OF = LABEL_PREFIX + "from-snapshot"  # the user's snapshot it started from
 LABEL_WORK_FOLDER = LABEL_PREFIX + "work-folder"  # host folder mounted at the same path
+# Host folder mounted read-only where its interpreters reach their kernels (agent_sockets).
+LABEL_AGENT_SOCKETS = LABEL_PREFIX + "agent-sockets"
 # "files" on a user's files sandbox (see Backend.files_sandbox); code sandboxes have none.
 LABEL_ROLE = LABEL_PREFIX + "role"
 ROLE_FILES = "files"
@@ -223,6 +228,7 @@ class SandboxInfo:
     installation: str = ""  # installation_id of the state file that owns it
     file_owner: str = ""  # "uid:gid" the server gives new workspace files, when not its own
     work_folder: str = ""  # host folder mounted at the same path inside, if any
+    agent_sockets: str = ""  # host folder its interpreters reach their kernels by, if any
     # Filled in by the orchestrator for listings:
     outdated: str = ""  # why it differs from what its owner's settings make now, if it does
     kernels: int = 0
@@ -434,6 +440,11 @@ class Backend(abc.ABC):
         The process ends when the channel closes (it reads EOF on stdin), so an
         interpreter never outlives the kernel that owns it.
         """
+
+    def agent_listener(self, info: SandboxInfo) -> AgentListener | None:
+        """A socket by which an interpreter in the sandbox reaches its kernel past the
+        engine (see agent_sockets); None: the process channel is the only way."""
+        return None
 
     def open_pty(
         self,

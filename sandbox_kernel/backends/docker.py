@@ -44,7 +44,9 @@ from typing import IO, Any
 from ..agent import SPARE_SOCKET, agent_source, bootstrap_command, program
 from ..identity import ScopeKey
 from . import idmap
+from .agent_sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
 from .base import (
+    LABEL_AGENT_SOCKETS,
     LABEL_INSTALLATION,
     LABEL_MANAGED,
     LABEL_USER_ID,
@@ -129,6 +131,7 @@ class DockerBackend(Backend):
         self._network_checked = False
         self._proc_visible: bool | None = None
         self._mounts = WorkspaceMounts(settings)
+        self._sockets = AgentSocketFolders(settings.state_dir)
         self._snapshots = DockerSnapshots(settings.installation, lambda: self.client)
         # The calls on a kernel's path go straight to a local engine's socket, without
         # the SDK (see docker_wire); None: the SDK carries them too (a remote engine).
@@ -252,6 +255,7 @@ class DockerBackend(Backend):
             raise self._lost_race(name, sandbox_id) from None
         except (SandboxFailed, SandboxNotFound) as exc:  # refused, or its image removed meanwhile
             self._mounts.release(name)
+            self._sockets.release(name)
             raise _create_failed(sandbox_id, spec.runtime, exc) from None
         created = Inspected({"Id": engine_id, "Name": "/" + name, "Config": config})
         self._prepare(created)
@@ -336,6 +340,10 @@ class DockerBackend(Backend):
         mounts += work_mounts
         if spec.shared_folder:
             mounts.append(bind_mount(SHARED, spec.shared_folder, read_only=True))
+        sockets = ""
+        if self._wire is not None:  # a local engine: it mounts this host's folders
+            sockets = str(self._sockets.ensure(name))
+            mounts.append(bind_mount(AGENT_SOCKETS, sockets, read_only=True))
         cpus = self._cpus(spec)
         environment = {
             "HOME": HOME,
@@ -384,6 +392,7 @@ class DockerBackend(Backend):
                 LABEL_WORK_MOUNT_ID: idmap.identity(Path(work_point)) if work_point else "",
                 LABEL_RUNTIME: spec.runtime,
                 LABEL_SNAPSHOT_REF: spec.snapshot_ref,
+                LABEL_AGENT_SOCKETS: sockets,
             },
             "HostConfig": host,
         }
@@ -403,6 +412,8 @@ class DockerBackend(Backend):
     def _start(self, container: Inspected) -> SandboxInfo:
         """Start the container (its idmapped mounts first); the sandbox as it runs."""
         self._mounts.remount(container.labels)
+        if container.labels.get(LABEL_AGENT_SOCKETS):
+            self._sockets.ensure(container.name)
         with engine_errors("start", self._id(container), refused=SandboxFailed):
             self._engine.start_container(container.id)
         started = self._reinspect(container)
@@ -500,6 +511,7 @@ class DockerBackend(Backend):
         except Conflict:  # removal already in progress elsewhere
             return True
         self._mounts.release(container.name)
+        self._sockets.release(container.name)
         return True
 
     def sweep(self) -> None:
@@ -511,7 +523,9 @@ class DockerBackend(Backend):
             summaries = self._engine.list_containers(
                 {"label": [f"{LABEL_INSTALLATION}={self._installation}"]}
             )
-        self._mounts.sweep({(c.get("Names") or ["/?"])[0].lstrip("/") for c in summaries})
+        names = {(c.get("Names") or ["/?"])[0].lstrip("/") for c in summaries}
+        self._mounts.sweep(names)
+        self._sockets.sweep(names)
         for summary in summaries:
             if summary.get("State") == "running" and end_stuck_starts(summary["Id"]):
                 log.warning("%s: ended process starts it had frozen", summary.get("Names"))
@@ -558,6 +572,15 @@ class DockerBackend(Backend):
         channel = DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=engine)
         channel.keep_alive = keep_alive
         return channel
+
+    def agent_listener(self, info: SandboxInfo) -> AgentListener | None:
+        if not info.agent_sockets:
+            return None  # made before these sockets, or on a remote engine
+        try:
+            return AgentListener(info.agent_sockets)
+        except OSError as exc:  # its folder is gone: the exec stream still works
+            log.info("%s: no socket for its interpreter (%s)", info.id, exc)
+            return None
 
     def open_pty(
         self,

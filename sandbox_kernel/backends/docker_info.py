@@ -16,6 +16,7 @@ from typing import Any
 from ..config import FLAVORS
 from ..units import format_size
 from .base import (
+    LABEL_AGENT_SOCKETS,
     LABEL_FLAVOR,
     LABEL_IMAGE,
     LABEL_INSTALLATION,
@@ -152,6 +153,7 @@ def summary_info(installation: str, summary: dict[str, Any]) -> SandboxInfo:
         else 0.0,
         file_owner=labels.get(LABEL_UID, "") if labels.get(LABEL_OWNERSHIP) == "chown" else "",
         work_folder=labels.get(LABEL_WORK_FOLDER, ""),
+        agent_sockets=labels.get(LABEL_AGENT_SOCKETS, ""),
     )
 
 
