@@ -20,13 +20,15 @@ import os
 import re
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends import SandboxError
 from .config import ConfigError, load_config
-from .connection import AgentConnection
 from .identity import notebook_metadata, scope_key
 from .session import SandboxSession
+
+if TYPE_CHECKING:
+    from .connection import AgentConnection  # (imports asyncio: not before the sandbox is sought)
 
 log = logging.getLogger("sandbox_kernel")
 

@@ -337,3 +337,22 @@ def test_a_start_begun_for_another_kernel_is_ended_not_taken(
     assert "nonesuch" in taken.error and early_start._pending == []
     with pytest.raises(Exception, match="nonesuch"):
         taken.agent.result(timeout=10)
+
+
+def test_the_sandbox_is_sought_before_asyncio_or_package_metadata_is_imported() -> None:
+    """What ``python -m sandbox_kernel`` imports before it begins seeking the sandbox is
+    on the path of every start with no sandbox yet; asyncio and importlib.metadata
+    (about 50 ms together) are needed only later, by which time Jupyter's own imports,
+    running meanwhile, have brought them in. The version is still there when asked."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import sandbox_kernel.early_start; "
+        "print(sorted(m for m in ('asyncio', 'importlib.metadata', 'docker') if m in sys.modules)); "
+        "import sandbox_kernel; print(sandbox_kernel.__version__ != '')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]

@@ -19,14 +19,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import shutil
 import stat
 import struct
 import subprocess
 import sys
 from functools import lru_cache
 from pathlib import Path
-
-from ..host_python import python_command
 
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
@@ -43,14 +42,16 @@ _MOUNT_ATTR_NODEV = 0x4
 _MOUNT_ATTR_IDMAP = 0x00100000
 _MNT_DETACH = 2
 
-# A process that only holds a user namespace open until its parent has read the
-# namespace's descriptor; the parent writes the id maps into it.
-_HOLDER = (
-    "import ctypes,os,sys\n"
-    "l=ctypes.CDLL(None,use_errno=True)\n"
-    "if l.unshare(0x10000000)!=0:sys.exit(1)\n"
-    "os.write(1,b'r');os.read(0,1)\n"
-)
+_CLONE_NEWUSER = 0x10000000
+
+
+# What holds a user namespace open until the parent has read its descriptor (and
+# written the id maps into it): ``cat`` on a pipe (Python without its site where there
+# is no cat), made to enter a new namespace between fork and exec. Not a Python
+# interpreter importing ctypes to call unshare itself: that cost each start 50 ms.
+def _holder() -> list[str]:
+    cat = shutil.which("cat")
+    return [cat] if cat else [sys.executable, "-I", "-S", "-c", "import sys; sys.stdin.read()"]
 
 
 class IdmapError(OSError):
@@ -72,16 +73,23 @@ def _userns_fd(inside_uid: int, inside_gid: int, host_uid: int, host_gid: int) -
     """A descriptor of a user namespace whose map makes on-disk ``host_uid`` show as
     ``inside_uid`` through an idmapped mount (and files made as ``inside_uid`` land as
     ``host_uid``); the same for gids."""
-    holder = subprocess.Popen(
-        python_command(_HOLDER),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
+    unshare = _libc().unshare  # looked up here: the child only calls it
+
+    def enter_new_namespace() -> None:  # in the child, between fork and exec
+        if unshare(_CLONE_NEWUSER) != 0:
+            raise OSError(errno.EPERM, "unshare")
+
     try:
-        assert holder.stdout is not None and holder.stdin is not None
-        if holder.stdout.read(1) != b"r":
-            raise IdmapError(errno.EPERM, "cannot create a user namespace here")
+        holder = subprocess.Popen(  # returns once cat runs, in its new namespace
+            _holder(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=enter_new_namespace,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise IdmapError(errno.EPERM, f"cannot create a user namespace here ({exc})") from None
+    try:
         # An idmapped mount maps on-disk ids as ids *inside* the namespace: on-disk
         # host_uid is read as ns id host_uid, which the map turns into inside_uid.
         Path(f"/proc/{holder.pid}/uid_map").write_text(f"{host_uid} {inside_uid} 1\n")
