@@ -17,19 +17,22 @@ import queue
 import threading
 import time
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from . import sync
 from .agent import SPARE_SOCKET, agent_source, bootstrap_command
-from .backends import Backend, SandboxError, SandboxNotFound
+from .backends import Backend, Channel, SandboxError, SandboxNotFound
 from .backends.agent_sockets import SocketChannel
 from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
 from .config import MIN_PIDS, SandboxConfig
-from .connection import START_TIMEOUT, AgentConnection
 from .folders import usable
 from .housekeeping import Housekeeping
 from .identity import ScopeKey
 from .service import SandboxService, workspace_dir
 from .units import format_size
+
+if TYPE_CHECKING:
+    from .connection import AgentConnection
 
 log = logging.getLogger(__name__)
 # A warm spare says ready once its kernel's start program hands it the channel: it has
@@ -158,6 +161,10 @@ class SandboxSession:
                 [info.work_folder] if info.work_folder else []
             ),
         }
+        # Imported here, not at the top: a kernel's start seeks its sandbox before it
+        # has imported asyncio (see early_start), and the connection needs it.
+        from .connection import START_TIMEOUT
+
         if self.backend.keeps_spares:
             record = self.service.store.take_spare(self.backend.name, info.id, info.engine_id)
             if record is not None and record.secret:
@@ -181,19 +188,36 @@ class SandboxSession:
         wait up to ``within`` seconds for its ready; then it speaks over its socket to
         this kernel, when the sandbox has one (see backends.agent_sockets)."""
         listener = self.backend.agent_listener(info)
-        if listener is not None:
-            # Only a flag in the environment: the path and token go on stdin, unseen.
-            env = {**env, "SANDBOX_AGENT_CHANNEL": "1"}
-            offer = {"op": "channel", "path": listener.inside, "token": listener.token}
-            secret += json.dumps(offer).encode() + b"\n"
-        channel = self.backend.open_channel(
-            info.id, bootstrap_command(spare=spare), cwd=self.cell_cwd(), env=env
-        )
+        try:
+            if listener is not None:
+                # Only a flag in the environment: the path and token go on stdin, unseen.
+                env = {**env, "SANDBOX_AGENT_CHANNEL": "1"}
+                offer = {"op": "channel", "path": listener.inside, "token": listener.token}
+                secret += json.dumps(offer).encode() + b"\n"
+            channel = self.backend.open_channel(
+                info.id, bootstrap_command(spare=spare), cwd=self.cell_cwd(), env=env
+            )
+            agent = self._started_agent(info, channel, agent_source() + secret, within)
+            if listener is not None and agent.ready.get("channel") is True:
+                try:
+                    agent.channel = SocketChannel(listener.accept(CONNECT_WAIT), channel)
+                except BaseException:
+                    agent.close()
+                    raise
+            return agent
+        finally:
+            if listener is not None:
+                listener.close()
+
+    def _started_agent(
+        self, info: SandboxInfo, channel: Channel, source: bytes, within: float
+    ) -> AgentConnection:
+        """The agent on ``channel``, once it said ready; what went wrong, said in a line."""
+        from .connection import AgentConnection  # (see _start_agent)
+
         agent = AgentConnection(channel, max_line=self.output_ceiling)
         try:
-            agent.start(agent_source() + secret, within=within)
-            if listener is not None and agent.ready.get("channel") is True:
-                agent.channel = SocketChannel(listener.accept(CONNECT_WAIT), channel)
+            agent.start(source, within=within)
         except SandboxError as exc:
             agent.close()
             self.backend.unwedge(info.id)  # a start the sandbox froze holds the engine
@@ -204,9 +228,6 @@ class SandboxSession:
         except BaseException:
             agent.close()
             raise
-        finally:
-            if listener is not None:
-                listener.close()
         return agent
 
     def _wants_folder_copy(self) -> bool:

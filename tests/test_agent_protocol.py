@@ -111,6 +111,23 @@ def test_execute_streams_results_and_counts(agent: Agent) -> None:
     )  # the interpreter kept x and counted
 
 
+def test_a_printed_line_is_one_output_even_when_its_writes_are_slow(agent: Agent) -> None:
+    """``print('notebook', 9)`` writes four times; on a loaded machine the flusher may
+    wake between them. The unfinished line waits (up to PARTIAL_HOLD), so nbclient
+    stores one output as with ipykernel, while whole lines still stream at once and a
+    line that never ends (a progress bar) still shows."""
+    code = (
+        "import sys, time\n"
+        "sys.stdout.write('notebook'); time.sleep(0.08); sys.stdout.write(' 9\\n')\n"
+        "sys.stdout.write('done\\nnext'); time.sleep(0.08); sys.stdout.write(' part\\n')\n"
+        "sys.stdout.write('\\rprogress'); time.sleep(0.5); print('.', end='')"
+    )
+    reply, events = agent.execute(code)
+    texts = [e["text"] for e in events if e.get("ev") == "stream"]
+    assert reply["status"] == "ok"
+    assert texts == ["notebook 9\ndone\n", "next part\n", "\rprogress", "."], texts
+
+
 def test_errors_are_replies_not_crashes(agent: Agent) -> None:
     reply, events = agent.execute("1/0")
     assert (reply["status"], reply["ename"]) == ("error", "ZeroDivisionError")

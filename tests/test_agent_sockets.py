@@ -125,6 +125,44 @@ def test_the_socket_channel_ends_with_its_process_even_if_the_socket_lives_on() 
     sandbox_end.close()
 
 
+@pytest.mark.fast
+def test_the_socket_end_waits_for_the_process_end() -> None:
+    """The interpreter's socket closes a moment before its exec ends (its watcher is
+    still ending what the cells left): the kernel reads the end only when the exit
+    status is known, so it can say why (an out-of-memory kill)."""
+    kernel_end, sandbox_end = socket.socketpair()
+    process = _PipeChannel()
+    channel = SocketChannel(kernel_end, process)
+    sandbox_end.close()
+    threading.Timer(0.3, process.far.close).start()
+    started = time.monotonic()
+    assert channel.read() == b""
+    assert time.monotonic() - started >= 0.25
+    channel.close()
+
+
+@pytest.mark.fast
+def test_socket_folders_are_exact_unlistable_and_tidied(tmp_path: Path) -> None:
+    from sandbox_kernel.backends.agent_sockets import FOLDER_MODE, AgentSocketFolders
+
+    folders = AgentSocketFolders(str(tmp_path / "state"))
+    old = os.umask(0o077)  # a strict umask must not take the sandbox's way in
+    try:
+        made = [folders.ensure(name) for name in ("live", "gone", "new")]
+    finally:
+        os.umask(old)
+    assert all(f.stat().st_mode & 0o777 == FOLDER_MODE for f in made)
+    assert folders.root.stat().st_mode & 0o777 == 0o711
+    listener = AgentListener(str(made[1]))  # a socket left in it, as by a killed kernel
+    for folder in made[:2]:
+        os.utime(folder, (1, 1))  # long ago
+    folders.sweep({"live"})
+    assert [f.exists() for f in made] == [True, False, True]  # live, or made just now: kept
+    folders.release("live")
+    assert not made[0].exists()
+    listener.close()
+
+
 # -- with Docker -------------------------------------------------------------------------
 
 WHERE = """

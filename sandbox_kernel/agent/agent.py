@@ -49,6 +49,10 @@ import traceback
 OUTPUT_LIMIT = int(os.environ.get("SANDBOX_AGENT_OUTPUT_LIMIT") or 10_000_000)
 CELL_TIMEOUT = float(os.environ.get("SANDBOX_AGENT_CELL_TIMEOUT") or 0)
 FLUSH_DELAY = 0.02
+# Seconds the flusher holds back the end of a line not finished yet (``print('a', n)``
+# writes four times): a loaded machine must not split one printed line into two outputs
+# (a notebook run by nbclient stores each as its own). ipykernel's whole interval.
+PARTIAL_HOLD = 0.2
 FLUSH_SIZE = 64 * 1024
 
 
@@ -198,11 +202,16 @@ class Output:
         self.flush()
         return False
 
-    def flush(self):
+    def flush(self, whole_lines=False):
+        """Send what the streams hold; with ``whole_lines``, keep an unfinished last line
+        back (True when something was kept)."""
         with self.lock:
             parts, self.parts = self.parts, []
-            self.sent += self.size
-            self.size = 0
+            if whole_lines:
+                parts, self.parts = unfinished_line(parts)
+            kept = sum(len(text) for _, text in self.parts)
+            self.sent += self.size - kept
+            self.size = kept
             # Consecutive writes to one stream become one message.
             merged = []
             for name, text in parts:
@@ -214,16 +223,39 @@ class Output:
                 text = "".join(texts)
                 if not self.wire.send_packed("stream", {"name": name, "text": text}):
                     self.wire.send(ev="stream", name=name, text=text)
+        return bool(self.parts)
 
     def _flusher(self):
+        held_since = None  # when the flusher first kept an unfinished line back
         while True:
             self.wake.wait()
             time.sleep(FLUSH_DELAY)
             self.wake.clear()
             try:
-                self.flush()
+                held_too_long = held_since is not None and (
+                    time.monotonic() - held_since >= PARTIAL_HOLD
+                )
+                if self.flush(whole_lines=not held_too_long):
+                    held_since = held_since or time.monotonic()
+                    self.wake.set()  # look again: it goes out at the latest after the hold
+                else:
+                    held_since = None
             except Exception:
                 pass
+
+
+def unfinished_line(parts):
+    """(what to send, what to keep): the last stream's text after its last newline stays."""
+    if not parts or parts[-1][1].endswith("\n"):
+        return parts, []
+    name = parts[-1][0]
+    i = len(parts)
+    while i > 0 and parts[i - 1][0] == name and "\n" not in parts[i - 1][1]:
+        i -= 1
+    if i == 0 or parts[i - 1][0] != name:
+        return parts[:i], parts[i:]
+    head, newline, tail = parts[i - 1][1].rpartition("\n")
+    return parts[: i - 1] + [(name, head + newline)], [(name, tail)] + parts[i:]
 
 
 def truncation_notice():
@@ -1492,7 +1524,9 @@ def connect_kernel():
         path, token = offer.get("path"), offer.get("token")
     except (ValueError, AttributeError):
         return None
-    if not isinstance(path, str) or not isinstance(token, str) or not token.isalnum():
+    if not isinstance(path, str) or not isinstance(token, str):
+        return None
+    if not token or any(c not in "0123456789abcdef" for c in token):
         return None
     import socket
 

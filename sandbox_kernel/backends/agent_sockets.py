@@ -8,8 +8,10 @@ at :data:`AGENT_SOCKETS`. A kernel listens there (:class:`AgentListener`), the
 interpreter connects and proves it is the one the kernel started with a one-time token.
 The socket's random name and the token reach it on its stdin, never in argv or the
 environment, which other processes of the sandbox could read before the interpreter
-hardens itself; the folder cannot be listed from inside, and the listener is bound in
-the host's network namespace, so no ``/proc/net/unix`` of the sandbox shows it. From then
+hardens itself (before that, the same moment's exposure as the exec's own stdin and
+stdout); the folder cannot be listed from inside, whatever uid the sandbox runs as, and
+the listener is bound in the host's network namespace, so no ``/proc/net/unix`` of the
+sandbox shows it (the host's does, to host users, who would still need the token). From then
 on the protocol runs over that socket (:class:`SocketChannel`) and the exec only tells
 when the interpreter ends, as it did before.
 
@@ -32,13 +34,22 @@ import threading
 import time
 from pathlib import Path
 
+from ..safefs import make_folder
 from .base import Channel, SandboxError
+from .docker_channel import close_socket
+from .docker_mounts import FRESH, _locked
 
 log = logging.getLogger(__name__)
 
 AGENT_SOCKETS = "/run/kernel-sockets"  # the folder as the sandbox sees it (read-only)
 TOKEN_BYTES = 32
-FRESH = 600.0  # seconds a folder with no container may be one being made right now
+# Write and search for this host user (to bind and remove sockets), search for the
+# sandbox: no one lists it, the sandbox's user not even when it is this very uid (a
+# server that is not root), and the read-only mount keeps it from changing that.
+FOLDER_MODE = 0o311
+# Seconds a reader that saw the socket end waits for the exec to end as well: what it
+# asks next (the exit status, an out-of-memory kill) is known only then.
+PROCESS_END_WAIT = 3.0
 # Seconds one connection has to bring the token. The interpreter sends it before it says
 # ready, so it is there when the kernel accepts; anyone who connected first and stays
 # silent costs the kernel this long, not the whole wait.
@@ -55,29 +66,39 @@ class AgentSocketFolders:
         return self.root / name
 
     def ensure(self, name: str) -> Path:
-        """The container's folder, made if missing: the engine refuses to start a
-        container whose mount source is gone (the state folder tidied, say)."""
-        folder = self.folder(name)
-        # Only this user writes them; a sandbox's user (any uid) may pass, not list.
-        self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        folder.mkdir(mode=0o711, exist_ok=True)
+        """The container's folder, made if missing and marked fresh: the engine refuses
+        to start a container whose mount source is gone (the state folder tidied, say),
+        and a sweep must not take it between this and the create or start."""
+        with _locked(self.root):
+            folder = make_folder(self.root, name)
+            os.chmod(self.root, 0o711)  # exact, whatever the umask
+            os.chmod(folder, FOLDER_MODE)
+            os.utime(folder)
         return folder
 
     def release(self, name: str) -> None:
         """Remove the folder of a container that is gone (what a kernel left in it, too)."""
-        shutil.rmtree(self.folder(name), ignore_errors=True)
+        with _locked(self.root):
+            self._remove(self.folder(name))
 
     def sweep(self, live: set[str]) -> None:
         """Remove the folders of containers removed behind our back (``docker rm``)."""
         if not self.root.is_dir():
             return
-        for folder in self.root.iterdir():
-            try:
-                fresh = time.time() - folder.lstat().st_mtime < FRESH
-            except OSError:
-                continue
-            if folder.name not in live and not fresh:
-                self.release(folder.name)
+        with _locked(self.root):
+            for folder in self.root.iterdir():
+                try:
+                    fresh = time.time() - folder.lstat().st_mtime < FRESH
+                except OSError:
+                    continue
+                if folder.is_dir() and folder.name not in live and not fresh:
+                    self._remove(folder)
+
+    @staticmethod
+    def _remove(folder: Path) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(folder, 0o700)  # listable again, for the removal
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class AgentListener:
@@ -88,8 +109,8 @@ class AgentListener:
         self.name = f"k-{secrets.token_hex(8)}"
         self.inside = f"{AGENT_SOCKETS}/{self.name}"
         self._folder = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             # Through the folder's descriptor: a state folder's path may be longer than
             # a socket address can be (108 bytes).
             address = f"/proc/self/fd/{self._folder}/{self.name}"
@@ -97,7 +118,10 @@ class AgentListener:
             os.chmod(address, 0o666)  # whichever uid the sandbox's user is on this host
             self._sock.listen(8)
         except OSError:
-            self.close()
+            if hasattr(self, "_sock"):
+                self.close()
+            else:
+                os.close(self._folder)
             raise
 
     def accept(self, within: float) -> socket.socket:
@@ -111,8 +135,11 @@ class AgentListener:
             self._sock.settimeout(left)
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
-                continue  # the time-out, checked above
+            except TimeoutError:
+                continue  # checked above
+            except OSError:  # out of descriptors, a connection aborted: not in a spin
+                time.sleep(0.05)
+                continue
             if self._proves(conn, min(deadline, time.monotonic() + TOKEN_PATIENCE)):
                 conn.settimeout(None)
                 return conn
@@ -151,6 +178,7 @@ class SocketChannel(Channel):
         self._process = process
         self._write_lock = threading.Lock()
         self._closed = False
+        self._process_ended = threading.Event()
         threading.Thread(target=self._watch_process, name="agent-exec", daemon=True).start()
 
     @property
@@ -160,6 +188,7 @@ class SocketChannel(Channel):
     def _watch_process(self) -> None:
         while self._process.read():
             pass
+        self._process_ended.set()
         # The interpreter ended (or its exec did): what reads the socket hears so, even
         # when a process it left behind still holds the socket open.
         with contextlib.suppress(OSError):
@@ -167,9 +196,12 @@ class SocketChannel(Channel):
 
     def read(self, size: int = 1 << 20) -> bytes:
         try:
-            return self._sock.recv(size)
+            data = self._sock.recv(size)
         except OSError:
-            return b""
+            data = b""
+        if not data:  # the interpreter closed it: its watcher is still ending the rest
+            self._process_ended.wait(PROCESS_END_WAIT)
+        return data
 
     def write(self, data: bytes) -> None:
         with self._write_lock:
@@ -185,8 +217,5 @@ class SocketChannel(Channel):
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        close_socket(self._sock)
         self._process.close()
