@@ -163,6 +163,48 @@ def test_socket_folders_are_exact_unlistable_and_tidied(tmp_path: Path) -> None:
     listener.close()
 
 
+@pytest.mark.fast
+def test_socket_folders_work_for_a_server_that_is_not_root(tmp_path: Path) -> None:
+    """Its folders are its own but unreadable (0311), even to it: nothing may need to
+    list or open one, except the removal, which makes it listable first. (As root, a
+    child process that became another uid plays the server.)"""
+    import tempfile
+
+    from sandbox_kernel.backends.agent_sockets import AgentSocketFolders
+
+    if os.geteuid() == 0:  # a place the other uid can reach (pytest's own is root's, 0700)
+        tmp_path = Path(tempfile.mkdtemp(prefix="sk-not-root-"))
+        tmp_path.chmod(0o777)
+    folders = AgentSocketFolders(str(tmp_path / "state"))
+
+    def serve() -> str:
+        for _ in range(2):  # made, then kept: a start after a create
+            folder = folders.ensure("c1")
+        AgentListener(str(folder)).close()
+        folders.release("c1")
+        return f"{folder.exists()} {oct(folders.root.stat().st_mode & 0o777)}"
+
+    if os.geteuid() != 0:
+        assert serve() == "False 0o711"
+        return
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            result = serve()
+        except BaseException as exc:
+            result = repr(exc)
+        os.write(write, result.encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    shutil.rmtree(tmp_path)
+    with os.fdopen(read) as answer:
+        assert answer.read() == "False 0o711"
+
+
 # -- with Docker -------------------------------------------------------------------------
 
 WHERE = """

@@ -204,7 +204,7 @@ class Output:
 
     def flush(self, whole_lines=False):
         """Send what the streams hold; with ``whole_lines``, keep an unfinished last line
-        back (True when something was kept)."""
+        back. Returns (whether something was sent, whether something was kept)."""
         with self.lock:
             parts, self.parts = self.parts, []
             if whole_lines:
@@ -212,6 +212,7 @@ class Output:
             kept = sum(len(text) for _, text in self.parts)
             self.sent += self.size - kept
             self.size = kept
+            result = (bool(parts), kept > 0)
             # Consecutive writes to one stream become one message.
             merged = []
             for name, text in parts:
@@ -223,7 +224,7 @@ class Output:
                 text = "".join(texts)
                 if not self.wire.send_packed("stream", {"name": name, "text": text}):
                     self.wire.send(ev="stream", name=name, text=text)
-        return bool(self.parts)
+        return result
 
     def _flusher(self):
         held_since = None  # when the flusher first kept an unfinished line back
@@ -235,8 +236,9 @@ class Output:
                 held_too_long = held_since is not None and (
                     time.monotonic() - held_since >= PARTIAL_HOLD
                 )
-                if self.flush(whole_lines=not held_too_long):
-                    held_since = held_since or time.monotonic()
+                sent, kept = self.flush(whole_lines=not held_too_long)
+                if kept:  # a line begun after what went out is held from now
+                    held_since = time.monotonic() if sent or held_since is None else held_since
                     self.wake.set()  # look again: it goes out at the latest after the hold
                 else:
                     held_since = None

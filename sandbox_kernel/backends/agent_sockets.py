@@ -30,14 +30,14 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
 
-from ..safefs import make_folder
 from .base import Channel, SandboxError
 from .docker_channel import close_socket
-from .docker_mounts import FRESH, _locked
+from .docker_mounts import FRESH, folder_lock
 
 log = logging.getLogger(__name__)
 
@@ -69,23 +69,30 @@ class AgentSocketFolders:
         """The container's folder, made if missing and marked fresh: the engine refuses
         to start a container whose mount source is gone (the state folder tidied, say),
         and a sweep must not take it between this and the create or start."""
-        with _locked(self.root):
-            folder = make_folder(self.root, name)
+        with folder_lock(self.root):
+            folder = self.folder(name)
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir()
+            # Only this host user writes the root folder: no link can be planted here.
+            if not stat.S_ISDIR(folder.lstat().st_mode):
+                raise SandboxError(f"{folder} is not a folder; remove it")
             os.chmod(self.root, 0o711)  # exact, whatever the umask
-            os.chmod(folder, FOLDER_MODE)
+            os.chmod(folder, FOLDER_MODE)  # (not opened: without r even its owner cannot)
             os.utime(folder)
         return folder
 
     def release(self, name: str) -> None:
         """Remove the folder of a container that is gone (what a kernel left in it, too)."""
-        with _locked(self.root):
+        if not self.root.is_dir():
+            return  # never had one (a remote engine, a sandbox made before)
+        with folder_lock(self.root):
             self._remove(self.folder(name))
 
     def sweep(self, live: set[str]) -> None:
         """Remove the folders of containers removed behind our back (``docker rm``)."""
         if not self.root.is_dir():
             return
-        with _locked(self.root):
+        with folder_lock(self.root):
             for folder in self.root.iterdir():
                 try:
                     fresh = time.time() - folder.lstat().st_mtime < FRESH

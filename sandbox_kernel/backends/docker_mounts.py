@@ -146,7 +146,7 @@ class WorkspaceMounts:
     def _idmap(self, folder: Path, point: Path, uid: int, gid: int, expect: str = "") -> None:
         """Make (or keep) the idmapped mount; one process at a time per sandbox. With
         ``expect`` ("device:inode"), only of that very folder."""
-        with _locked(point.parent) as lock:
+        with folder_lock(point.parent) as lock:
             os.utime(lock.fileno())  # made now: the sweep spares it for FRESH seconds
             try:
                 idmap.mount(folder, point, uid, gid, expect=expect)
@@ -179,13 +179,13 @@ class WorkspaceMounts:
         folder = self._base() / name
         if not folder.is_dir():
             return False
-        with _locked(folder) as lock:
+        with folder_lock(folder) as lock:
             if time.time() - os.fstat(lock.fileno()).st_mtime < older_than:
                 return False
             for what in ("work", "workspace"):
                 idmap.unmount(folder / what)
             # The lock file last, while held: whoever waits on it then finds it gone and
-            # starts over (see _locked), never mounting into a folder being removed.
+            # starts over (see folder_lock), never mounting into a folder being removed.
             remove_mount_folder(folder)
         return True
 
@@ -211,7 +211,7 @@ def remove_mount_folder(folder: Path) -> None:
 
 
 @contextmanager
-def _locked(folder: Path) -> Iterator[IO[str]]:
+def folder_lock(folder: Path) -> Iterator[IO[str]]:
     """The lock of one sandbox's mount folder, held: one process at a time mounts or
     releases there. Its file's time says when the mounts were last made. A release
     removes the file with the folder: whoever waited on that file tries again."""

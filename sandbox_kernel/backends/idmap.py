@@ -50,7 +50,7 @@ _CLONE_NEWUSER = 0x10000000
 # is no cat), made to enter a new namespace between fork and exec. Not a Python
 # interpreter importing ctypes to call unshare itself: that cost each start 50 ms.
 def _holder() -> list[str]:
-    cat = shutil.which("cat")
+    cat = shutil.which("cat", path="/usr/bin:/bin")
     return [cat] if cat else [sys.executable, "-I", "-S", "-c", "import sys; sys.stdin.read()"]
 
 
