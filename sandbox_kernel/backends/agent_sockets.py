@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from .base import Channel, SandboxError
-from .docker_channel import close_socket
+from .docker_channel import close_socket, send_or_gone
 from .docker_mounts import FRESH, folder_lock
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,10 @@ class AgentListener:
         self._folder = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError:
+            os.close(self._folder)
+            raise
+        try:
             # Through the folder's descriptor: a state folder's path may be longer than
             # a socket address can be (108 bytes).
             address = f"/proc/self/fd/{self._folder}/{self.name}"
@@ -125,10 +129,7 @@ class AgentListener:
             os.chmod(address, 0o666)  # whichever uid the sandbox's user is on this host
             self._sock.listen(8)
         except OSError:
-            if hasattr(self, "_sock"):
-                self.close()
-            else:
-                os.close(self._folder)
+            self.close()
             raise
 
     def accept(self, within: float) -> socket.socket:
@@ -211,11 +212,7 @@ class SocketChannel(Channel):
         return data
 
     def write(self, data: bytes) -> None:
-        with self._write_lock:
-            try:
-                self._sock.sendall(data)
-            except OSError as exc:
-                raise SandboxError(f"the sandbox process is gone ({exc})") from exc
+        send_or_gone(self._sock, self._write_lock, data, "the sandbox process")
 
     def exit_status(self) -> int | None:
         return self._process.exit_status()

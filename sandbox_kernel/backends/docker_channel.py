@@ -26,6 +26,16 @@ def close_socket(sock: socket.socket) -> None:
             pass
 
 
+def send_or_gone(sock: socket.socket, lock: threading.Lock, data: bytes, what: str) -> None:
+    """Send all of ``data`` (one writer at a time); a socket that broke means ``what``
+    is gone, which the kernel reports as such."""
+    with lock:
+        try:
+            sock.sendall(data)
+        except OSError as exc:
+            raise SandboxError(f"{what} is gone ({exc})") from exc
+
+
 class DockerChannel(Channel):
     """The attach socket of a ``docker exec`` with stdin, demultiplexed.
 
@@ -62,11 +72,7 @@ class DockerChannel(Channel):
         return None if state.get("Running") else state.get("ExitCode")
 
     def write(self, data: bytes) -> None:
-        with self._write_lock:
-            try:
-                self._sock.sendall(data)
-            except OSError as exc:
-                raise SandboxError(f"the sandbox process is gone ({exc})") from exc
+        send_or_gone(self._sock, self._write_lock, data, "the sandbox process")
 
     def _recv_exact(self, size: int) -> bytes:
         buf = bytearray()
@@ -205,11 +211,7 @@ class DockerPty(Pty):
             return b""
 
     def write(self, data: bytes) -> None:
-        with self._write_lock:
-            try:
-                self._sock.sendall(data)
-            except OSError as exc:
-                raise SandboxError(f"the sandbox's terminal is gone ({exc})") from exc
+        send_or_gone(self._sock, self._write_lock, data, "the sandbox's terminal")
 
     def resize(self, rows: int, cols: int) -> None:
         # Right after the start the engine may not know the process yet: try a few times.
