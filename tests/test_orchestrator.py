@@ -44,11 +44,13 @@ def run_cell(kc: Any, code: str) -> str:
 
 
 def test_flavor_variant_resizes_in_place_and_gc_loses_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     """A kernelspec variant with a larger flavor on a user's existing sandbox: the same
     sandbox grows (its packages stay), the kernel says so, and the reaper keeps it."""
     env = make_kernel_env(tmp_path)
+    # Its own user (not docker_cleanup's): its sandbox goes with it, as every test's does.
+    request.addfinalizer(lambda: remove_user_containers(env.user))
     monkeypatch.setenv("JUPYTER_PATH", env.jupyter_path)
     cfg = env.config(
         orphan_grace=0,
