@@ -1316,7 +1316,7 @@ def oom_kills():
     return 0
 
 
-def read_secret(limit=256):
+def read_stdin_line(limit=256):
     """One line the kernel sends right after the source: a spare's one-time secret (the
     kernel sends it only when it names a spare), then its socket's (see connect_kernel).
     Byte by byte: what follows on fd 0 is not ours to read."""
@@ -1341,7 +1341,7 @@ def hand_over(path, pid, start):
     import socket
     import struct
 
-    secret = read_secret()
+    secret = read_stdin_line()
     conn = socket.socket(socket.AF_UNIX)
     conn.settimeout(5)
     try:
@@ -1431,7 +1431,7 @@ def wait_as_spare(path):
 
     global OUTPUT_LIMIT, CELL_TIMEOUT
     os.environ.pop("SANDBOX_AGENT_SPARE_LISTEN", None)
-    secret = read_secret()
+    secret = read_stdin_line()
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay below us, for the kill
     listener = socket.socket(socket.AF_UNIX)
     address = socket_address(path)
@@ -1522,7 +1522,7 @@ def connect_kernel():
     if os.environ.pop("SANDBOX_AGENT_CHANNEL", "") != "1":
         return None
     try:
-        offer = json.loads(read_secret(512) or "{}")
+        offer = json.loads(read_stdin_line(512) or "{}")
         path, token = offer.get("path"), offer.get("token")
     except (ValueError, AttributeError):
         return None

@@ -412,8 +412,6 @@ class DockerBackend(Backend):
     def _start(self, container: Inspected) -> SandboxInfo:
         """Start the container (its idmapped mounts first); the sandbox as it runs."""
         self._mounts.remount(container.labels)
-        if container.labels.get(LABEL_AGENT_SOCKETS):
-            self._sockets.ensure(container.name)
         with engine_errors("start", self._id(container), refused=SandboxFailed):
             self._engine.start_container(container.id)
         started = self._reinspect(container)
@@ -479,6 +477,8 @@ class DockerBackend(Backend):
         elif container.status != "running":
             if progress:
                 progress(f"starting sandbox {sandbox_id}")
+            if container.labels.get(LABEL_AGENT_SOCKETS):  # (a create made it just now)
+                self._sockets.ensure(container.name)
             return self._start(container)
         return container_info(self._installation, self._reinspect(container))
 
