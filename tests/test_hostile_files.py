@@ -1096,15 +1096,19 @@ def restore_d_and_x(ws: Path, host: Path) -> None:
     # Made under a name the attacker does not touch, then renamed into place: once both
     # names exist again the exchange resumes at once, and a path through ``missing``
     # might already lead to the host folder.
+    # Owned as the workspace is on the host: that is the owner the sandbox user has in its
+    # (possibly idmapped) view. An owner the view does not map cannot be renamed in it,
+    # which would stop the exchange for the rest of the phase.
+    owner = os.stat(ws)
     stage = ws / ".restore"
     if os.path.islink(ws / other):
         stage.mkdir()
         (stage / "f").write_bytes(b"inside")
-        os.chown(stage / "f", 1000, 1000)
-        os.chown(stage, 1000, 1000)
+        os.chown(stage / "f", owner.st_uid, owner.st_gid)
+        os.chown(stage, owner.st_uid, owner.st_gid)
     else:
         os.symlink(host, stage)
-        os.lchown(stage, 1000, 1000)
+        os.lchown(stage, owner.st_uid, owner.st_gid)
     os.rename(stage, ws / missing)
 
 
@@ -1194,7 +1198,10 @@ async def test_webdav_folder_swap_race(
                 problems.extend(f"{operation}: {text}" for text in found)
                 secrets.restore()
             if operation == "rmtree":
+                # A removal stops the exchange until both names exist again; the next
+                # try waits until the host sees it running, so every try is raced.
                 restore_d_and_x(ws, secrets.folder)
+                saw_both(ws / "d")
         stats = finish_attack(attacker, swaps=1000)
     finally:
         os.close(inside)
