@@ -153,7 +153,12 @@ class AgentConnection:
         timer.daemon = True
         timer.start()
         try:
-            self.channel.write(source)
+            try:
+                self.channel.write(source)
+            except SandboxError:
+                if expired.is_set():  # closed by the timer, in the middle of the write
+                    raise not_started(within) from None
+                raise
             buf = bytearray()
             while b"\n" not in buf.lstrip(b"\n"):
                 chunk = self.channel.read()
