@@ -35,8 +35,9 @@ if TYPE_CHECKING:
     from .connection import AgentConnection
 
 log = logging.getLogger(__name__)
-# A warm spare says ready once its kernel's start program hands it the channel: it has
-# warmed up by then, or nearly. Past this it is given up for a cold start.
+# The child a warm spare forks says ready once its kernel's start program handed it the
+# channel (the spare has imported IPython by then, or nearly). Past this it is given up
+# for a cold start.
 SPARE_START_TIMEOUT = 20.0
 # Seconds an interpreter that said it connected to its socket has to show up there.
 CONNECT_WAIT = 10.0
@@ -166,14 +167,20 @@ class SandboxSession:
         from .connection import START_TIMEOUT
 
         if self.backend.keeps_spares:
-            record = self.service.store.take_spare(self.backend.name, info.id, info.engine_id)
+            store = self.service.store
+            record = store.spare_for(self.backend.name, info.id, info.engine_id)
             if record is not None and record.secret:
                 spare = (SPARE_SOCKET, record.pid, record.start_time)
                 secret = record.secret.encode() + b"\n"  # on stdin, never in argv
                 try:
-                    return self._run_agent(info, env, spare, secret, SPARE_START_TIMEOUT)
+                    agent = self._run_agent(info, env, spare, secret, SPARE_START_TIMEOUT)
                 except SandboxError as exc:  # a spare only saves time: start cold
                     log.info("the warm interpreter did not take over (%s): starting one", exc)
+                    store.forget_spare(self.backend.name, info.id, record.pid)
+                else:
+                    if not agent.ready.get("warm"):  # it started cold: the spare is gone
+                        store.forget_spare(self.backend.name, info.id, record.pid)
+                    return agent
         return self._run_agent(info, env, None, b"", START_TIMEOUT)
 
     def _run_agent(

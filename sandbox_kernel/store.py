@@ -418,22 +418,33 @@ class Store:
                 ),
             )
 
-    def take_spare(self, backend: str, sandbox_id: str, engine_id: str) -> Spare | None:
-        """The recorded spare of this incarnation of the sandbox, removed from the record
-        (one kernel takes it; the next one finds a new spare or starts cold)."""
+    def spare_for(self, backend: str, sandbox_id: str, engine_id: str) -> Spare | None:
+        """The recorded spare of this incarnation of the sandbox. It stays recorded: it
+        forks an interpreter for every kernel that takes one. A spare of an earlier
+        incarnation (the container was made again) is forgotten."""
         with closing(self._connect()) as conn:
             conn.execute("BEGIN IMMEDIATE")
             row = conn.execute(
                 "SELECT engine_id, pid, start_time, host_pid, secret FROM spares WHERE backend = ? AND sandbox_id = ?",
                 (backend, sandbox_id),
             ).fetchone()
-            conn.execute(
-                "DELETE FROM spares WHERE backend = ? AND sandbox_id = ?", (backend, sandbox_id)
-            )
+            if row is not None and row[0] != engine_id:
+                conn.execute(
+                    "DELETE FROM spares WHERE backend = ? AND sandbox_id = ?", (backend, sandbox_id)
+                )
             conn.execute("COMMIT")
         if row is None or row[0] != engine_id:
             return None
         return Spare(*row)
+
+    def forget_spare(self, backend: str, sandbox_id: str, pid: int) -> None:
+        """Forget the spare ``pid`` (it did not serve a kernel), so that the next kernel's
+        housekeeping starts another; a newer spare recorded meanwhile stays."""
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "DELETE FROM spares WHERE backend = ? AND sandbox_id = ? AND pid = ?",
+                (backend, sandbox_id, pid),
+            )
 
     def spare(self, backend: str, sandbox_id: str) -> Spare | None:
         with closing(self._connect()) as conn:

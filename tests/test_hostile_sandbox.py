@@ -331,6 +331,12 @@ def interpreter(kc: Any) -> dict[int, str]:
     return {pid: start}
 
 
+def interpreter_parent(kc: Any) -> int:
+    """The parent pid of the interpreter behind a kernel: the warm spare that forked it,
+    or the watcher of a cold start."""
+    return int(ok_cell(kc, "import os; print(os.getppid())"))
+
+
 def ok_cell(kc: Any, code: str, timeout: float = 60) -> str:
     """Run a cell that must succeed; its stdout."""
     reply, outputs = run(kc, code, timeout=timeout)
@@ -431,7 +437,7 @@ try:
     answer = conn.recv(1)
 except OSError as exc:
     answer = repr(exc).encode()
-if answer != b'k':  # the spare would not serve us: the attack ends here
+if answer not in (b'k', b'K'):  # the spare would not serve us: the attack ends here
     with open(record, 'a') as fh:
         fh.write(json.dumps({'ev': 'refused', 'answer': answer.decode(errors='replace')}) + '\\n')
     sys.exit()
@@ -517,6 +523,81 @@ def read_record(container: Any, record: str) -> list[dict]:
         container, "import sys; print(open(sys.argv[1]).read())", record, check=False
     )
     return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+# A cell of an interpreter the warm spare forked hunts its own memory (which is a copy
+# of the spare's) for the spare's secret: every 64-hex-digit string, each tried against
+# the spare as a kernel's start program would present it. A string the cell planted
+# itself proves that the hunt sees what is in memory.
+_HUNT_SECRET = f"""
+import array, ctypes, json, os, re, secrets, socket
+ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again: /proc/self/mem opens (our own)
+planted = bytearray(secrets.token_hex(32).encode())
+found = set()
+pattern = re.compile(rb'(?<![0-9a-f])[0-9a-f]{{64}}(?![0-9a-f])')
+with open('/proc/self/maps') as fh:
+    maps = fh.read().splitlines()  # all of it before reading: our reads map memory
+with open('/proc/self/mem', 'rb', 0) as mem:
+    for line in maps:
+        fields = line.split()
+        if 'r' not in fields[1] or (len(fields) > 5 and fields[5] in ('[vvar]', '[vsyscall]')):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split('-'))
+        try:
+            mem.seek(start)
+            chunk = mem.read(end - start)
+        except (OSError, OverflowError, ValueError):
+            continue
+        found.update(m.group() for m in pattern.finditer(chunk))
+seen_planted = bytes(planted) in found
+found.discard(bytes(planted))
+path = {SPARE_SOCKET!r}
+address = '\\0' + path[1:] if path.startswith('@') else path
+accepted = []
+for candidate in sorted(found)[:300]:
+    r, w = os.pipe()
+    conn = socket.socket(socket.AF_UNIX)
+    conn.settimeout(5)
+    try:
+        conn.connect(address)
+        settings = json.dumps({{'env': {{}}, 'cwd': '/workspace'}}).encode()
+        conn.sendmsg([candidate + b'\\n' + settings],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [r, w]))])
+        if conn.recv(1) in (b'k', b'K'):
+            accepted.append(candidate.decode())
+    except OSError:
+        pass
+    finally:
+        conn.close()
+        os.close(r)
+        os.close(w)
+print(json.dumps({{'planted_seen': seen_planted, 'candidates': sorted(c.decode() for c in found),
+                  'accepted': accepted}}))
+"""
+
+
+def test_a_spares_child_holds_no_copy_of_its_secret(kernels: Kernels) -> None:
+    """Attack: the warm spare forks every kernel's interpreter, so each starts as a copy
+    of the spare's memory, where the secret that makes the spare serve someone lives.
+    A cell that found it could have the spare fork interpreters for it, outside its
+    kernel's process tree and free of its kernel's Landlock rule. The cell of a kernel
+    the spare served hunts its own memory for every 64-hex-digit string and presents
+    each to the spare: none may be the secret the host recorded, and the spare must
+    serve none. The hunt must see the string the cell planted (the proof it looks)."""
+    start_kernel(kernels)
+    container = kernels.container()
+    spare = wait_for_spare(container)
+    assert spare, "no warm spare appeared for the second kernel"
+    _, kc = kernels.start()
+    assert interpreter_parent(kc) == spare, "the second kernel's interpreter is not the spare's"
+    assert kernels.env is not None
+    record = Store(kernels.env.config()).spare("docker", kernels.sandbox_id)
+    assert record is not None and len(record.secret) == 64, "the host recorded no spare secret"
+    hunt = json.loads(ok_cell(kc, _HUNT_SECRET, timeout=120))
+    assert hunt["planted_seen"], "the hunt did not see the string it planted (test bug)"
+    assert record.secret not in hunt["candidates"], "the spare's secret is in its child's memory"
+    assert hunt["accepted"] == [], f"the spare served a cell: {hunt['accepted']}"
+    assert listener_at(container, SPARE_SOCKET) == spare, "the spare no longer waits"
 
 
 def test_planted_spare_listener_gets_nothing(kernels: Kernels) -> None:
@@ -611,7 +692,9 @@ def test_gil_held_interpreter_ends_with_its_kernel(kernels: Kernels) -> None:
     second = interpreter(kc)
     assert second != first
     if spare:  # both ways an interpreter starts are attacked
-        assert list(second) == [spare], "the restarted kernel did not take the warm spare"
+        assert interpreter_parent(kc) == spare, (
+            "the restarted kernel's interpreter is not the spare's"
+        )
     stuck_cell_then(kc)
     km.shutdown_kernel(now=False)
     left = wait_gone(container, second)
@@ -657,14 +740,13 @@ print(json.dumps({name: [pid, _start_time(pid)] for name, pid in procs.items()})
 )
 
 
-# Freezes the processes that watch this interpreter for its kernel: the parent (cold start:
-# the watcher) and the start program of the kernel a warm spare serves (its command line
-# names the spare's socket and this pid). SIGSTOP needs no privilege: same uid.
+# Freezes the process that watches this interpreter for its kernel: the parent of a cold
+# start (the watcher), or, for an interpreter a warm spare forked, the start program of
+# its kernel (its command line names the spare's socket and the spare's pid: our parent's;
+# the only kernel of the sandbox a spare serves). SIGSTOP needs no privilege: same uid.
 _STOP_SUPERVISORS = f"""
 import json, os, signal
-me, found = os.getpid(), set()
-if os.getppid() > 1:
-    found.add(os.getppid())
+me, parent, found = os.getpid(), os.getppid(), set()
 for p in os.listdir('/proc'):
     if not p.isdigit() or int(p) == me:
         continue
@@ -672,8 +754,10 @@ for p in os.listdir('/proc'):
         argv = open('/proc/%s/cmdline' % p, 'rb').read().split(b'\\0')
     except OSError:
         continue
-    if {SPARE_SOCKET!r}.encode() in argv and str(me).encode() in argv:
+    if {SPARE_SOCKET!r}.encode() in argv and str(parent).encode() in argv:
         found.add(int(p))
+if not found and parent > 1:
+    found.add(parent)
 for pid in found:
     os.kill(pid, signal.SIGSTOP)
 print(json.dumps(sorted(found)))
@@ -696,7 +780,7 @@ def leave_behind_then_kill(kernels: Kernels, start: str, stop_supervisors: bool)
     assert len(live_processes(container, identities)) == 4, "the cell's processes did not all start"
     assert marked_processes(container, marker), "the pid hopper is not running"
     if start == "spare":
-        assert procs["interpreter"][0] == spare, "the second kernel did not take the warm spare"
+        assert interpreter_parent(kc) == spare, "the second kernel's interpreter is not the spare's"
     if stop_supervisors:
         stopped = json.loads(ok_cell(kc, _STOP_SUPERVISORS))
         assert stopped, "the cell found nothing watching its interpreter"

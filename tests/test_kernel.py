@@ -350,11 +350,12 @@ def wait_for_spare(kenv: KernelEnv, other_than: int = 0) -> int:
     raise AssertionError("no spare interpreter appeared")
 
 
-def test_restart_takes_the_warm_spare_and_leaves_a_new_one(
+def test_restart_takes_a_child_of_the_warm_spare_which_stays(
     kernel: tuple[Any, Any], kenv: KernelEnv
 ) -> None:
-    """A kernel leaves a warm interpreter behind; the next start takes it (fresh
-    variables, its own settings, same files) and a new spare replaces it."""
+    """A kernel leaves a warm spare behind; the next start gets an interpreter the spare
+    forked (fresh variables, its own settings, same files) and the spare stays for the
+    kernel after it."""
     km, kc = kernel
     run(kc, "import os\nleftover = 1")
     spare = wait_for_spare(kenv)
@@ -366,11 +367,11 @@ def test_restart_takes_the_warm_spare_and_leaves_a_new_one(
     assert text_of(outputs) == "fresh False\n"
     reply, outputs = run(
         kc,
-        "import os, sys\nprint(os.getpid(), os.getcwd(), os.environ.get('SANDBOX_AGENT_OUTPUT_LIMIT'), sys.stdin.read())",
+        "import os, sys\nprint(os.getppid(), os.getcwd(), os.environ.get('SANDBOX_AGENT_OUTPUT_LIMIT'), sys.stdin.read())",
     )
-    pid, cwd, limit, *rest = text_of(outputs).split()
-    assert (int(pid), cwd, limit, rest) == (spare, "/workspace", "10000000", [])
-    assert wait_for_spare(kenv, other_than=spare) != spare  # the next kernel's
+    parent, cwd, limit, *rest = text_of(outputs).split()
+    assert (int(parent), cwd, limit, rest) == (spare, "/workspace", "10000000", [])
+    assert spare_pids(kenv.user, kenv.root) == [spare]  # the next kernel's too
     reply, outputs = run(
         kc,
         "import subprocess\nprint(subprocess.run(['echo', 'fd capture'], capture_output=False).returncode)",

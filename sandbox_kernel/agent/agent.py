@@ -1006,7 +1006,7 @@ def enable_user_site():
 
 
 SPARE_TTL = 600.0  # seconds a spare waits for a kernel before it ends (its memory is freed)
-SUPERVISOR = 0  # for a spare that took a kernel's channel: the process that stays as the channel
+SUPERVISOR = 0  # for a spare's child: the kernel's start program, which stays as the channel
 
 # -- hardening and process supervision ----------------------------------------------------
 PR_SET_PDEATHSIG = 1
@@ -1330,7 +1330,8 @@ def read_stdin_line(limit=256):
 
 
 def hand_over(path, pid, start):
-    """Give this kernel's channel (fds 0 and 1) to the warm spare at ``path``.
+    """Give this kernel's channel (fds 0 and 1) to the warm spare at ``path``, which
+    forks a warmed interpreter for it and says the child's pid.
 
     Only to the spare the host started and recorded: the listener's pid (from the
     kernel, SO_PEERCRED) and its start time must be the ones the host read from its
@@ -1355,26 +1356,44 @@ def hand_over(path, pid, start):
         settings = {
             "env": {k: v for k, v in os.environ.items() if k.startswith("SANDBOX_AGENT_")},
             "cwd": os.getcwd(),
-            "secret": secret,  # proves to the spare that the host sent us (a cell cannot know it)
         }
         before = oom_kills()
+        # The secret on a line of its own, ahead of the settings: it proves to the spare
+        # that the host sent us (a cell cannot know it), and the spare's child can wipe it
+        # from its memory before any cell runs there (see take_channel).
         conn.sendmsg(
-            [json.dumps(settings).encode() + b"\n"],
+            [secret.encode() + b"\n" + json.dumps(settings).encode()],
             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1]))],
         )
-        if conn.recv(1) != b"k":
+        reply = b""
+        while not reply.endswith(b"\n") and len(reply) < 32:
+            chunk = conn.recv(32 - len(reply))
+            if not chunk:
+                break
+            reply += chunk
+        child = int(reply[1:-1]) if reply[:1] == b"K" and reply[1:-1].isdigit() else 0
+        if child <= 1 or parent_of(child) != pid:
             conn.close()
             return False
     except OSError:
         conn.close()
         return False
-    supervise_spare(pid, conn, before)
+    supervise_spare(child, conn, before)
     return True  # not reached: supervise_spare ends the process
 
 
+def parent_of(pid):
+    """The parent pid of ``pid`` (0 when it is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def supervise_spare(pid, conn, oom_before):
-    """Stay as the channel's process while the spare serves it: end when it ends, and
-    kill it (and what its cells started) when the kernel closes the channel."""
+    """Stay as the channel's process while the spare's child ``pid`` serves it: end when
+    it ends, and kill it (and what its cells started) when the kernel closes the channel."""
     os.close(1)
     os.open(os.devnull, os.O_WRONLY)
     conn.settimeout(None)
@@ -1415,24 +1434,19 @@ def displace(path):
 
 
 def wait_as_spare(path):
-    """Listen at ``path`` while warming up; take the fds and settings of the first kernel.
+    """Listen at ``path`` with IPython imported; fork a warm interpreter for each kernel
+    that hands over its channel, and return in that child (the spare itself never
+    returns: it ends when no kernel came within SPARE_TTL).
 
     A spare is started by the host (never by a cell), reads a one-time secret from the
-    host on its stdin, announces "listening" on its own stdout once bound (the host then
-    records its pid, start time and the secret), and returns once a kernel's start
-    program handed over its stdin and stdout (now our fds 0 and 1) *with that secret*:
-    a cell that connects first, to make the spare run its code and then pose as it,
-    is turned away (the spare is non-dumpable: no cell can read the secret from it). It
-    ends when nobody came within SPARE_TTL.
+    host on its stdin, and announces "listening" on its own stdout once bound (the host
+    then records its pid, start time and the secret). Many kernels starting at once in
+    one sandbox (a CI matrix) each take a child, so none pays for importing IPython.
     """
-    import array
-    import hmac
     import socket
 
-    global OUTPUT_LIMIT, CELL_TIMEOUT
     os.environ.pop("SANDBOX_AGENT_SPARE_LISTEN", None)
-    secret = read_stdin_line()
-    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay below us, for the kill
+    secret, length = read_stdin_secret()
     listener = socket.socket(socket.AF_UNIX)
     address = socket_address(path)
     try:
@@ -1446,53 +1460,121 @@ def wait_as_spare(path):
             listener.bind(address)
         except OSError:
             os._exit(0)
-    listener.listen(4)
+    listener.listen(64)
     os.write(1, b"listening\n")
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):  # the host's attach ends now; nothing of ours depends on it
         os.dup2(devnull, fd)
     os.close(devnull)
-    agent = Agent(None)  # the expensive part: IPython imported, its shell built
-    listener.settimeout(SPARE_TTL)
+    warm_up()
+    # Children whose kernels ended are collected at once: a zombie holds a pid of the
+    # sandbox's limit, and looks like a process of an ended kernel that lives on.
+    signal.signal(signal.SIGCHLD, lambda *_: reap_children())
+    last = time.monotonic()
     while True:
+        wait = last + SPARE_TTL - time.monotonic()
+        if wait <= 0:
+            os._exit(0)
+        if not select.select([listener], [], [], wait)[0]:
+            continue
         try:
             conn, _ = listener.accept()
-        except socket.timeout:
-            os._exit(0)
-        conn.settimeout(10)
-        import struct
-
-        global SUPERVISOR
-        SUPERVISOR = struct.unpack(
-            "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        )[0]
-        try:
-            msg, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(2 * 4))
         except OSError:
-            conn.close()
             continue
-        fds = array.array("i")
-        for level, kind, data in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[: len(data) - len(data) % 4])
+        last = time.monotonic()
         try:
-            offered = json.loads(msg.decode("utf-8") or "{}")
-        except ValueError:
-            offered = {}
-        proof = offered.get("secret") if isinstance(offered, dict) else None
-        if (
-            len(fds) < 2
-            or not secret
-            or not isinstance(proof, str)
-            or not hmac.compare_digest(proof, secret)
-        ):
-            for fd in fds:
-                os.close(fd)
-            conn.close()  # a probe, or a hand-over from anyone but the host's kernel
+            child = os.fork()
+        except OSError:
+            conn.close()  # its kernel starts cold
             continue
-        break
-    listener.close()
-    settings = offered
+        if child == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # cells wait for their own
+            listener.close()
+            return take_channel(conn, secret, length)
+        conn.close()
+
+
+def warm_up():
+    """Import what every interpreter imports to build its shell (most of a cold start's
+    time), without building one: a fork inherits modules, not threads or open files."""
+    if os.environ.get("SANDBOX_AGENT_NO_IPYTHON"):
+        return
+    try:
+        import IPython.core.displayhook  # noqa: F401
+        import IPython.core.displaypub  # noqa: F401
+        import IPython.core.interactiveshell  # noqa: F401
+    except ImportError:
+        pass
+
+
+def read_stdin_secret(size=128):
+    """The spare's secret from stdin, read in place into a bytearray (no copies of it in
+    freed memory), so that each forked child can wipe it before its cells run."""
+    import io
+
+    secret = bytearray(size)
+    view = memoryview(secret)
+    raw = io.FileIO(0, "rb", closefd=False)
+    length = 0
+    while length < size and raw.readinto(view[length : length + 1]) == 1:
+        if secret[length] == 10:
+            secret[length] = 0
+            break
+        length += 1
+    return secret, length
+
+
+def wipe(buffer, length):
+    for i in range(length):
+        buffer[i] = 0
+
+
+def take_channel(conn, secret, length):
+    """In a child of the spare: take the kernel's fds and settings if it proves it was
+    sent by the host (its start program read the secret from the host), else end.
+
+    The secret is then wiped from this process, the one the kernel's cells run in: a
+    cell that found it could have the spare fork interpreters of its own outside its
+    kernel's process tree, with settings of its choosing (no Landlock rule).
+    Returns the connection the start program waits on: it ends when we do.
+    """
+    import array
+    import hmac
+    import socket
+    import struct
+
+    global OUTPUT_LIMIT, CELL_TIMEOUT, SUPERVISOR
+    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay below us, for the kill
+    conn.settimeout(10)
+    SUPERVISOR = struct.unpack(
+        "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    )[0]
+    message = bytearray(65536)
+    try:
+        size, ancdata, _, _ = conn.recvmsg_into([message], socket.CMSG_SPACE(2 * 4))
+    except OSError:
+        wipe(secret, length)
+        os._exit(0)
+    fds = array.array("i")
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % 4])
+    end = message.find(b"\n", 0, size)
+    proven = (
+        length > 0
+        and end == length
+        and hmac.compare_digest(memoryview(message)[:end], memoryview(secret)[:length])
+    )
+    wipe(secret, length)
+    wipe(message, max(end, 0))
+    if not proven or len(fds) < 2:
+        os._exit(0)  # a probe, or a hand-over from anyone but the host's kernel
+    try:
+        settings = json.loads(bytes(message[end + 1 : size]).decode("utf-8") or "{}")
+    except ValueError:
+        settings = {}
+    if not isinstance(settings, dict):
+        settings = {}
     env = settings.get("env")
     os.environ.update(
         {k: str(v) for k, v in (env or {}).items() if str(k).startswith("SANDBOX_AGENT_")}
@@ -1508,9 +1590,8 @@ def wait_as_spare(path):
     for fd in fds:
         os.close(fd)
     conn.settimeout(None)
-    conn.sendall(b"k")
-    agent.keep_alive = conn  # its start program waits on it and ends when we do
-    return agent
+    conn.sendall(b"K%d\n" % os.getpid())
+    return conn
 
 
 def connect_kernel():
@@ -1565,6 +1646,7 @@ def send_ready(wire, channel=False):
         pid=os.getpid(),
         procs=procs,
         channel=channel,  # True: all else goes over the kernel's socket
+        warm=SUPERVISOR != 0,  # forked by the warm spare (else it started cold)
     )
 
 
@@ -1633,9 +1715,9 @@ def main():
     if sys.argv[1:2] == ["--end-processes"]:
         end_processes(sys.argv[1:])
     harden()
-    agent = None
+    spare_link = None  # a spare's child: what its kernel's start program waits on
     if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):
-        agent = wait_as_spare(os.environ["SANDBOX_AGENT_SPARE_LISTEN"])
+        spare_link = wait_as_spare(os.environ["SANDBOX_AGENT_SPARE_LISTEN"])
     else:
         spare = sys.argv[2:5]  # [socket path, pid, start time] of a recorded spare, if any
         if len(spare) == 3 and spare[1].isdigit():
@@ -1656,10 +1738,8 @@ def main():
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    if agent is None:
-        agent = Agent(wire)
-    else:
-        agent.wire = agent.output.wire = wire
+    agent = Agent(wire)
+    agent.keep_alive = spare_link
     agent.output.start()
     capture_fd(1, "stdout", agent.output)
     capture_fd(2, "stderr", agent.output)
