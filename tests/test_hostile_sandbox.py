@@ -533,8 +533,8 @@ _HUNT_SECRET = f"""
 import array, ctypes, json, os, re, secrets, socket
 ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again: /proc/self/mem opens (our own)
 planted = bytearray(secrets.token_hex(32).encode())
-found = set()
-pattern = re.compile(rb'(?<![0-9a-f])[0-9a-f]{{64}}(?![0-9a-f])')
+runs = set()
+pattern = re.compile(rb'[0-9a-f]{{64,}}')
 with open('/proc/self/maps') as fh:
     maps = fh.read().splitlines()  # all of it before reading: our reads map memory
 with open('/proc/self/mem', 'rb', 0) as mem:
@@ -548,8 +548,10 @@ with open('/proc/self/mem', 'rb', 0) as mem:
             chunk = mem.read(end - start)
         except (OSError, OverflowError, ValueError):
             continue
-        found.update(m.group() for m in pattern.finditer(chunk))
-seen_planted = bytes(planted) in found
+        runs.update(m.group() for m in pattern.finditer(chunk))
+seen_planted = any(bytes(planted) in run for run in runs)
+# Every 64-digit window of the runs (a copy may sit next to other hex digits).
+found = {{run[i:i + 64] for run in runs if len(run) <= 256 for i in range(len(run) - 63)}}
 found.discard(bytes(planted))
 path = {SPARE_SOCKET!r}
 address = '\\0' + path[1:] if path.startswith('@') else path
@@ -571,7 +573,7 @@ for candidate in sorted(found)[:300]:
         conn.close()
         os.close(r)
         os.close(w)
-print(json.dumps({{'planted_seen': seen_planted, 'candidates': sorted(c.decode() for c in found),
+print(json.dumps({{'planted_seen': seen_planted, 'runs': sorted(r.decode() for r in runs),
                   'accepted': accepted}}))
 """
 
@@ -595,9 +597,43 @@ def test_a_spares_child_holds_no_copy_of_its_secret(kernels: Kernels) -> None:
     assert record is not None and len(record.secret) == 64, "the host recorded no spare secret"
     hunt = json.loads(ok_cell(kc, _HUNT_SECRET, timeout=120))
     assert hunt["planted_seen"], "the hunt did not see the string it planted (test bug)"
-    assert record.secret not in hunt["candidates"], "the spare's secret is in its child's memory"
+    assert not [r for r in hunt["runs"] if record.secret in r], (
+        "the spare's secret is in its child's memory"
+    )
     assert hunt["accepted"] == [], f"the spare served a cell: {hunt['accepted']}"
     assert listener_at(container, SPARE_SOCKET) == spare, "the spare no longer waits"
+
+
+def test_a_frozen_spare_costs_one_cold_start_and_is_replaced(kernels: Kernels) -> None:
+    """Attack: a cell stops the warm spare (SIGSTOP: same uid), so the next kernel's
+    hand-over waits on a spare that never answers. That kernel must still start (cold,
+    once its start program gives up) and answer; it forgets the frozen spare, a new
+    spare takes its place, and the kernel after that gets a child of the new one."""
+    _, kc1 = start_kernel(kernels)
+    container = kernels.container()
+    frozen = wait_for_spare(container)
+    assert frozen, "no warm spare appeared"
+    assert kernels.env is not None
+    before = Store(kernels.env.config()).spare("docker", kernels.sandbox_id)
+    assert before is not None and before.pid == frozen, f"the host records {before}"
+    ok_cell(kc1, f"import os, signal\nos.kill({frozen}, signal.SIGSTOP)")
+    _, kc2 = kernels.start()
+    assert interpreter_parent(kc2) != frozen, "the frozen spare served a kernel"
+    assert ok_cell(kc2, "print('answers')") == "answers\n"
+    fresh = wait_for_spare(container, seconds=30, not_these=(frozen,))
+    assert fresh, "no new spare replaced the frozen one"
+    record = Store(kernels.env.config()).spare("docker", kernels.sandbox_id)
+    assert record is not None and record.pid == fresh, f"the host records {record}"
+    _, kc3 = kernels.start()
+    assert interpreter_parent(kc3) == fresh, "the next kernel did not take the new spare's child"
+    # The cold interpreter was forked from the start program that held the frozen
+    # spare's secret: no copy of it may be left there for a cell to find.
+    hunt = json.loads(ok_cell(kc2, _HUNT_SECRET, timeout=120))
+    assert hunt["planted_seen"], "the hunt did not see the string it planted (test bug)"
+    assert not [r for r in hunt["runs"] if before.secret in r], (
+        "the start program's copy of the secret is in the cold interpreter's memory"
+    )
+    assert hunt["accepted"] == [], f"the spare served a cell: {hunt['accepted']}"
 
 
 def test_planted_spare_listener_gets_nothing(kernels: Kernels) -> None:
@@ -740,23 +776,25 @@ print(json.dumps({name: [pid, _start_time(pid)] for name, pid in procs.items()})
 )
 
 
-# Freezes the process that watches this interpreter for its kernel: the parent of a cold
-# start (the watcher), or, for an interpreter a warm spare forked, the start program of
-# its kernel (its command line names the spare's socket and the spare's pid: our parent's;
-# the only kernel of the sandbox a spare serves). SIGSTOP needs no privilege: same uid.
+# Freezes the process that watches this interpreter for its kernel (WARM: whether a warm
+# spare forked it): the parent of a cold start (the watcher), or the start program of the
+# warm one's kernel (its command line names the spare's socket and the spare's pid, our
+# parent's; in these tests one kernel only takes a spare's child). The spare itself is
+# never stopped. SIGSTOP needs no privilege: same uid.
 _STOP_SUPERVISORS = f"""
 import json, os, signal
 me, parent, found = os.getpid(), os.getppid(), set()
-for p in os.listdir('/proc'):
-    if not p.isdigit() or int(p) == me:
-        continue
-    try:
-        argv = open('/proc/%s/cmdline' % p, 'rb').read().split(b'\\0')
-    except OSError:
-        continue
-    if {SPARE_SOCKET!r}.encode() in argv and str(parent).encode() in argv:
-        found.add(int(p))
-if not found and parent > 1:
+if WARM:
+    for p in os.listdir('/proc'):
+        if not p.isdigit() or int(p) == me:
+            continue
+        try:
+            argv = open('/proc/%s/cmdline' % p, 'rb').read().split(b'\\0')
+        except OSError:
+            continue
+        if {SPARE_SOCKET!r}.encode() in argv and str(parent).encode() in argv:
+            found.add(int(p))
+elif parent > 1:
     found.add(parent)
 for pid in found:
     os.kill(pid, signal.SIGSTOP)
@@ -782,7 +820,7 @@ def leave_behind_then_kill(kernels: Kernels, start: str, stop_supervisors: bool)
     if start == "spare":
         assert interpreter_parent(kc) == spare, "the second kernel's interpreter is not the spare's"
     if stop_supervisors:
-        stopped = json.loads(ok_cell(kc, _STOP_SUPERVISORS))
+        stopped = json.loads(ok_cell(kc, f"WARM = {start == 'spare'}\n" + _STOP_SUPERVISORS))
         assert stopped, "the cell found nothing watching its interpreter"
         states = json.loads(in_container(container, _PROC_IDENTITY, json.dumps(stopped)))
         assert {state for _, state in states.values()} == {"T"}, (

@@ -379,6 +379,38 @@ def test_restart_takes_a_child_of_the_warm_spare_which_stays(
     assert text_of(outputs) == "fd capture\n0\n"
 
 
+def test_kernels_starting_at_once_each_get_a_child_of_the_one_spare(
+    kernel: tuple[Any, Any], kenv: KernelEnv
+) -> None:
+    """A burst of kernels on one sandbox (a CI matrix on one machine): each gets its own
+    interpreter, forked by the one warm spare (none starts cold), and the spare stays."""
+    from jupyter_client.manager import KernelManager
+
+    spare = wait_for_spare(kenv)
+    managers = [KernelManager(kernel_name="sandbox") for _ in range(3)]
+    clients = []
+    try:
+        for km in managers:
+            km.start_kernel()  # all three start at once: none waits for another
+        for km in managers:
+            kc = km.client()
+            kc.start_channels()
+            clients.append(kc)
+            kc.wait_for_ready(timeout=120)
+        seen = []
+        for kc in clients:
+            _, outputs = run(kc, "import os\nprint(os.getppid(), os.getpid())")
+            seen.append(tuple(int(word) for word in text_of(outputs).split()))
+        assert {parent for parent, _ in seen} == {spare}, seen
+        assert len({pid for _, pid in seen}) == 3, seen
+        assert spare_pids(kenv.user, kenv.root) == [spare]
+    finally:
+        for kc in clients:
+            kc.stop_channels()
+        for km in managers:
+            km.shutdown_kernel(now=True)
+
+
 def test_container_removed_between_cells(kernel: tuple[Any, Any], kenv: KernelEnv) -> None:
     _, kc = kernel
     run(kc, "x = 1\nopen('/workspace/survivor.txt', 'w').write('kept')")

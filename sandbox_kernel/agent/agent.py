@@ -143,7 +143,7 @@ class Output:
     def start(self):
         """Start the flusher thread: only once the process is restricted (main), since
         Landlock binds the thread that asks and the threads it starts after, not threads
-        already running (a warm spare builds its Output long before)."""
+        already running."""
         threading.Thread(target=self._flusher, daemon=True).start()
 
     def drain(self):
@@ -1006,6 +1006,8 @@ def enable_user_site():
 
 
 SPARE_TTL = 600.0  # seconds a spare waits for a kernel before it ends (its memory is freed)
+SPARE_MAX_AGE = 3600.0  # seconds a spare lives at most, however often kernels come
+SPARE_UNPROVEN = 8  # children of a spare at most that have not yet shown the host's secret
 SUPERVISOR = 0  # for a spare's child: the kernel's start program, which stays as the channel
 
 # -- hardening and process supervision ----------------------------------------------------
@@ -1203,7 +1205,7 @@ def kill_tree(root, include_root, reap=False):
 
     ``root`` is stopped first so it cannot start more; descendants that fork while we
     kill are caught on the next pass (orphans stay under a subreaper: the watcher, or
-    the spare itself). A cell that double-forks a daemon does not escape.
+    a spare's child, or the spare). A cell that double-forks a daemon does not escape.
     """
     if include_root:
         try:
@@ -1317,8 +1319,8 @@ def oom_kills():
 
 
 def read_stdin_line(limit=256):
-    """One line the kernel sends right after the source: a spare's one-time secret (the
-    kernel sends it only when it names a spare), then its socket's (see connect_kernel).
+    """The line the kernel sends after the source (and a spare's secret, which
+    read_stdin_secret reads): its socket's offer (see connect_kernel).
     Byte by byte: what follows on fd 0 is not ours to read."""
     line = b""
     while not line.endswith(b"\n") and len(line) < limit:
@@ -1330,19 +1332,24 @@ def read_stdin_line(limit=256):
 
 
 def hand_over(path, pid, start):
-    """Give this kernel's channel (fds 0 and 1) to the warm spare at ``path``, which
+    """Give this kernel's channel (fds 0, 1 and 2) to the warm spare at ``path``, which
     forks a warmed interpreter for it and says the child's pid.
 
     Only to the spare the host started and recorded: the listener's pid (from the
     kernel, SO_PEERCRED) and its start time must be the ones the host read from its
     own /proc. A process that cells left listening at the same path gets nothing, not
-    even a byte: the connection closes and we start cold. Returns False then.
+    even a byte: the connection closes and we start cold. Returns False then. The
+    child touches our fds only once we checked it and said go, so a failed check never
+    leaves two interpreters on one channel.
     """
     import array
     import socket
     import struct
 
-    secret = read_stdin_line()
+    # In place, and wiped on every way out: a cold start forks its interpreter, where
+    # cells run, from this process's memory.
+    secret, length = read_stdin_secret()
+    message = None
     conn = socket.socket(socket.AF_UNIX)
     conn.settimeout(5)
     try:
@@ -1350,21 +1357,29 @@ def hand_over(path, pid, start):
         peer = struct.unpack(
             "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         )[0]
-        if peer != pid or start_time_of(peer) != start:
+        if peer != pid or start_time_of(peer) != start or not length:
             conn.close()
             return False
-        settings = {
-            "env": {k: v for k, v in os.environ.items() if k.startswith("SANDBOX_AGENT_")},
-            "cwd": os.getcwd(),
-        }
+        settings = json.dumps(
+            {
+                "env": {k: v for k, v in os.environ.items() if k.startswith("SANDBOX_AGENT_")},
+                "cwd": os.getcwd(),
+            }
+        ).encode()
         before = oom_kills()
-        # The secret on a line of its own, ahead of the settings: it proves to the spare
-        # that the host sent us (a cell cannot know it), and the spare's child can wipe it
-        # from its memory before any cell runs there (see take_channel).
-        conn.sendmsg(
-            [secret.encode() + b"\n" + json.dumps(settings).encode()],
-            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1]))],
+        # The secret on a line of its own, then the settings on one: the secret proves to
+        # the spare that the host sent us (a cell cannot know it), and the spare's child
+        # wipes it from its memory before any cell runs there (see take_channel).
+        message = bytearray(length + len(settings) + 2)
+        message[:length] = memoryview(secret)[:length]
+        message[length] = 10
+        message[length + 1 : -1] = settings
+        message[-1] = 10
+        sent = conn.sendmsg(
+            [message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))]
         )
+        if sent < len(message):
+            conn.sendall(memoryview(message)[sent:])
         reply = b""
         while not reply.endswith(b"\n") and len(reply) < 32:
             chunk = conn.recv(32 - len(reply))
@@ -1375,9 +1390,14 @@ def hand_over(path, pid, start):
         if child <= 1 or parent_of(child) != pid:
             conn.close()
             return False
+        conn.sendall(b"g")
     except OSError:
         conn.close()
         return False
+    finally:
+        wipe(secret, length)
+        if message is not None:
+            wipe(message, length)
     supervise_spare(child, conn, before)
     return True  # not reached: supervise_spare ends the process
 
@@ -1436,12 +1456,16 @@ def displace(path):
 def wait_as_spare(path):
     """Listen at ``path`` with IPython imported; fork a warm interpreter for each kernel
     that hands over its channel, and return in that child (the spare itself never
-    returns: it ends when no kernel came within SPARE_TTL).
+    returns). Many kernels starting at once in one sandbox (a CI matrix) each take a
+    child, so none pays for importing IPython.
 
-    A spare is started by the host (never by a cell), reads a one-time secret from the
-    host on its stdin, and announces "listening" on its own stdout once bound (the host
-    then records its pid, start time and the secret). Many kernels starting at once in
-    one sandbox (a CI matrix) each take a child, so none pays for importing IPython.
+    A spare is started by the host (never by a cell), reads a secret from the host on
+    its stdin, and announces "listening" on its own stdout once bound (the host then
+    records its pid, start time and the secret). It ends when no kernel it served came
+    within SPARE_TTL, at SPARE_MAX_AGE in any case (that bounds how long its secret is
+    worth stealing, and how old the modules it hands out get), and at once when the
+    Python installation changed under it (a pip install): the next kernel starts cold
+    and the host starts a new spare.
     """
     import socket
 
@@ -1466,38 +1490,94 @@ def wait_as_spare(path):
     for fd in (0, 1, 2):  # the host's attach ends now; nothing of ours depends on it
         os.dup2(devnull, fd)
     os.close(devnull)
+    # A child that dies without its kernel's kill (out of memory, a crash) leaves its
+    # cells' processes to us: they are ended, never left to the container's init.
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    installed = python_installation()
     warm_up()
-    # Children whose kernels ended are collected at once: a zombie holds a pid of the
-    # sandbox's limit, and looks like a process of an ended kernel that lives on.
-    signal.signal(signal.SIGCHLD, lambda *_: reap_children())
-    last = time.monotonic()
+    proven_r, proven_w = os.pipe()  # children write their pid once their kernel proved itself
+    ours, unproven = set(), set()
+
+    def on_child_exit(*_):
+        ended = reap_children()
+        if ours & set(ended):
+            end_adopted(ours)
+        ours.difference_update(ended)
+        unproven.difference_update(ended)
+
+    signal.signal(signal.SIGCHLD, on_child_exit)
+    born = served = time.monotonic()
     while True:
-        wait = last + SPARE_TTL - time.monotonic()
+        wait = min(served + SPARE_TTL, born + SPARE_MAX_AGE) - time.monotonic()
         if wait <= 0:
             os._exit(0)
-        if not select.select([listener], [], [], wait)[0]:
+        ready = select.select([listener, proven_r], [], [], wait)[0]
+        if proven_r in ready:
+            for word in os.read(proven_r, 4096).split():
+                unproven.discard(int(word) if word.isdigit() else 0)
+            served = time.monotonic()  # only a kernel the host sent keeps us
+        if listener not in ready:
             continue
         try:
             conn, _ = listener.accept()
         except OSError:
             continue
-        last = time.monotonic()
+        if python_installation() != installed:
+            os._exit(0)  # the modules we hold are not what a cold start imports now
+        if len(unproven) >= SPARE_UNPROVEN:
+            conn.close()  # someone floods us with connections that prove nothing
+            continue
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         try:
             child = os.fork()
         except OSError:
-            conn.close()  # its kernel starts cold
-            continue
+            child = -1
         if child == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # cells wait for their own
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             listener.close()
-            return take_channel(conn, secret, length)
-        conn.close()
+            os.close(proven_r)
+            return take_channel(conn, secret, length, proven_w)
+        if child > 0:
+            ours.add(child)
+            unproven.add(child)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        conn.close()  # (a failed fork: its kernel starts cold)
+
+
+def end_adopted(ours):
+    """End the processes that came to us (the spare, a subreaper) from a child that died:
+    its cells' processes, orphaned."""
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in ours and parent_of(int(name)) == me:
+            kill_tree(int(name), include_root=True)
+
+
+def python_installation():
+    """When each folder imports come from last changed (and the user's site folder,
+    which a cold start adds): a pip install or uninstall changes one of them."""
+    import site
+
+    state = []
+    for folder in [*sys.path, site.getusersitepackages()]:
+        try:
+            state.append((folder, os.stat(folder or ".").st_mtime_ns))
+        except OSError:
+            state.append((folder, None))
+    return state
 
 
 def warm_up():
     """Import what every interpreter imports to build its shell (most of a cold start's
-    time), without building one: a fork inherits modules, not threads or open files."""
-    if os.environ.get("SANDBOX_AGENT_NO_IPYTHON"):
+    time), without building one: a fork inherits modules, not threads or open files.
+    Not when the user's site folder has its own IPython: a cold start imports that one
+    (the user's site comes first), and the spare may not import the user's code."""
+    import site
+
+    if os.environ.get("SANDBOX_AGENT_NO_IPYTHON") or os.path.exists(
+        os.path.join(site.getusersitepackages(), "IPython")
+    ):
         return
     try:
         import IPython.core.displayhook  # noqa: F401
@@ -1508,8 +1588,8 @@ def warm_up():
 
 
 def read_stdin_secret(size=128):
-    """The spare's secret from stdin, read in place into a bytearray (no copies of it in
-    freed memory), so that each forked child can wipe it before its cells run."""
+    """A secret from stdin, read in place into a bytearray (no copies of it in freed
+    memory), so that it can be wiped before cells run in this process or a fork of it."""
     import io
 
     secret = bytearray(size)
@@ -1529,13 +1609,14 @@ def wipe(buffer, length):
         buffer[i] = 0
 
 
-def take_channel(conn, secret, length):
+def take_channel(conn, secret, length, proven):
     """In a child of the spare: take the kernel's fds and settings if it proves it was
     sent by the host (its start program read the secret from the host), else end.
 
-    The secret is then wiped from this process, the one the kernel's cells run in: a
-    cell that found it could have the spare fork interpreters of its own outside its
-    kernel's process tree, with settings of its choosing (no Landlock rule).
+    The secret is wiped from this process, the one the kernel's cells run in, before it
+    goes on: a cell that found it could have the spare fork interpreters of its own,
+    outside its kernel's process tree, with settings of its choosing (no Landlock rule).
+    Anything short of a whole, valid hand-over ends the child: nothing runs on defaults.
     Returns the connection the start program waits on: it ends when we do.
     """
     import array
@@ -1546,51 +1627,62 @@ def take_channel(conn, secret, length):
     global OUTPUT_LIMIT, CELL_TIMEOUT, SUPERVISOR
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay below us, for the kill
     conn.settimeout(10)
-    SUPERVISOR = struct.unpack(
-        "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    )[0]
     message = bytearray(65536)
-    try:
-        size, ancdata, _, _ = conn.recvmsg_into([message], socket.CMSG_SPACE(2 * 4))
-    except OSError:
-        wipe(secret, length)
-        os._exit(0)
+    view = memoryview(message)
     fds = array.array("i")
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - len(data) % 4])
+    size = 0
+    try:
+        got, ancdata, _, _ = conn.recvmsg_into([message], socket.CMSG_SPACE(3 * 4))
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - len(data) % 4])
+        size = got
+        while got and message.count(b"\n", 0, size) < 2 and size < len(message):
+            got = conn.recv_into(view[size:])
+            size += got
+    except OSError:
+        size = 0
     end = message.find(b"\n", 0, size)
-    proven = (
+    proven_ok = (
         length > 0
         and end == length
-        and hmac.compare_digest(memoryview(message)[:end], memoryview(secret)[:length])
+        and hmac.compare_digest(view[:end], memoryview(secret)[:length])
     )
     wipe(secret, length)
     wipe(message, max(end, 0))
-    if not proven or len(fds) < 2:
-        os._exit(0)  # a probe, or a hand-over from anyone but the host's kernel
+    settings = None
+    if proven_ok and len(fds) >= 2 and message.count(b"\n", 0, size) >= 2:
+        try:
+            settings = json.loads(bytes(message[end + 1 : message.find(b"\n", end + 1)]))
+        except ValueError:
+            settings = None
+    if not isinstance(settings, dict) or not isinstance(settings.get("env"), dict):
+        os._exit(0)  # a probe, a hand-over from anyone but the host's kernel, or cut short
+    SUPERVISOR = struct.unpack(
+        "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    )[0]
     try:
-        settings = json.loads(bytes(message[end + 1 : size]).decode("utf-8") or "{}")
-    except ValueError:
-        settings = {}
-    if not isinstance(settings, dict):
-        settings = {}
-    env = settings.get("env")
+        conn.sendall(b"K%d\n" % os.getpid())
+        if conn.recv(1) != b"g":  # it found something wrong with us: it starts cold
+            os._exit(0)
+    except OSError:
+        os._exit(0)
+    os.write(proven, b"%d\n" % os.getpid())
+    os.close(proven)
     os.environ.update(
-        {k: str(v) for k, v in (env or {}).items() if str(k).startswith("SANDBOX_AGENT_")}
+        {k: str(v) for k, v in settings["env"].items() if str(k).startswith("SANDBOX_AGENT_")}
     )
     OUTPUT_LIMIT = int(os.environ.get("SANDBOX_AGENT_OUTPUT_LIMIT") or 10_000_000)
     CELL_TIMEOUT = float(os.environ.get("SANDBOX_AGENT_CELL_TIMEOUT") or 0)
     try:
         os.chdir(str(settings.get("cwd") or "."))
-    except (OSError, AttributeError):
+    except OSError:
         pass
-    os.dup2(fds[0], 0)
-    os.dup2(fds[1], 1)
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
     for fd in fds:
         os.close(fd)
     conn.settimeout(None)
-    conn.sendall(b"K%d\n" % os.getpid())
     return conn
 
 

@@ -110,19 +110,22 @@ class LocalChannel(Channel):
         return None if code is None else (128 - code if code < 0 else code)
 
     def close(self) -> None:
-        if not self._lock.acquire(timeout=0.5):
+        locked = self._lock.acquire(timeout=0.5)
+        if not locked:
             # A write is blocked on a process that does not read (one a cell froze, with
             # the agent's source bigger than a pipe holds): ending the process ends that
-            # write, which holds stdin until then.
+            # write, which holds stdin until then (unless a process outside the group
+            # holds the pipe too: then stdin is left to the writer).
             _kill_group(self.proc.pid)
-            self._lock.acquire()
-        try:
-            if self.proc.stdin:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        finally:
-            self._lock.release()
+            locked = self._lock.acquire(timeout=5)
+        if locked:
+            try:
+                if self.proc.stdin:
+                    self.proc.stdin.close()
+            except OSError:
+                pass
+            finally:
+                self._lock.release()
         try:
             self.proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
