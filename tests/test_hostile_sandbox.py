@@ -636,6 +636,45 @@ def test_a_frozen_spare_costs_one_cold_start_and_is_replaced(kernels: Kernels) -
     assert hunt["accepted"] == [], f"the spare served a cell: {hunt['accepted']}"
 
 
+_DIE_LEAVING_A_DAEMON = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', MARKER], start_new_session=True)
+time.sleep(0.5)
+os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.parametrize("start", ["cold", "spare"])
+def test_an_interpreter_that_dies_takes_its_cells_processes_along(
+    kernels: Kernels, start: str
+) -> None:
+    """Attack: a cell leaves a daemon (its own session) and kills its own interpreter,
+    so no kernel's kill of that interpreter's tree ever finds the daemon: it was
+    orphaned to the process that adopts them (the watcher of a cold start, the warm
+    spare for a child of it). The daemon must be gone within GONE_SECONDS, and the
+    kernel must answer again."""
+    km, kc = start_kernel(kernels)
+    container = kernels.container()
+    if start == "spare":
+        spare = wait_for_spare(container)
+        assert spare, "no warm spare appeared for the second kernel"
+        km, kc = kernels.start()
+        assert interpreter_parent(kc) == spare, "the second kernel's interpreter is not the spare's"
+    marker = f"sk-orphan-{uuid.uuid4().hex[:8]}"
+    kc.execute(f"MARKER = {marker!r}\n" + _DIE_LEAVING_A_DAEMON)
+    deadline = time.monotonic() + 10
+    seen = []
+    while not seen and time.monotonic() < deadline:
+        seen = marked_processes(container, marker)
+    assert seen, "the daemon did not start (test bug)"
+    deadline = time.monotonic() + GONE_SECONDS
+    left = seen
+    while left and time.monotonic() < deadline:
+        left = marked_processes(container, marker)
+    assert not left, f"the dead interpreter's daemon {left} lives on:\n{process_table(container)}"
+    answers(kc, 60)
+
+
 def test_planted_spare_listener_gets_nothing(kernels: Kernels) -> None:
     """Attack: a cell takes the warm spare's place at SPARE_SOCKET with a listener of
     its own that records every byte and descriptor it is handed and answers as a fake

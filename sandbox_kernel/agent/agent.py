@@ -1007,7 +1007,10 @@ def enable_user_site():
 
 SPARE_TTL = 600.0  # seconds a spare waits for a kernel before it ends (its memory is freed)
 SPARE_MAX_AGE = 3600.0  # seconds a spare lives at most, however often kernels come
-SPARE_UNPROVEN = 8  # children of a spare at most that have not yet shown the host's secret
+# Children of a spare at most that have not yet shown the host's secret: a burst of
+# kernels (a CI matrix of twenty) has that many at once; connections that prove nothing
+# cannot hold more pids than this, each for at most 5 s.
+SPARE_UNPROVEN = 32
 SUPERVISOR = 0  # for a spare's child: the kernel's start program, which stays as the channel
 
 # -- hardening and process supervision ----------------------------------------------------
@@ -1626,7 +1629,7 @@ def take_channel(conn, secret, length, proven):
 
     global OUTPUT_LIMIT, CELL_TIMEOUT, SUPERVISOR
     prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay below us, for the kill
-    conn.settimeout(10)
+    conn.settimeout(5)
     message = bytearray(65536)
     view = memoryview(message)
     fds = array.array("i")
