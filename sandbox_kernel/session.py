@@ -178,7 +178,10 @@ class SandboxSession:
                     log.info("the warm interpreter did not take over (%s): starting one", exc)
                     store.forget_spare(self.backend.name, info.id, record.pid)
                 else:
-                    if not agent.ready.get("warm"):  # it started cold: the spare is gone
+                    # It started cold. A spare that was not there, was another process,
+                    # or did not answer in time is forgotten (the next housekeeping
+                    # starts another); one that only turned this kernel away stays.
+                    if agent.ready.get("spare") == "gone":
                         store.forget_spare(self.backend.name, info.id, record.pid)
                     return agent
         return self._run_agent(info, env, None, b"", START_TIMEOUT)

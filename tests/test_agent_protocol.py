@@ -315,3 +315,64 @@ def test_host_programs_never_import_from_their_working_folder(tmp_path: Path) ->
     )
     assert done.returncode == 0 and str(tmp_path) not in done.stdout, done
     assert SHELL_COMMAND[:2] == python_command("")[:2] and "del sys.path[0]" in SHELL_COMMAND[2]
+
+
+# Runs the agent's source as a module (its main does not run) and prints what ``probe``
+# (a function of the agent's namespace ``ns``) returns, as JSON.
+_AGENT_FUNCTIONS = """
+import json, sys
+ns = {"__name__": "sandbox_agent"}
+exec(compile(sys.stdin.buffer.read(), "sandbox_agent.py", "exec"), ns)
+"""
+
+
+def _agent_probe(code: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-s", "-c", _AGENT_FUNCTIONS + code, *args],
+        input=agent_source(),
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_a_spare_sees_installs_but_not_caches_or_files(tmp_path: Path) -> None:
+    """The warm spare ends when what is installed where imports come from changes (a
+    pip install adds or replaces an install record), not when a cache or a file a cell
+    wrote appears there (that would end it on every kernel)."""
+    code = (
+        "import os\n"
+        "folder = sys.argv[1]\n"
+        "sys.path.insert(0, folder)\n"
+        "before = ns['python_installation']()\n"
+        "os.makedirs(os.path.join(folder, '__pycache__'))\n"
+        "open(os.path.join(folder, 'notes.py'), 'w').write('x = 1')\n"
+        "same = ns['python_installation']() == before\n"
+        "os.makedirs(os.path.join(folder, 'pkg-1.0.dist-info'))\n"
+        "print(json.dumps([same, ns['python_installation']() != before]))\n"
+    )
+    assert _agent_probe(code, str(tmp_path)) == [True, True]
+
+
+def test_a_spare_serves_no_kernel_when_the_users_site_shadows_what_it_imported(
+    tmp_path: Path,
+) -> None:
+    """A cold start puts the user's site folder first: a package there that the spare
+    already imported from the system (IPython or one of its own, here traitlets) would
+    differ in a forked interpreter, so such a spare is of no use."""
+    code = (
+        "import os, site\n"
+        "os.makedirs(site.getusersitepackages(), exist_ok=True)\n"
+        "if sys.argv[1] == 'shadow':\n"
+        "    os.makedirs(os.path.join(site.getusersitepackages(), 'traitlets'))\n"
+        "print(json.dumps(ns['warm_up']()))\n"
+    )
+    for case, useful in (("empty", True), ("shadow", False)):
+        base = tmp_path / case
+        assert _agent_probe(code, case, env={"PYTHONUSERBASE": str(base)}) is useful, case

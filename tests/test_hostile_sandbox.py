@@ -331,10 +331,17 @@ def interpreter(kc: Any) -> dict[int, str]:
     return {pid: start}
 
 
-def interpreter_parent(kc: Any) -> int:
-    """The parent pid of the interpreter behind a kernel: the warm spare that forked it,
-    or the watcher of a cold start."""
-    return int(ok_cell(kc, "import os; print(os.getppid())"))
+_GRANDPARENT = (
+    "import os\n"
+    "stat = open('/proc/%d/stat' % os.getppid()).read()\n"
+    "print(stat.rsplit(')', 1)[1].split()[1])"
+)
+
+
+def interpreter_spare(kc: Any) -> int:
+    """The parent of the watcher of the interpreter behind a kernel: the warm spare that
+    forked it (0 or another process for a cold start)."""
+    return int(ok_cell(kc, _GRANDPARENT))
 
 
 def ok_cell(kc: Any, code: str, timeout: float = 60) -> str:
@@ -563,9 +570,9 @@ for candidate in sorted(found)[:300]:
     try:
         conn.connect(address)
         settings = json.dumps({{'env': {{}}, 'cwd': '/workspace'}}).encode()
-        conn.sendmsg([candidate + b'\\n' + settings],
+        conn.sendmsg([candidate + b'\\n' + settings + b'\\n'],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [r, w]))])
-        if conn.recv(1) in (b'k', b'K'):
+        if conn.recv(1) == b'K':
             accepted.append(candidate.decode())
     except OSError:
         pass
@@ -575,6 +582,22 @@ for candidate in sorted(found)[:300]:
         os.close(w)
 print(json.dumps({{'planted_seen': seen_planted, 'runs': sorted(r.decode() for r in runs),
                   'accepted': accepted}}))
+"""
+
+
+# The hunt's way of presenting a candidate, from the host with the real secret: the spare
+# must serve it (the proof that a candidate the hunt presents would have been served).
+_PRESENT = f"""
+import array, json, os, socket, sys
+path = {SPARE_SOCKET!r}
+r, w = os.pipe()
+conn = socket.socket(socket.AF_UNIX)
+conn.settimeout(5)
+conn.connect('\\0' + path[1:] if path.startswith('@') else path)
+settings = json.dumps({{'env': {{}}, 'cwd': '/workspace'}}).encode()
+conn.sendmsg([sys.argv[1].encode() + b'\\n' + settings + b'\\n'],
+             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [r, w]))])
+print(conn.recv(1).decode())
 """
 
 
@@ -591,7 +614,7 @@ def test_a_spares_child_holds_no_copy_of_its_secret(kernels: Kernels) -> None:
     spare = wait_for_spare(container)
     assert spare, "no warm spare appeared for the second kernel"
     _, kc = kernels.start()
-    assert interpreter_parent(kc) == spare, "the second kernel's interpreter is not the spare's"
+    assert interpreter_spare(kc) == spare, "the second kernel's interpreter is not the spare's"
     assert kernels.env is not None
     record = Store(kernels.env.config()).spare("docker", kernels.sandbox_id)
     assert record is not None and len(record.secret) == 64, "the host recorded no spare secret"
@@ -602,6 +625,9 @@ def test_a_spares_child_holds_no_copy_of_its_secret(kernels: Kernels) -> None:
     )
     assert hunt["accepted"] == [], f"the spare served a cell: {hunt['accepted']}"
     assert listener_at(container, SPARE_SOCKET) == spare, "the spare no longer waits"
+    assert in_container(container, _PRESENT, record.secret).strip() == "K", (
+        "the spare refused its own secret presented as the hunt presents one (test bug)"
+    )
 
 
 def test_a_frozen_spare_costs_one_cold_start_and_is_replaced(kernels: Kernels) -> None:
@@ -618,14 +644,14 @@ def test_a_frozen_spare_costs_one_cold_start_and_is_replaced(kernels: Kernels) -
     assert before is not None and before.pid == frozen, f"the host records {before}"
     ok_cell(kc1, f"import os, signal\nos.kill({frozen}, signal.SIGSTOP)")
     _, kc2 = kernels.start()
-    assert interpreter_parent(kc2) != frozen, "the frozen spare served a kernel"
+    assert interpreter_spare(kc2) != frozen, "the frozen spare served a kernel"
     assert ok_cell(kc2, "print('answers')") == "answers\n"
     fresh = wait_for_spare(container, seconds=30, not_these=(frozen,))
     assert fresh, "no new spare replaced the frozen one"
     record = Store(kernels.env.config()).spare("docker", kernels.sandbox_id)
     assert record is not None and record.pid == fresh, f"the host records {record}"
     _, kc3 = kernels.start()
-    assert interpreter_parent(kc3) == fresh, "the next kernel did not take the new spare's child"
+    assert interpreter_spare(kc3) == fresh, "the next kernel did not take the new spare's child"
     # The cold interpreter was forked from the start program that held the frozen
     # spare's secret: no copy of it may be left there for a cell to find.
     hunt = json.loads(ok_cell(kc2, _HUNT_SECRET, timeout=120))
@@ -644,22 +670,26 @@ os.kill(os.getpid(), 9)
 """
 
 
-@pytest.mark.parametrize("start", ["cold", "spare"])
+@pytest.mark.parametrize("start", ["cold", "spare", "spare-killed"])
 def test_an_interpreter_that_dies_takes_its_cells_processes_along(
     kernels: Kernels, start: str
 ) -> None:
     """Attack: a cell leaves a daemon (its own session) and kills its own interpreter,
     so no kernel's kill of that interpreter's tree ever finds the daemon: it was
-    orphaned to the process that adopts them (the watcher of a cold start, the warm
-    spare for a child of it). The daemon must be gone within GONE_SECONDS, and the
-    kernel must answer again."""
+    orphaned to the process that adopts them: the interpreter's watcher, for a cold
+    start and for a child of the warm spare, even when the cell killed the spare first
+    (``spare-killed``). The daemon must be gone within GONE_SECONDS, and the kernel
+    must answer again."""
     km, kc = start_kernel(kernels)
     container = kernels.container()
-    if start == "spare":
+    if start.startswith("spare"):
         spare = wait_for_spare(container)
         assert spare, "no warm spare appeared for the second kernel"
         km, kc = kernels.start()
-        assert interpreter_parent(kc) == spare, "the second kernel's interpreter is not the spare's"
+        assert interpreter_spare(kc) == spare, "the second kernel's interpreter is not the spare's"
+    if start == "spare-killed":
+        ok_cell(kc, f"import os\nos.kill({spare}, 9)")
+        assert listener_at(container, SPARE_SOCKET) != spare, "the spare was not killed"
     marker = f"sk-orphan-{uuid.uuid4().hex[:8]}"
     kc.execute(f"MARKER = {marker!r}\n" + _DIE_LEAVING_A_DAEMON)
     deadline = time.monotonic() + 10
@@ -767,7 +797,7 @@ def test_gil_held_interpreter_ends_with_its_kernel(kernels: Kernels) -> None:
     second = interpreter(kc)
     assert second != first
     if spare:  # both ways an interpreter starts are attacked
-        assert interpreter_parent(kc) == spare, (
+        assert interpreter_spare(kc) == spare, (
             "the restarted kernel's interpreter is not the spare's"
         )
     stuck_cell_then(kc)
@@ -815,15 +845,18 @@ print(json.dumps({name: [pid, _start_time(pid)] for name, pid in procs.items()})
 )
 
 
-# Freezes the process that watches this interpreter for its kernel (WARM: whether a warm
-# spare forked it): the parent of a cold start (the watcher), or the start program of the
-# warm one's kernel (its command line names the spare's socket and the spare's pid, our
-# parent's; in these tests one kernel only takes a spare's child). The spare itself is
-# never stopped. SIGSTOP needs no privilege: same uid.
+# Freezes the processes that watch this interpreter for its kernel (WARM: whether a warm
+# spare forked it): its parent, the watcher, and for a warm one also the start program of
+# its kernel (its command line names the spare's socket and the spare's pid, the
+# watcher's parent; in these tests one kernel only takes a spare's child). The spare
+# itself is never stopped. SIGSTOP needs no privilege: same uid.
 _STOP_SUPERVISORS = f"""
 import json, os, signal
-me, parent, found = os.getpid(), os.getppid(), set()
+me, parent = os.getpid(), os.getppid()
+found = {{parent}} if parent > 1 else set()
 if WARM:
+    stat = open('/proc/%d/stat' % parent).read()
+    spare = int(stat.rsplit(')', 1)[1].split()[1])
     for p in os.listdir('/proc'):
         if not p.isdigit() or int(p) == me:
             continue
@@ -831,10 +864,8 @@ if WARM:
             argv = open('/proc/%s/cmdline' % p, 'rb').read().split(b'\\0')
         except OSError:
             continue
-        if {SPARE_SOCKET!r}.encode() in argv and str(parent).encode() in argv:
+        if {SPARE_SOCKET!r}.encode() in argv and str(spare).encode() in argv:
             found.add(int(p))
-elif parent > 1:
-    found.add(parent)
 for pid in found:
     os.kill(pid, signal.SIGSTOP)
 print(json.dumps(sorted(found)))
@@ -857,7 +888,7 @@ def leave_behind_then_kill(kernels: Kernels, start: str, stop_supervisors: bool)
     assert len(live_processes(container, identities)) == 4, "the cell's processes did not all start"
     assert marked_processes(container, marker), "the pid hopper is not running"
     if start == "spare":
-        assert interpreter_parent(kc) == spare, "the second kernel's interpreter is not the spare's"
+        assert interpreter_spare(kc) == spare, "the second kernel's interpreter is not the spare's"
     if stop_supervisors:
         stopped = json.loads(ok_cell(kc, f"WARM = {start == 'spare'}\n" + _STOP_SUPERVISORS))
         assert stopped, "the cell found nothing watching its interpreter"

@@ -340,6 +340,16 @@ def spare_pids(user: str, root: Path) -> list[int]:
     return [record.pid] if alive else []
 
 
+# Defines grandparent(): the parent of the interpreter's watcher, the warm spare that
+# forked it when it came from one.
+GRANDPARENT = (
+    "import os\n"
+    "def grandparent():\n"
+    "    stat = open('/proc/%d/stat' % os.getppid()).read()\n"
+    "    return int(stat.rsplit(')', 1)[1].split()[1])"
+)
+
+
 def wait_for_spare(kenv: KernelEnv, other_than: int = 0) -> int:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -365,9 +375,10 @@ def test_restart_takes_a_child_of_the_warm_spare_which_stays(
         kc, "print(os.getpid() if 'os' in globals() else 'fresh', 'leftover' in globals())"
     )
     assert text_of(outputs) == "fresh False\n"
+    run(kc, GRANDPARENT)
     reply, outputs = run(
         kc,
-        "import os, sys\nprint(os.getppid(), os.getcwd(), os.environ.get('SANDBOX_AGENT_OUTPUT_LIMIT'), sys.stdin.read())",
+        "import os, sys\nprint(grandparent(), os.getcwd(), os.environ.get('SANDBOX_AGENT_OUTPUT_LIMIT'), sys.stdin.read())",
     )
     parent, cwd, limit, *rest = text_of(outputs).split()
     assert (int(parent), cwd, limit, rest) == (spare, "/workspace", "10000000", [])
@@ -399,7 +410,8 @@ def test_kernels_starting_at_once_each_get_a_child_of_the_one_spare(
             kc.wait_for_ready(timeout=120)
         seen = []
         for kc in clients:
-            _, outputs = run(kc, "import os\nprint(os.getppid(), os.getpid())")
+            run(kc, GRANDPARENT)
+            _, outputs = run(kc, "import os\nprint(grandparent(), os.getpid())")
             seen.append(tuple(int(word) for word in text_of(outputs).split()))
         assert {parent for parent, _ in seen} == {spare}, seen
         assert len({pid for _, pid in seen}) == 3, seen

@@ -1012,6 +1012,7 @@ SPARE_MAX_AGE = 3600.0  # seconds a spare lives at most, however often kernels c
 # cannot hold more pids than this, each for at most 5 s.
 SPARE_UNPROVEN = 32
 SUPERVISOR = 0  # for a spare's child: the kernel's start program, which stays as the channel
+SPARE_OUTCOME = ""  # what became of the spare the kernel named (see hand_over)
 
 # -- hardening and process supervision ----------------------------------------------------
 PR_SET_PDEATHSIG = 1
@@ -1208,7 +1209,7 @@ def kill_tree(root, include_root, reap=False):
 
     ``root`` is stopped first so it cannot start more; descendants that fork while we
     kill are caught on the next pass (orphans stay under a subreaper: the watcher, or
-    a spare's child, or the spare). A cell that double-forks a daemon does not escape.
+    a spare's child). A cell that double-forks a daemon does not escape.
     """
     if include_root:
         try:
@@ -1341,9 +1342,12 @@ def hand_over(path, pid, start):
     Only to the spare the host started and recorded: the listener's pid (from the
     kernel, SO_PEERCRED) and its start time must be the ones the host read from its
     own /proc. A process that cells left listening at the same path gets nothing, not
-    even a byte: the connection closes and we start cold. Returns False then. The
-    child touches our fds only once we checked it and said go, so a failed check never
-    leaves two interpreters on one channel.
+    even a byte: the connection closes and we start cold. The child touches our fds
+    only once we checked it and said go, so a failed check never leaves two
+    interpreters on one channel. Returns "served" (not reached: we stay as the
+    channel's process), "busy" (the spare closed on us at once: it stays recorded) or
+    "gone" (no spare there, another process, or no answer in time: the kernel forgets
+    it and a new one replaces it).
     """
     import array
     import socket
@@ -1353,8 +1357,10 @@ def hand_over(path, pid, start):
     # cells run, from this process's memory.
     secret, length = read_stdin_secret()
     message = None
+    deadline = time.monotonic() + 5
     conn = socket.socket(socket.AF_UNIX)
     conn.settimeout(5)
+    outcome = "gone"
     try:
         conn.connect(socket_address(path))
         peer = struct.unpack(
@@ -1362,7 +1368,7 @@ def hand_over(path, pid, start):
         )[0]
         if peer != pid or start_time_of(peer) != start or not length:
             conn.close()
-            return False
+            return outcome
         settings = json.dumps(
             {
                 "env": {k: v for k, v in os.environ.items() if k.startswith("SANDBOX_AGENT_")},
@@ -1378,6 +1384,7 @@ def hand_over(path, pid, start):
         message[length] = 10
         message[length + 1 : -1] = settings
         message[-1] = 10
+        conn.settimeout(max(deadline - time.monotonic(), 0.01))
         sent = conn.sendmsg(
             [message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))]
         )
@@ -1385,24 +1392,27 @@ def hand_over(path, pid, start):
             conn.sendall(memoryview(message)[sent:])
         reply = b""
         while not reply.endswith(b"\n") and len(reply) < 32:
+            conn.settimeout(max(deadline - time.monotonic(), 0.01))
             chunk = conn.recv(32 - len(reply))
             if not chunk:
                 break
             reply += chunk
         child = int(reply[1:-1]) if reply[:1] == b"K" and reply[1:-1].isdigit() else 0
+        if not reply:
+            outcome = "busy"  # it answered by closing: full, or about to end by itself
         if child <= 1 or parent_of(child) != pid:
             conn.close()
-            return False
+            return outcome
         conn.sendall(b"g")
     except OSError:
         conn.close()
-        return False
+        return outcome  # (a timeout: a spare that does not answer, frozen, is forgotten)
     finally:
         wipe(secret, length)
         if message is not None:
             wipe(message, length)
     supervise_spare(child, conn, before)
-    return True  # not reached: supervise_spare ends the process
+    return "served"  # not reached: supervise_spare ends the process
 
 
 def parent_of(pid):
@@ -1493,20 +1503,15 @@ def wait_as_spare(path):
     for fd in (0, 1, 2):  # the host's attach ends now; nothing of ours depends on it
         os.dup2(devnull, fd)
     os.close(devnull)
-    # A child that dies without its kernel's kill (out of memory, a crash) leaves its
-    # cells' processes to us: they are ended, never left to the container's init.
-    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    # Warm only when what we import is what a cold start would: it adds the user's site
+    # folder first, and a package there (IPython, or one of its own) would win.
+    useful = warm_up()
     installed = python_installation()
-    warm_up()
     proven_r, proven_w = os.pipe()  # children write their pid once their kernel proved itself
-    ours, unproven = set(), set()
+    unproven = set()
 
     def on_child_exit(*_):
-        ended = reap_children()
-        if ours & set(ended):
-            end_adopted(ours)
-        ours.difference_update(ended)
-        unproven.difference_update(ended)
+        unproven.difference_update(reap_children())
 
     signal.signal(signal.SIGCHLD, on_child_exit)
     born = served = time.monotonic()
@@ -1527,8 +1532,8 @@ def wait_as_spare(path):
             continue
         if python_installation() != installed:
             os._exit(0)  # the modules we hold are not what a cold start imports now
-        if len(unproven) >= SPARE_UNPROVEN:
-            conn.close()  # someone floods us with connections that prove nothing
+        if not useful or len(unproven) >= SPARE_UNPROVEN:
+            conn.close()  # its kernel starts cold (flooded by connections that prove nothing)
             continue
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         try:
@@ -1542,52 +1547,54 @@ def wait_as_spare(path):
             os.close(proven_r)
             return take_channel(conn, secret, length, proven_w)
         if child > 0:
-            ours.add(child)
             unproven.add(child)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         conn.close()  # (a failed fork: its kernel starts cold)
 
 
-def end_adopted(ours):
-    """End the processes that came to us (the spare, a subreaper) from a child that died:
-    its cells' processes, orphaned."""
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) not in ours and parent_of(int(name)) == me:
-            kill_tree(int(name), include_root=True)
-
-
 def python_installation():
-    """When each folder imports come from last changed (and the user's site folder,
-    which a cold start adds): a pip install or uninstall changes one of them."""
+    """What is installed where imports come from (and in the user's site folder, which a
+    cold start adds): the names and times of the install records (``*.dist-info``,
+    ``*.egg-info``, ``*.pth``, ``*.egg-link``) of each folder. A pip install or
+    uninstall changes them; caches and a cell's own files do not."""
     import site
 
     state = []
     for folder in [*sys.path, site.getusersitepackages()]:
         try:
-            state.append((folder, os.stat(folder or ".").st_mtime_ns))
+            with os.scandir(folder or ".") as entries:
+                records = sorted(
+                    (entry.name, entry.stat(follow_symlinks=False).st_mtime_ns)
+                    for entry in entries
+                    if entry.name.endswith((".dist-info", ".egg-info", ".pth", ".egg-link"))
+                )
         except OSError:
-            state.append((folder, None))
+            records = None
+        state.append((folder, records))
     return state
 
 
 def warm_up():
     """Import what every interpreter imports to build its shell (most of a cold start's
     time), without building one: a fork inherits modules, not threads or open files.
-    Not when the user's site folder has its own IPython: a cold start imports that one
-    (the user's site comes first), and the spare may not import the user's code."""
+    Returns whether the spare is of use: not when the user's site folder holds a
+    package we imported (a cold start would import the user's; the spare may not)."""
     import site
 
-    if os.environ.get("SANDBOX_AGENT_NO_IPYTHON") or os.path.exists(
-        os.path.join(site.getusersitepackages(), "IPython")
-    ):
-        return
+    if os.environ.get("SANDBOX_AGENT_NO_IPYTHON"):
+        return True
     try:
         import IPython.core.displayhook  # noqa: F401
         import IPython.core.displaypub  # noqa: F401
         import IPython.core.interactiveshell  # noqa: F401
     except ImportError:
         pass
+    try:
+        names = os.listdir(site.getusersitepackages())
+    except OSError:
+        return True
+    theirs = {name.split(".")[0].split("-")[0] for name in names}
+    return not theirs & {name.split(".")[0] for name in sys.modules}
 
 
 def read_stdin_secret(size=128):
@@ -1628,7 +1635,7 @@ def take_channel(conn, secret, length, proven):
     import struct
 
     global OUTPUT_LIMIT, CELL_TIMEOUT, SUPERVISOR
-    prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the cells stay below us, for the kill
+    deadline = time.monotonic() + 5  # for the whole hand-over: a trickle cannot hold us
     conn.settimeout(5)
     message = bytearray(65536)
     view = memoryview(message)
@@ -1641,6 +1648,7 @@ def take_channel(conn, secret, length, proven):
                 fds.frombytes(data[: len(data) - len(data) % 4])
         size = got
         while got and message.count(b"\n", 0, size) < 2 and size < len(message):
+            conn.settimeout(max(deadline - time.monotonic(), 0.01))
             got = conn.recv_into(view[size:])
             size += got
     except OSError:
@@ -1659,28 +1667,36 @@ def take_channel(conn, secret, length, proven):
             settings = json.loads(bytes(message[end + 1 : message.find(b"\n", end + 1)]))
         except ValueError:
             settings = None
-    if not isinstance(settings, dict) or not isinstance(settings.get("env"), dict):
+    if (
+        not isinstance(settings, dict)
+        or not isinstance(settings.get("env"), dict)
+        or not isinstance(settings.get("cwd"), str)
+    ):
         os._exit(0)  # a probe, a hand-over from anyone but the host's kernel, or cut short
+    try:
+        os.chdir(settings["cwd"])  # where a cold start would run; if it cannot, neither do we
+    except OSError:
+        os._exit(0)
     SUPERVISOR = struct.unpack(
         "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     )[0]
     try:
+        conn.settimeout(max(deadline - time.monotonic(), 0.01))
         conn.sendall(b"K%d\n" % os.getpid())
         if conn.recv(1) != b"g":  # it found something wrong with us: it starts cold
             os._exit(0)
     except OSError:
         os._exit(0)
-    os.write(proven, b"%d\n" % os.getpid())
+    try:
+        os.write(proven, b"%d\n" % os.getpid())
+    except OSError:
+        pass  # the spare ended meanwhile: nothing to keep alive
     os.close(proven)
     os.environ.update(
         {k: str(v) for k, v in settings["env"].items() if str(k).startswith("SANDBOX_AGENT_")}
     )
     OUTPUT_LIMIT = int(os.environ.get("SANDBOX_AGENT_OUTPUT_LIMIT") or 10_000_000)
     CELL_TIMEOUT = float(os.environ.get("SANDBOX_AGENT_CELL_TIMEOUT") or 0)
-    try:
-        os.chdir(str(settings.get("cwd") or "."))
-    except OSError:
-        pass
     for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
     for fd in fds:
@@ -1732,8 +1748,8 @@ def send_ready(wire, channel=False):
     # The processes that carry this kernel (interpreter, and its watcher or the spare's
     # supervisor), each with its start time: the host's reaper ends them if the kernel
     # dies and they do not end by themselves (a cell may have frozen the watcher).
-    keeper = SUPERVISOR or os.getppid()
-    procs = [[os.getpid(), start_time_of(os.getpid())], [keeper, start_time_of(keeper)]]
+    keepers = [os.getppid()] + ([SUPERVISOR] if SUPERVISOR else [])
+    procs = [[pid, start_time_of(pid)] for pid in [os.getpid(), *keepers]]
     wire.send(
         ev="ready",
         python_version="%d.%d.%d" % sys.version_info[:3],
@@ -1741,7 +1757,7 @@ def send_ready(wire, channel=False):
         pid=os.getpid(),
         procs=procs,
         channel=channel,  # True: all else goes over the kernel's socket
-        warm=SUPERVISOR != 0,  # forked by the warm spare (else it started cold)
+        spare=SPARE_OUTCOME,  # served, busy (it stays), gone (forget it), or "" (none named)
     )
 
 
@@ -1810,14 +1826,18 @@ def main():
     if sys.argv[1:2] == ["--end-processes"]:
         end_processes(sys.argv[1:])
     harden()
+    global SPARE_OUTCOME
     spare_link = None  # a spare's child: what its kernel's start program waits on
     if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):
         spare_link = wait_as_spare(os.environ["SANDBOX_AGENT_SPARE_LISTEN"])
+        SPARE_OUTCOME = "served"
     else:
         spare = sys.argv[2:5]  # [socket path, pid, start time] of a recorded spare, if any
         if len(spare) == 3 and spare[1].isdigit():
-            hand_over(spare[0], int(spare[1]), spare[2])
-        watch_child()
+            SPARE_OUTCOME = hand_over(spare[0], int(spare[1]), spare[2])
+    # A watcher for every interpreter, the cold one and the one a spare forked: it ends
+    # what the cells left when the interpreter dies, whether or not the spare still lives.
+    watch_child()
     kernel = connect_kernel()
     # The kernel's (or, for a spare, the taking kernel's) host folders: no links there.
     restrict_special_files(
