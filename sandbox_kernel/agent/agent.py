@@ -1434,7 +1434,21 @@ def supervise_spare(pid, conn, oom_before):
     while True:
         events = dict(poller.poll())
         if 0 in events:
-            kill_tree(pid, include_root=True)
+            # The child, a watcher, sees the same end of the channel and ends its
+            # interpreter and what the cells left by itself, staying their subreaper
+            # until none is left (killed from here, a process of a pid hopper between
+            # two scans would be orphaned to init). One that does not end in time (a
+            # cell stopped it) is killed here.
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+            conn.settimeout(5)
+            try:
+                while conn.recv(1):
+                    pass
+            except OSError:
+                kill_tree(pid, include_root=True)
             os._exit(0)
         if conn.fileno() in events:
             try:
