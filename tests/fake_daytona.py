@@ -741,6 +741,11 @@ class FakeDaytona:
                 environment={"TERM": "xterm-256color", **envs},
             )["Id"]
             sock = api.exec_start(exec_id, socket=True, tty=True)
+            # The daemon makes the PTY with its size. A resize right after the start can
+            # come before the exec's tty exists and be lost: wait until it runs.
+            deadline = time.monotonic() + 10
+            while not api.exec_inspect(exec_id).get("Running") and time.monotonic() < deadline:
+                time.sleep(0.01)
             api.exec_resize(
                 exec_id,
                 height=int(request.query.get("rows", 24)),
