@@ -172,17 +172,17 @@ class SandboxSession:
             if record is not None and record.secret:
                 spare = (SPARE_SOCKET, record.pid, record.start_time)
                 secret = record.secret.encode() + b"\n"  # on stdin, never in argv
+                agent: AgentConnection | None = None
                 try:
                     agent = self._run_agent(info, env, spare, secret, SPARE_START_TIMEOUT)
                 except SandboxError as exc:  # a spare only saves time: start cold
                     log.info("the warm interpreter did not take over (%s): starting one", exc)
+                # A spare that was not there, was another process, or did not answer in
+                # time is forgotten (the next housekeeping starts another); one that only
+                # turned this kernel away (it started cold) stays.
+                if agent is None or agent.ready.get("spare") == "gone":
                     store.forget_spare(self.backend.name, info.id, record.pid)
-                else:
-                    # It started cold. A spare that was not there, was another process,
-                    # or did not answer in time is forgotten (the next housekeeping
-                    # starts another); one that only turned this kernel away stays.
-                    if agent.ready.get("spare") == "gone":
-                        store.forget_spare(self.backend.name, info.id, record.pid)
+                if agent is not None:
                     return agent
         return self._run_agent(info, env, None, b"", START_TIMEOUT)
 

@@ -46,6 +46,7 @@ from sandbox_kernel.service import SandboxService
 from sandbox_kernel.store import Store
 
 from .conftest import TEST_IMAGE, remove_user_containers, sandbox_container
+from .helpers import GRANDPARENT
 from .kernel_env import KernelEnv, make_kernel_env
 
 pytestmark = pytest.mark.docker
@@ -331,17 +332,10 @@ def interpreter(kc: Any) -> dict[int, str]:
     return {pid: start}
 
 
-_GRANDPARENT = (
-    "import os\n"
-    "stat = open('/proc/%d/stat' % os.getppid()).read()\n"
-    "print(stat.rsplit(')', 1)[1].split()[1])"
-)
-
-
 def interpreter_spare(kc: Any) -> int:
     """The parent of the watcher of the interpreter behind a kernel: the warm spare that
     forked it (0 or another process for a cold start)."""
-    return int(ok_cell(kc, _GRANDPARENT))
+    return int(ok_cell(kc, GRANDPARENT + "print(grandparent())"))
 
 
 def ok_cell(kc: Any, code: str, timeout: float = 60) -> str:

@@ -21,7 +21,7 @@ from nbclient import NotebookClient
 from sandbox_kernel.service import SandboxService
 
 from .conftest import TEST_IMAGE, remove_user_containers, sandbox_container
-from .helpers import make_wheel
+from .helpers import GRANDPARENT, make_wheel
 from .kernel_env import ConformanceSuite, KernelEnv, make_kernel_env
 
 pytestmark = pytest.mark.docker
@@ -338,16 +338,6 @@ def spare_pids(user: str, root: Path) -> list[int]:
         == 0
     )
     return [record.pid] if alive else []
-
-
-# Defines grandparent(): the parent of the interpreter's watcher, the warm spare that
-# forked it when it came from one.
-GRANDPARENT = (
-    "import os\n"
-    "def grandparent():\n"
-    "    stat = open('/proc/%d/stat' % os.getppid()).read()\n"
-    "    return int(stat.rsplit(')', 1)[1].split()[1])"
-)
 
 
 def wait_for_spare(kenv: KernelEnv, other_than: int = 0) -> int:

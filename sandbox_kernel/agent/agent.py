@@ -1012,7 +1012,6 @@ SPARE_MAX_AGE = 3600.0  # seconds a spare lives at most, however often kernels c
 # cannot hold more pids than this, each for at most 5 s.
 SPARE_UNPROVEN = 32
 SUPERVISOR = 0  # for a spare's child: the kernel's start program, which stays as the channel
-SPARE_OUTCOME = ""  # what became of the spare the kernel named (see hand_over)
 
 # -- hardening and process supervision ----------------------------------------------------
 PR_SET_PDEATHSIG = 1
@@ -1326,13 +1325,8 @@ def read_stdin_line(limit=256):
     """The line the kernel sends after the source (and a spare's secret, which
     read_stdin_secret reads): its socket's offer (see connect_kernel).
     Byte by byte: what follows on fd 0 is not ours to read."""
-    line = b""
-    while not line.endswith(b"\n") and len(line) < limit:
-        chunk = os.read(0, 1)
-        if not chunk:
-            break
-        line += chunk
-    return line.strip().decode("ascii", "replace")
+    line, length = read_stdin_secret(limit)
+    return bytes(line[:length]).strip().decode("ascii", "replace")
 
 
 def hand_over(path, pid, start):
@@ -1384,7 +1378,7 @@ def hand_over(path, pid, start):
         message[length] = 10
         message[length + 1 : -1] = settings
         message[-1] = 10
-        conn.settimeout(max(deadline - time.monotonic(), 0.01))
+        conn.settimeout(left(deadline))
         sent = conn.sendmsg(
             [message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))]
         )
@@ -1392,7 +1386,7 @@ def hand_over(path, pid, start):
             conn.sendall(memoryview(message)[sent:])
         reply = b""
         while not reply.endswith(b"\n") and len(reply) < 32:
-            conn.settimeout(max(deadline - time.monotonic(), 0.01))
+            conn.settimeout(left(deadline))
             chunk = conn.recv(32 - len(reply))
             if not chunk:
                 break
@@ -1612,8 +1606,9 @@ def warm_up():
 
 
 def read_stdin_secret(size=128):
-    """A secret from stdin, read in place into a bytearray (no copies of it in freed
-    memory), so that it can be wiped before cells run in this process or a fork of it."""
+    """A line from stdin without its newline, read in place into a bytearray (no copies
+    of it in freed memory: a secret can be wiped before cells run in this process or a
+    fork of it), byte by byte (what follows on fd 0 is not ours); (buffer, length)."""
     import io
 
     secret = bytearray(size)
@@ -1629,8 +1624,12 @@ def read_stdin_secret(size=128):
 
 
 def wipe(buffer, length):
-    for i in range(length):
-        buffer[i] = 0
+    buffer[:length] = bytes(length)  # in place: the same length
+
+
+def left(deadline):
+    """Seconds to a time.monotonic() deadline, for a socket timeout (never 0: blocking)."""
+    return max(deadline - time.monotonic(), 0.01)
 
 
 def take_channel(conn, secret, length, proven):
@@ -1662,7 +1661,7 @@ def take_channel(conn, secret, length, proven):
                 fds.frombytes(data[: len(data) - len(data) % 4])
         size = got
         while got and message.count(b"\n", 0, size) < 2 and size < len(message):
-            conn.settimeout(max(deadline - time.monotonic(), 0.01))
+            conn.settimeout(left(deadline))
             got = conn.recv_into(view[size:])
             size += got
     except OSError:
@@ -1695,7 +1694,7 @@ def take_channel(conn, secret, length, proven):
         "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     )[0]
     try:
-        conn.settimeout(max(deadline - time.monotonic(), 0.01))
+        conn.settimeout(left(deadline))
         conn.sendall(b"K%d\n" % os.getpid())
         if conn.recv(1) != b"g":  # it found something wrong with us: it starts cold
             os._exit(0)
@@ -1750,7 +1749,7 @@ def connect_kernel():
     return sock
 
 
-def send_ready(wire, channel=False):
+def send_ready(wire, channel=False, spare=""):
     """Tell the kernel we are here, before the slow part (building IPython's shell): the
     kernel answers kernel_info and its client settles meanwhile; requests wait in the pipe."""
     import importlib.util
@@ -1771,7 +1770,7 @@ def send_ready(wire, channel=False):
         pid=os.getpid(),
         procs=procs,
         channel=channel,  # True: all else goes over the kernel's socket
-        spare=SPARE_OUTCOME,  # served, busy (it stays), gone (forget it), or "" (none named)
+        spare=spare,  # served, busy (it stays), gone (forget it), or "" (none named)
     )
 
 
@@ -1840,15 +1839,15 @@ def main():
     if sys.argv[1:2] == ["--end-processes"]:
         end_processes(sys.argv[1:])
     harden()
-    global SPARE_OUTCOME
     spare_link = None  # a spare's child: what its kernel's start program waits on
+    outcome = ""  # what became of the spare the kernel named (see hand_over)
     if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):
         spare_link = wait_as_spare(os.environ["SANDBOX_AGENT_SPARE_LISTEN"])
-        SPARE_OUTCOME = "served"
+        outcome = "served"
     else:
         spare = sys.argv[2:5]  # [socket path, pid, start time] of a recorded spare, if any
         if len(spare) == 3 and spare[1].isdigit():
-            SPARE_OUTCOME = hand_over(spare[0], int(spare[1]), spare[2])
+            outcome = hand_over(spare[0], int(spare[1]), spare[2])
     # A watcher for every interpreter, the cold one and the one a spare forked: it ends
     # what the cells left when the interpreter dies, whether or not the spare still lives.
     watch_child()
@@ -1858,7 +1857,7 @@ def main():
         json.loads(os.environ.pop("SANDBOX_AGENT_NO_SPECIAL_FILES", "[]") or "[]")
     )
     wire = Wire()
-    send_ready(wire, channel=kernel is not None)
+    send_ready(wire, channel=kernel is not None, spare=outcome)
     if kernel is not None:
         wire.move_to(kernel)
     enable_user_site()
