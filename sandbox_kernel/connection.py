@@ -188,6 +188,14 @@ class AgentConnection:
         self.ready = ready
         return ready
 
+    def move_to(self, channel: Channel) -> None:
+        """Speak over ``channel`` from now on: the interpreter said ready on the channel
+        it was started by and then connected to its kernel's socket (see
+        backends.agent_sockets). Only before :meth:`attach`, while nothing reads."""
+        if self.loop is not None:
+            raise RuntimeError("the connection is relaying already: too late to move it")
+        self.channel = channel
+
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start relaying to ``loop`` (the connection may be made before the loop runs);
         call from the loop: the pump is a task of it."""

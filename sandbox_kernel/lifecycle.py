@@ -21,6 +21,7 @@ own here (stopped after ``files_idle_stop`` without file use, removed after
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -241,21 +242,26 @@ def end_dead_kernels(backend: Backend, store: Store) -> int:
 
 def end_processes(backend: Backend, sandbox_id: str, procs: str) -> None:
     """Kill the process trees ``procs`` (JSON [[pid, start time], ...]) names in the
-    sandbox, from outside it, where nothing a cell froze can stop it: for a kernel or
-    agent session that died, or whose code would not let its interpreter leave.
+    sandbox, from where nothing a cell did can stop it (see ``Backend.end_processes``):
+    for a kernel or agent session that died, or whose code would not let its
+    interpreter leave."""
+    backend.end_processes(sandbox_id, process_pairs(procs))
 
-    Runs the agent's ``--end-processes``; several may run at once in one sandbox (the
-    server's reaper, a kernel's start, an agent session's end): they take turns there.
-    """
-    if not backend.shares_processes:
-        return  # processes the engine does not show us end with their sandbox
-    from .agent import agent_source, program
 
-    backend.exec(
-        sandbox_id,
-        program(agent_source().decode(), "--end-processes", procs),
-        timeout=30,
-    )
+def process_pairs(procs: str) -> list[tuple[int, str]]:
+    """The (pid, start time) pairs of a JSON list; what is not a pid above 1 (never the
+    sandbox's init) with a start time is left out."""
+    try:
+        named = json.loads(procs)
+    except ValueError:
+        return []
+    pairs = []
+    for item in named if isinstance(named, list) else []:
+        if isinstance(item, list) and len(item) == 2:
+            pid, start = item
+            if isinstance(pid, int) and pid > 1 and isinstance(start, str) and start.isdigit():
+                pairs.append((pid, start))
+    return pairs
 
 
 def _apply(backend: Backend, store: Store, action: Action) -> None:

@@ -210,7 +210,7 @@ class SandboxSession:
             agent = self._started_agent(info, channel, agent_source() + secret, within)
             if listener is not None and agent.ready.get("channel") is True:
                 try:
-                    agent.channel = SocketChannel(listener.accept(CONNECT_WAIT), channel)
+                    agent.move_to(SocketChannel(listener.accept(CONNECT_WAIT), channel))
                 except BaseException:
                     agent.close()
                     raise

@@ -938,6 +938,91 @@ def test_killed_kernel_leaves_no_process_even_with_its_watcher_frozen(
     leave_behind_then_kill(kernels, start, stop_supervisors=True)
 
 
+# A daemon of the cell (a session of its own) that stops the interpreter (whose threads
+# come and go), then forks sleepers until the sandbox may have no process more, and goes
+# on taking every pid that comes free.
+_TAKE_EVERY_PID = """
+import os, signal, time
+interpreter = os.getpid()
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(0.5)  # the cell's reply leaves first
+    os.kill(interpreter, signal.SIGSTOP)
+    while True:
+        try:
+            if os.fork() == 0:
+                while True:
+                    time.sleep(1000)
+        except OSError:  # the pid limit: try again at once, to win every pid freed
+            pass
+print("taking")
+"""
+
+
+def _pids_cgroup(container_id: str) -> Path:
+    from sandbox_kernel.backends.cgroups import _cgroup_dirs
+
+    found = [d for d in _cgroup_dirs(container_id, "pids") if (d / "pids.max").exists()]
+    if not found:
+        pytest.skip("this host does not show the container's pids cgroup")
+    return found[0]
+
+
+def _start_time(host_pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{host_pid}/stat").read_bytes()
+    except OSError:
+        return ""
+    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+
+
+def test_killed_kernel_leaves_no_process_even_with_every_pid_taken(kernels: Kernels) -> None:
+    """Attack: the cell stops its interpreter's watcher, then a daemon of it stops the
+    interpreter and takes every pid the sandbox may have, and its kernel is killed hard. No program of ours in
+    the sandbox can start a process now, so the host's reaper must end them from
+    outside: within GONE_SECONDS none of the daemon's processes exists, and the sandbox
+    answers a new kernel's cell."""
+    from sandbox_kernel.backends.cgroups import container_pids
+
+    km, kc = start_kernel(kernels)
+    container = kernels.container()
+    assert json.loads(ok_cell(kc, "WARM = False\n" + _STOP_SUPERVISORS)), "nothing watched"
+    before = set(container_pids(container.id) or [])
+    assert ok_cell(kc, _TAKE_EVERY_PID).strip() == "taking"
+    pids = _pids_cgroup(container.id)
+    limit = int((pids / "pids.max").read_text())
+
+    def wait_full(why: str) -> None:
+        deadline = time.monotonic() + 60
+        while int((pids / "pids.current").read_text()) < limit:
+            assert time.monotonic() < deadline, why
+            time.sleep(0.1)
+
+    wait_full("the cell's daemon did not take every pid")
+    # The point of the attack: nothing in there can start a process (an exec joins the
+    # sandbox from outside, but cannot fork once in).
+    forked = container.exec_run(["sh", "-c", "/bin/true && echo forked"], user="1000")
+    assert b"forked" not in forked.output, "a process could still fork: no attack"
+    km.signal_kernel(signal.SIGKILL)
+    killed = time.monotonic()
+    while km.is_alive() and time.monotonic() < killed + 10:
+        time.sleep(0.1)
+    assert not km.is_alive(), "the host kernel process survived SIGKILL"
+    wait_full("the cell's daemon did not keep every pid")
+    taken = {p: _start_time(p) for p in set(container_pids(container.id) or []) - before}
+    assert kernels.env is not None
+    cfg = kernels.env.config()
+    gc(SandboxService(cfg).backend, cfg)
+    while True:
+        left = [p for p, start in taken.items() if start and _start_time(p) == start]
+        if not left or time.monotonic() > killed + GONE_SECONDS:
+            break
+        time.sleep(0.2)
+    assert not left, f"{len(left)} of the daemon's {len(taken)} processes outlived the kernel"
+    _, kc2 = kernels.start()
+    assert ok_cell(kc2, "print(6 * 7)").strip() == "42"
+
+
 # -- 3b: a python3 and site code planted where the user's own programs are found ----------
 
 # What a cell leaves behind: a `python3` (and `python`) first on the user's PATH that logs

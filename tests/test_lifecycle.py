@@ -22,6 +22,7 @@ import pytest
 from sandbox_kernel.agent import agent_source
 from sandbox_kernel.backends import docker as docker_backend
 from sandbox_kernel.backends.base import (
+    Backend,
     BadRequest,
     Conflict,
     QuotaExceeded,
@@ -198,15 +199,18 @@ _REAPERS_AT_ONCE = (
 )
 
 
+@pytest.mark.parametrize("host_path", ["from the host", "in the sandbox"])
 def test_reapers_at_once_take_turns(
-    make_config: Callable[..., SandboxConfig], test_user: str
+    make_config: Callable[..., SandboxConfig], test_user: str, host_path: str
 ) -> None:
     """Reapers ending processes in one sandbox at the same moment (the server's reaper,
     a kernel's start and an agent session's end can coincide) once stopped each other
     for good, freezing every process of the sandbox: a kernel's next cell hung forever.
     Each round, three start together 30 times over (in one shell, for the closest
     overlap: two froze each other within about 15 tries) and three go through the
-    host's path; every target dies and no process is left stopped."""
+    host's path (from the host, as on a local engine, or by the agent run in the
+    sandbox, as where the host cannot see its processes); every target dies and no
+    process is left stopped."""
     service = SandboxService(make_config())
     backend = service.backend
     info = service.ensure(ScopeKey(test_user)).info
@@ -236,7 +240,18 @@ def test_reapers_at_once_take_turns(
         stopped = [pid for pid, state in states().items() if state == "T"]
         assert not stopped, f"reapers left processes stopped: {stopped}"
         with ThreadPoolExecutor(3) as pool:
-            list(pool.map(lambda t: end_processes(backend, info.id, json.dumps([t])), targets[3:]))
+            if host_path == "from the host":
+                list(
+                    pool.map(
+                        lambda t: end_processes(backend, info.id, json.dumps([t])), targets[3:]
+                    )
+                )
+            else:  # the engine-neutral way, which a local engine does not need
+                list(
+                    pool.map(
+                        lambda t: Backend.end_processes(backend, info.id, [tuple(t)]), targets[3:]
+                    )
+                )
         now = states()
         assert not [pid for pid, state in now.items() if state == "T"], now
         assert not [t for t in targets if str(t[0]) in now], (targets, now)

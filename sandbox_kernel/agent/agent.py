@@ -60,10 +60,12 @@ class Wire:
     """The protocol: private copies of fds 0 and 1, one JSON object per line."""
 
     def __init__(self):
-        self.rfd = os.dup(0)
-        self.wfd = os.dup(1)
         self.lock = threading.Lock()
-        self.reader = os.fdopen(self.rfd, "rb", buffering=1 << 16)
+        self._speak_over(os.dup(0), os.dup(1))
+
+    def _speak_over(self, rfd, wfd):
+        self.rfd, self.wfd = rfd, wfd
+        self.reader = os.fdopen(rfd, "rb", buffering=1 << 16)
 
     def send(self, **msg):
         # Each message starts with a newline too: whatever a cell left half-written on
@@ -97,10 +99,8 @@ class Wire:
         """Speak over the kernel's socket from now on (see connect_kernel). The exec's
         stdout stays open, carrying nothing more: the kernel learns of our end by it."""
         with self.lock:
-            self.exec_out = self.wfd
-            self.wfd = os.dup(sock.fileno())
-            old, self.rfd = self.reader, os.dup(sock.fileno())
-            self.reader = os.fdopen(self.rfd, "rb", buffering=1 << 16)
+            self.exec_out, old = self.wfd, self.reader
+            self._speak_over(os.dup(sock.fileno()), os.dup(sock.fileno()))
             old.close()
         sock.close()
 

@@ -426,6 +426,22 @@ class Backend(abc.ABC):
     ) -> ExecResult:
         """Run a command to completion; stdout and stderr merged."""
 
+    def end_processes(self, sandbox_id: str, targets: builtins.list[tuple[int, str]]) -> None:
+        """Kill the process trees whose roots ``targets`` names ((pid, start time) in the
+        sandbox) for a kernel or agent session that died, or whose code would not let
+        its interpreter leave. Here by the agent's ``--end-processes``, run in the
+        sandbox (several may run at once there: they take turns); engines whose
+        processes this host sees do it from outside, beyond a cell's reach."""
+        if not self.shares_processes or not targets:
+            return  # processes the engine does not show us end with their sandbox
+        from ..agent import agent_source, program
+
+        self.exec(
+            sandbox_id,
+            program(agent_source().decode(), "--end-processes", json.dumps(targets)),
+            timeout=30,
+        )
+
     @abc.abstractmethod
     def open_channel(
         self,

@@ -1,8 +1,9 @@
-"""Live memory and CPU of a container, read from this host's cgroup files when visible.
+"""A container's processes as this host sees them through its cgroup files: live
+memory and CPU, and ending processes from outside the sandbox.
 
 Reading files costs no engine round trip, so listing a hundred sandboxes stays fast;
 when the engine runs elsewhere (or cgroups are hidden) callers fall back to the
-engine's stats call.
+engine's stats call, or to a program run inside the sandbox.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -158,23 +160,166 @@ def _stopped_start_age(pid: int, container_id: str) -> float | None:
 
 
 def _kill_exactly(pid: int, container_id: str) -> bool:
-    """SIGKILL the process that is ``pid`` now, and no other: through a pidfd, checked
-    again once held, so a pid that ended and was reused meanwhile (by anything on the
-    host) is never signalled. Without pidfds (Linux < 5.3), a plain kill."""
+    """SIGKILL the stuck start that is ``pid`` now, and no other process."""
+    return signal_exactly(pid, signal.SIGKILL, lambda: _is_stuck_start(pid, container_id))
+
+
+def signal_exactly(pid: int, sig: int, still_it: Callable[[], bool]) -> bool:
+    """Send ``sig`` to the process that is ``pid`` now, if ``still_it()`` holds for it:
+    through a pidfd, checked once held, so a pid that ended and was reused meanwhile
+    (by anything on the host) is never signalled. Without pidfds (Linux < 5.3), a
+    plain kill after the check. Whether it was sent."""
     try:
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         try:
-            os.kill(pid, signal.SIGKILL)
+            if not still_it():
+                return False
+            os.kill(pid, sig)
             return True
         except OSError:
             return False
     try:
-        if not _is_stuck_start(pid, container_id):
+        if not still_it():
             return False  # ended, or another process took the pid
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        signal.pidfd_send_signal(pidfd, sig)
         return True
     except OSError:
         return False
     finally:
         os.close(pidfd)
+
+
+def end_process_trees(container_id: str, targets: Iterable[tuple[int, str]]) -> bool:
+    """Kill, from this host, the trees of the container's processes named by
+    ``targets`` ((pid inside the sandbox, start time) pairs).
+
+    Nothing in the sandbox can hinder it: no program of ours has to start there (a
+    cell can take every pid the sandbox may have, and stop any process of its user, a
+    killer of ours too). Each tree is stopped whole before anything in it dies (see
+    :func:`_stop_tree`), so no process escapes to init by forking while its parent is
+    killed. Only processes of the container's cgroup are signalled, each checked by
+    start time through a pidfd. False when this host does not show the container's
+    processes, or may not signal them: the caller ends them from inside the sandbox.
+    """
+    table = _container_processes(container_id)
+    if table is None:
+        return False
+    wanted = {(int(pid), str(start)) for pid, start in targets}
+    roots = [(pid, p.start) for pid, p in table.items() if (p.inner_pid, p.start) in wanted]
+    for root, start in roots:
+        if not signal_exactly(root, signal.SIGSTOP, _same_process(root, start, container_id)):
+            if _exists(root):
+                return False  # not ours to signal (another uid): let the sandbox do it
+            continue  # it ended meanwhile; what it left is under init now, reaped there
+        for pid, child_start in [*_stop_tree(root, container_id), (root, start)]:
+            signal_exactly(pid, signal.SIGKILL, _same_process(pid, child_start, container_id))
+    return True
+
+
+def _stop_tree(root: int, container_id: str, passes: int = 1000) -> list[tuple[int, str]]:
+    """Stop every live descendant of the stopped ``root``; (host pid, start time) of each.
+
+    A listing of /proc is not one instant: a process that forks and exits while it
+    is read (a pid hopper) leaves a child the listing missed. So descendants are
+    stopped pass after pass until a listing finds the very set of the pass before, all
+    of which were stopped already then: nothing could fork since, and nothing is
+    missing. Orphans meanwhile go to the nearest living subreaper, the interpreter's
+    watcher, stopped but alive, so the tree holds them. Bounded in passes; what a
+    pass found last is returned either way.
+    """
+    before: dict[int, bool] | None = None  # the pass before: {pid: whether stopped}
+    found: dict[int, tuple[str, bool]] = {}
+    for _ in range(passes):
+        table = _container_processes(container_id) or {}
+        found = {pid: (table[pid].start, table[pid].stopped) for pid in _descendants(root, table)}
+        if before is not None and found.keys() == before.keys() and all(before.values()):
+            break
+        for pid, (start, stopped) in found.items():
+            if not stopped:
+                signal_exactly(pid, signal.SIGSTOP, _same_process(pid, start, container_id))
+        before = {pid: stopped for pid, (_, stopped) in found.items()}
+    return [(pid, start) for pid, (start, _) in found.items()]
+
+
+class _Process:
+    """One process of a container as this host's /proc shows it."""
+
+    __slots__ = ("inner_pid", "parent", "start", "state")
+
+    def __init__(self, inner_pid: int, parent: int, start: str, state: bytes) -> None:
+        self.inner_pid = inner_pid
+        self.parent = parent
+        self.start = start
+        self.state = state
+
+    @property
+    def stopped(self) -> bool:
+        return self.state in (b"T", b"t")
+
+
+def _container_processes(container_id: str) -> dict[int, _Process] | None:
+    """{host pid: process} of every process of the container now; None if not visible."""
+    pids = container_pids(container_id)
+    if pids is None:
+        return None
+    table = {}
+    for pid in pids:
+        read = _read_process(pid)
+        if read is not None:
+            table[pid] = read
+    return table
+
+
+def _read_process(pid: int) -> _Process | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            status = fh.read()
+    except OSError:
+        return None
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    inner = next(
+        (line.split()[-1] for line in status.splitlines() if line.startswith(b"NSpid:")), b"0"
+    )
+    try:
+        return _Process(int(inner), int(rest[1]), rest[19].decode(), rest[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def _descendants(root: int, table: dict[int, _Process]) -> list[int]:
+    """Host pids of the live (not zombie) descendants of ``root``."""
+    children: dict[int, list[int]] = {}
+    for pid, process in table.items():
+        if process.state != b"Z":
+            children.setdefault(process.parent, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _same_process(pid: int, start: str, container_id: str) -> Callable[[], bool]:
+    """A check that ``pid`` is still the process that started at ``start``, in the
+    container's cgroup (never a host process that took a freed pid)."""
+
+    def check() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat = fh.read()
+            with open(f"/proc/{pid}/cgroup", "rb") as fh:
+                groups = fh.read()
+        except OSError:
+            return False
+        now = stat[stat.rfind(b")") + 2 :].split()[19].decode()
+        return now == start and container_id.encode() in groups
+
+    return check
+
+
+def _exists(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")

@@ -73,7 +73,7 @@ from .base import (
     not_found,
     sandbox_id_of,
 )
-from .cgroups import cgroup_usage, end_stuck_starts
+from .cgroups import cgroup_usage, end_process_trees, end_stuck_starts
 from .docker_channel import DockerChannel, DockerPty
 from .docker_errors import engine_errors, engine_reason, exec_failure, unreachable
 from .docker_files import HelperOpener, home_archive, read_file, write_file
@@ -663,6 +663,16 @@ class DockerBackend(Backend):
         if code in (126, 127) and out.startswith(b"OCI runtime exec failed"):
             return exec_failure(cmd[0], code, bytes(out))
         return ExecResult(code, bytes(out))
+
+    def end_processes(self, sandbox_id: str, targets: builtins.list[tuple[int, str]]) -> None:
+        """From this host when it sees the sandbox's processes (a local engine): a cell
+        can stop any program of ours in the sandbox, or leave it no pid to start with."""
+        container = self._lookup(sandbox_id)
+        if container is None or container.status != "running" or not targets:
+            return  # a stopped sandbox's processes are gone with it
+        if self._host_sees_processes(container) and end_process_trees(container.id, targets):
+            return
+        super().end_processes(sandbox_id, targets)
 
     def _exec_state(self, sandbox_id: str, exec_id: str) -> dict[str, Any]:
         """What the engine knows of one ``docker exec`` (exit code, host pid)."""
