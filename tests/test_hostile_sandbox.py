@@ -938,16 +938,17 @@ def test_killed_kernel_leaves_no_process_even_with_its_watcher_frozen(
     leave_behind_then_kill(kernels, start, stop_supervisors=True)
 
 
-# A daemon of the cell (a session of its own) that stops the interpreter (whose threads
-# come and go), then forks sleepers until the sandbox may have no process more, and goes
-# on taking every pid that comes free.
+# A daemon of the cell (a session of its own) that waits until its interpreter is
+# stopped (whose threads come and go, freeing pids), then forks sleepers until the
+# sandbox may have no process more, and goes on taking every pid that comes free.
 _TAKE_EVERY_PID = """
-import os, signal, time
+import os, time
 interpreter = os.getpid()
-if os.fork() == 0:
+daemon = os.fork()
+if daemon == 0:
     os.setsid()
-    time.sleep(0.5)  # the cell's reply leaves first
-    os.kill(interpreter, signal.SIGSTOP)
+    while open("/proc/%d/stat" % interpreter).read().rsplit(")", 1)[1].split()[0] != "T":
+        time.sleep(0.01)
     while True:
         try:
             if os.fork() == 0:
@@ -955,7 +956,7 @@ if os.fork() == 0:
                     time.sleep(1000)
         except OSError:  # the pid limit: try again at once, to win every pid freed
             pass
-print("taking")
+print(daemon)
 """
 
 
@@ -968,27 +969,43 @@ def _pids_cgroup(container_id: str) -> Path:
     return found[0]
 
 
-def _start_time(host_pid: int) -> str:
+def _stat_field(host_pid: int, index: int) -> str:
+    """Field ``index`` after the command of /proc/<pid>/stat (0: state, 3: session,
+    19: start time), as this host sees it; "" when the process is gone."""
     try:
         stat = Path(f"/proc/{host_pid}/stat").read_bytes()
     except OSError:
         return ""
-    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+    return stat[stat.rfind(b")") + 2 :].split()[index].decode()
+
+
+def _host_pid(container_id: str, inner_pid: int, start: str) -> int:
+    """The host pid of the container's process ``inner_pid`` that started at ``start``."""
+    from sandbox_kernel.backends.cgroups import container_pids
+
+    for pid in container_pids(container_id) or []:
+        if _inner_of(pid) == inner_pid and _stat_field(pid, 19) == start:
+            return pid
+    raise AssertionError(f"no process {inner_pid} in the container")
 
 
 def test_killed_kernel_leaves_no_process_even_with_every_pid_taken(kernels: Kernels) -> None:
-    """Attack: the cell stops its interpreter's watcher, then a daemon of it stops the
-    interpreter and takes every pid the sandbox may have, and its kernel is killed hard. No program of ours in
-    the sandbox can start a process now, so the host's reaper must end them from
-    outside: within GONE_SECONDS none of the daemon's processes exists, and the sandbox
-    answers a new kernel's cell."""
+    """Attack: the cell stops its interpreter's watcher; a daemon of it waits until the
+    interpreter is stopped too (here by the test, from the host: the daemon could as
+    well), then takes every pid the sandbox may have; the kernel is killed hard. No
+    program of ours in the sandbox can start a process now, so the host's reaper must
+    end them from outside: within GONE_SECONDS none of the daemon's processes, nor the
+    interpreter or its watcher, exists, and the sandbox answers a new kernel's cell."""
     from sandbox_kernel.backends.cgroups import container_pids
 
     km, kc = start_kernel(kernels)
     container = kernels.container()
+    [(inner, started)] = interpreter(kc).items()
+    interpreter_pid = _host_pid(container.id, inner, started)
+    watcher_pid = int(_stat_field(interpreter_pid, 1))
     assert json.loads(ok_cell(kc, "WARM = False\n" + _STOP_SUPERVISORS)), "nothing watched"
-    before = set(container_pids(container.id) or [])
-    assert ok_cell(kc, _TAKE_EVERY_PID).strip() == "taking"
+    daemon_inner = int(ok_cell(kc, _TAKE_EVERY_PID))
+    os.kill(interpreter_pid, signal.SIGSTOP)  # its reply is in: the daemon may begin
     pids = _pids_cgroup(container.id)
     limit = int((pids / "pids.max").read_text())
 
@@ -1009,18 +1026,41 @@ def test_killed_kernel_leaves_no_process_even_with_every_pid_taken(kernels: Kern
         time.sleep(0.1)
     assert not km.is_alive(), "the host kernel process survived SIGKILL"
     wait_full("the cell's daemon did not keep every pid")
-    taken = {p: _start_time(p) for p in set(container_pids(container.id) or []) - before}
+    # The daemon's processes: its session (a warm spare may have started meanwhile).
+    session = next(
+        p
+        for p in container_pids(container.id) or []
+        if _stat_field(p, 3) == str(p) and daemon_inner == _inner_of(p)
+    )
+    doomed = {
+        p: _stat_field(p, 19)
+        for p in container_pids(container.id) or []
+        if _stat_field(p, 3) == str(session)
+    }
+    assert len(doomed) > 50, f"the daemon's session holds only {len(doomed)} processes"
+    doomed.update({p: _stat_field(p, 19) for p in (interpreter_pid, watcher_pid)})
     assert kernels.env is not None
     cfg = kernels.env.config()
     gc(SandboxService(cfg).backend, cfg)
     while True:
-        left = [p for p, start in taken.items() if start and _start_time(p) == start]
+        left = [p for p, start in doomed.items() if start and _stat_field(p, 19) == start]
         if not left or time.monotonic() > killed + GONE_SECONDS:
             break
         time.sleep(0.2)
-    assert not left, f"{len(left)} of the daemon's {len(taken)} processes outlived the kernel"
+    assert not left, f"{len(left)} of the {len(doomed)} processes outlived the kernel"
     _, kc2 = kernels.start()
     assert ok_cell(kc2, "print(6 * 7)").strip() == "42"
+
+
+def _inner_of(host_pid: int) -> int:
+    """The pid of a host process inside its own pid namespace (0 when it is gone)."""
+    try:
+        status = Path(f"/proc/{host_pid}/status").read_text()
+    except OSError:
+        return 0
+    return next(
+        (int(line.split()[-1]) for line in status.splitlines() if line.startswith("NSpid:")), 0
+    )
 
 
 # -- 3b: a python3 and site code planted where the user's own programs are found ----------

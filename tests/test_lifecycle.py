@@ -201,7 +201,10 @@ _REAPERS_AT_ONCE = (
 
 @pytest.mark.parametrize("host_path", ["from the host", "in the sandbox"])
 def test_reapers_at_once_take_turns(
-    make_config: Callable[..., SandboxConfig], test_user: str, host_path: str
+    make_config: Callable[..., SandboxConfig],
+    test_user: str,
+    host_path: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Reapers ending processes in one sandbox at the same moment (the server's reaper,
     a kernel's start and an agent session's end can coincide) once stopped each other
@@ -214,6 +217,14 @@ def test_reapers_at_once_take_turns(
     service = SandboxService(make_config())
     backend = service.backend
     info = service.ensure(ScopeKey(test_user)).info
+    # Which way the host's reaper went (a spy: the real function runs).
+    from_host: list[bool] = []
+    real = docker_backend.end_process_trees
+    monkeypatch.setattr(
+        docker_backend,
+        "end_process_trees",
+        lambda *args: from_host.append(real(*args)) or from_host[-1],
+    )
 
     def spawn() -> list[object]:
         out = backend.exec(info.id, ["sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"])
@@ -256,6 +267,37 @@ def test_reapers_at_once_take_turns(
         assert not [pid for pid, state in now.items() if state == "T"], now
         assert not [t for t in targets if str(t[0]) in now], (targets, now)
         assert str(bystander[0]) in now
+    if host_path == "from the host":
+        assert from_host and all(from_host), "the host's reaper fell back to the sandbox"
+    else:
+        assert not from_host
+
+
+def test_a_freeze_left_by_a_killed_reaper_is_thawed_by_the_next(
+    make_config: Callable[..., SandboxConfig], test_user: str
+) -> None:
+    """The host's reaper freezes a sandbox for milliseconds; killed in them, it would
+    leave every process of the sandbox frozen for good. The next reaper (any sandbox)
+    thaws what the mark names before it does anything."""
+    from sandbox_kernel.backends import cgroups
+
+    cfg = make_config()
+    service = SandboxService(cfg)
+    backend = service.backend
+    info = service.ensure(ScopeKey(test_user)).info
+    freezer = cgroups._freezer(info.engine_id)
+    if freezer is None:
+        pytest.skip("this host shows no freezer of the container")
+    lock = Path(cfg.state_dir) / "reaper.lock"
+    lock.with_name(lock.name + ".frozen").write_text(info.engine_id)
+    freezer.set(frozen=True)  # as a reaper killed mid-freeze leaves it
+    deadline = time.monotonic() + 5
+    while not freezer.frozen():
+        assert time.monotonic() < deadline, "the container did not freeze"
+        time.sleep(0.01)
+    end_processes(backend, info.id, json.dumps([[4_000_000, "1"]]))  # names nothing alive
+    assert freezer.thawed(), "the sandbox was left frozen"
+    assert backend.exec(info.id, ["true"], timeout=10).exit_code == 0
 
 
 def test_a_frozen_sandbox_cannot_hang_the_hosts_exec(

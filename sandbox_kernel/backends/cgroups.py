@@ -8,10 +8,14 @@ engine's stats call, or to a program run inside the sandbox.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import re
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -171,7 +175,13 @@ def signal_exactly(pid: int, sig: int, still_it: Callable[[], bool]) -> bool:
     plain kill after the check. Whether it was sent."""
     try:
         pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            return False  # gone (ESRCH), or out of descriptors: nothing sent blind
+        pidfd = -1
+    except AttributeError:  # Python without pidfd_open
+        pidfd = -1
+    if pidfd < 0:
         try:
             if not still_it():
                 return False
@@ -190,72 +200,149 @@ def signal_exactly(pid: int, sig: int, still_it: Callable[[], bool]) -> bool:
         os.close(pidfd)
 
 
-def end_process_trees(container_id: str, targets: Iterable[tuple[int, str]]) -> bool:
+def end_process_trees(container_id: str, targets: Iterable[tuple[int, str]], lock: Path) -> bool:
     """Kill, from this host, the trees of the container's processes named by
     ``targets`` ((pid inside the sandbox, start time) pairs).
 
     Nothing in the sandbox can hinder it: no program of ours has to start there (a
-    cell can take every pid the sandbox may have, and stop any process of its user, a
-    killer of ours too). Each tree is stopped whole before anything in it dies (see
-    :func:`_stop_tree`), so no process escapes to init by forking while its parent is
-    killed. Only processes of the container's cgroup are signalled, each checked by
-    start time through a pidfd. False when this host does not show the container's
-    processes, or may not signal them: the caller ends them from inside the sandbox.
+    cell can take every pid the sandbox may have, and stop or continue any process of
+    its user, a killer of ours too). The container's cgroup is frozen first, so the
+    one listing of its processes is of an instant: no pid hopper forks past it, no
+    colluding process continues what was stopped, and every tree is whole when its
+    processes are sent SIGKILL (they die as the cgroup thaws, before they run again).
+    Zombies stay in the trees (a process whose main thread exited shows as one and
+    may still fork). Only processes of the container's cgroup are signalled, each
+    checked by start time through a pidfd; one reaper of this installation at a time
+    (``lock``), so none thaws what another froze.
+
+    False, having killed nothing, when this host does not show the container's
+    processes, may not freeze it (a server that is not root), found it frozen already
+    (the engine's pause), or finds none of the targets (a runtime such as gVisor shows
+    its own processes, not the sandbox's): the caller ends them from inside instead.
     """
-    table = _container_processes(container_id)
-    if table is None:
-        return False
     wanted = {(int(pid), str(start)) for pid, start in targets}
-    roots = [(pid, p.start) for pid, p in table.items() if (p.inner_pid, p.start) in wanted]
-    for root, start in roots:
-        if not signal_exactly(root, signal.SIGSTOP, _same_process(root, start, container_id)):
-            if _exists(root):
-                return False  # not ours to signal (another uid): let the sandbox do it
-            continue  # it ended meanwhile; what it left is under init now, reaped there
-        for pid, child_start in [*_stop_tree(root, container_id), (root, start)]:
-            signal_exactly(pid, signal.SIGKILL, _same_process(pid, child_start, container_id))
+    mark = lock.with_name(lock.name + ".frozen")  # which container a reaper holds frozen
+    with _held(lock), _frozen(container_id, mark) as frozen:
+        table = _container_processes(container_id) if frozen else None
+        if table is None:
+            return False
+        roots = [pid for pid, p in table.items() if (p.inner_pid, p.start) in wanted]
+        if not roots:
+            return False
+        doomed = {pid for root in roots for pid in (root, *_descendants(root, table))}
+        for pid in doomed:
+            signal_exactly(pid, signal.SIGKILL, _same_process(pid, table[pid].start, container_id))
     return True
 
 
-def _stop_tree(root: int, container_id: str, passes: int = 1000) -> list[tuple[int, str]]:
-    """Stop every live descendant of the stopped ``root``; (host pid, start time) of each.
+@contextmanager
+def _held(lock: Path) -> Iterator[None]:
+    """An exclusive lock on the file ``lock`` (made if missing), held while inside."""
+    lock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
-    A listing of /proc is not one instant: a process that forks and exits while it
-    is read (a pid hopper) leaves a child the listing missed. So descendants are
-    stopped pass after pass until a listing finds the very set of the pass before, all
-    of which were stopped already then: nothing could fork since, and nothing is
-    missing. Orphans meanwhile go to the nearest living subreaper, the interpreter's
-    watcher, stopped but alive, so the tree holds them. Bounded in passes; what a
-    pass found last is returned either way.
-    """
-    before: dict[int, bool] | None = None  # the pass before: {pid: whether stopped}
-    found: dict[int, tuple[str, bool]] = {}
-    for _ in range(passes):
-        table = _container_processes(container_id) or {}
-        found = {pid: (table[pid].start, table[pid].stopped) for pid in _descendants(root, table)}
-        if before is not None and found.keys() == before.keys() and all(before.values()):
-            break
-        for pid, (start, stopped) in found.items():
-            if not stopped:
-                signal_exactly(pid, signal.SIGSTOP, _same_process(pid, start, container_id))
-        before = {pid: stopped for pid, (_, stopped) in found.items()}
-    return [(pid, start) for pid, (start, _) in found.items()]
+
+FREEZE_WAIT = 2.0  # seconds a freeze may take before the host gives up on it
+
+
+@contextmanager
+def _frozen(container_id: str, mark: Path) -> Iterator[bool]:
+    """The container's cgroup frozen while inside (True), thawed after; False, and
+    nothing touched, when there is no freezer this process may write, the cgroup was
+    frozen already (not ours to thaw), or it did not freeze within FREEZE_WAIT.
+
+    ``mark`` names the container while it is frozen: a reaper killed in those
+    milliseconds would leave it frozen for good, so the next one (holding the same
+    lock) thaws what the mark names first."""
+    _thaw_left_frozen(mark)
+    freezer = _freezer(container_id)
+    if freezer is None or not freezer.thawed():
+        yield False
+        return
+    try:
+        mark.write_text(container_id)
+        freezer.set(frozen=True)
+    except OSError:
+        mark.unlink(missing_ok=True)
+        yield False
+        return
+    try:
+        deadline = time.monotonic() + FREEZE_WAIT
+        while not freezer.frozen() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        yield freezer.frozen()
+    finally:
+        freezer.set(frozen=False)
+        mark.unlink(missing_ok=True)
+
+
+def _thaw_left_frozen(mark: Path) -> None:
+    """Thaw the container a reaper that died left frozen (see :func:`_frozen`)."""
+    try:
+        left = mark.read_text().strip()
+    except OSError:
+        return
+    freezer = _freezer(left) if re.fullmatch(r"[0-9a-f]{64}", left) else None
+    if freezer is not None:
+        try:
+            freezer.set(frozen=False)
+        except OSError:
+            return  # tried again by the next reaper
+    mark.unlink(missing_ok=True)
+
+
+class _Freezer:
+    """A cgroup's freezer: ``freezer.state`` (v1) or ``cgroup.freeze`` (v2)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.v1 = (folder / "freezer.state").exists()
+
+    def _read(self, name: str) -> str:
+        try:
+            return (self.folder / name).read_text()
+        except OSError:
+            return ""
+
+    def thawed(self) -> bool:
+        if self.v1:
+            return self._read("freezer.state").strip() == "THAWED"
+        return self._read("cgroup.freeze").strip() == "0"
+
+    def frozen(self) -> bool:
+        if self.v1:
+            return self._read("freezer.state").strip() == "FROZEN"
+        return "frozen 1" in self._read("cgroup.events").splitlines()
+
+    def set(self, frozen: bool) -> None:
+        if self.v1:
+            (self.folder / "freezer.state").write_text("FROZEN" if frozen else "THAWED")
+        else:
+            (self.folder / "cgroup.freeze").write_text("1" if frozen else "0")
+
+
+def _freezer(container_id: str) -> _Freezer | None:
+    """The container's freezer on this host, if it has one there."""
+    for folder in _cgroup_dirs(container_id, "freezer"):
+        if (folder / "freezer.state").exists() or (folder / "cgroup.freeze").exists():
+            return _Freezer(folder)
+    return None
 
 
 class _Process:
     """One process of a container as this host's /proc shows it."""
 
-    __slots__ = ("inner_pid", "parent", "start", "state")
+    __slots__ = ("inner_pid", "parent", "start")
 
-    def __init__(self, inner_pid: int, parent: int, start: str, state: bytes) -> None:
+    def __init__(self, inner_pid: int, parent: int, start: str) -> None:
         self.inner_pid = inner_pid
         self.parent = parent
         self.start = start
-        self.state = state
-
-    @property
-    def stopped(self) -> bool:
-        return self.state in (b"T", b"t")
 
 
 def _container_processes(container_id: str) -> dict[int, _Process] | None:
@@ -284,22 +371,24 @@ def _read_process(pid: int) -> _Process | None:
         (line.split()[-1] for line in status.splitlines() if line.startswith(b"NSpid:")), b"0"
     )
     try:
-        return _Process(int(inner), int(rest[1]), rest[19].decode(), rest[0])
+        return _Process(int(inner), int(rest[1]), rest[19].decode())
     except (ValueError, IndexError):
         return None
 
 
 def _descendants(root: int, table: dict[int, _Process]) -> list[int]:
-    """Host pids of the live (not zombie) descendants of ``root``."""
+    """Host pids of every descendant of ``root`` in ``table``, zombies too (a process
+    whose main thread exited shows as one while its other threads may fork)."""
     children: dict[int, list[int]] = {}
     for pid, process in table.items():
-        if process.state != b"Z":
-            children.setdefault(process.parent, []).append(pid)
-    found, todo = [], [root]
+        children.setdefault(process.parent, []).append(pid)
+    found, seen, todo = [], {root}, [root]
     while todo:
         for child in children.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child)
+            if child not in seen:  # a listing across a pid's reuse could make a loop
+                seen.add(child)
+                found.append(child)
+                todo.append(child)
     return found
 
 
@@ -319,7 +408,3 @@ def _same_process(pid: int, start: str, container_id: str) -> Callable[[], bool]
         return now == start and container_id.encode() in groups
 
     return check
-
-
-def _exists(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")

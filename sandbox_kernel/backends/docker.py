@@ -670,7 +670,8 @@ class DockerBackend(Backend):
         container = self._lookup(sandbox_id)
         if container is None or container.status != "running" or not targets:
             return  # a stopped sandbox's processes are gone with it
-        if self._host_sees_processes(container) and end_process_trees(container.id, targets):
+        lock = Path(self.settings.state_dir) / "reaper.lock"  # one host reaper at a time
+        if self._host_sees_processes(container) and end_process_trees(container.id, targets, lock):
             return
         super().end_processes(sandbox_id, targets)
 
