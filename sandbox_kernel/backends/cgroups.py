@@ -139,13 +139,10 @@ def _is_stuck_start(pid: int, container_id: str) -> bool:
 def _stopped_start_age(pid: int, container_id: str) -> float | None:
     """Seconds since ``pid`` started, if it is a stopped ``runc init`` of the container
     now; else None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        with open(f"/proc/{pid}/cgroup", "rb") as fh:
-            groups = fh.read()
-    except OSError:
+    read = _proc_files(pid, "stat", "cgroup")
+    if read is None:
         return None
+    stat, groups = read
     name_end = stat.rfind(b") ") + 2
     if not (
         STUCK_START in stat[:name_end]
@@ -359,13 +356,10 @@ def _container_processes(container_id: str) -> dict[int, _Process] | None:
 
 
 def _read_process(pid: int) -> _Process | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            status = fh.read()
-    except OSError:
+    read = _proc_files(pid, "stat", "status")
+    if read is None:
         return None
+    stat, status = read
     rest = stat[stat.rfind(b")") + 2 :].split()
     inner = next(
         (line.split()[-1] for line in status.splitlines() if line.startswith(b"NSpid:")), b"0"
@@ -397,14 +391,24 @@ def _same_process(pid: int, start: str, container_id: str) -> Callable[[], bool]
     container's cgroup (never a host process that took a freed pid)."""
 
     def check() -> bool:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                stat = fh.read()
-            with open(f"/proc/{pid}/cgroup", "rb") as fh:
-                groups = fh.read()
-        except OSError:
+        read = _proc_files(pid, "stat", "cgroup")
+        if read is None:
             return False
+        stat, groups = read
         now = stat[stat.rfind(b")") + 2 :].split()[19].decode()
         return now == start and container_id.encode() in groups
 
     return check
+
+
+def _proc_files(pid: int, *names: str) -> list[bytes] | None:
+    """The contents of /proc/<pid>/<name> for each name; None once one cannot be read
+    (the process is gone)."""
+    found = []
+    for name in names:
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as fh:
+                found.append(fh.read())
+        except OSError:
+            return None
+    return found
