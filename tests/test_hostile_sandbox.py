@@ -1042,14 +1042,78 @@ def test_killed_kernel_leaves_no_process_even_with_every_pid_taken(kernels: Kern
     assert kernels.env is not None
     cfg = kernels.env.config()
     gc(SandboxService(cfg).backend, cfg)
-    while True:
+    while True:  # what was there, and anything of the session forked since
         left = [p for p, start in doomed.items() if start and _stat_field(p, 19) == start]
+        left += _session_of(container.id, session)
         if not left or time.monotonic() > killed + GONE_SECONDS:
             break
         time.sleep(0.2)
-    assert not left, f"{len(left)} of the {len(doomed)} processes outlived the kernel"
+    assert not left, f"{len(set(left))} of the {len(doomed)} processes outlived the kernel"
     _, kc2 = kernels.start()
     assert ok_cell(kc2, "print(6 * 7)").strip() == "42"
+
+
+def _session_of(container_id: str, leader: int) -> list[int]:
+    """Host pids of the container's processes in the session of host pid ``leader``."""
+    from sandbox_kernel.backends.cgroups import container_pids
+
+    return [p for p in container_pids(container_id) or [] if _stat_field(p, 3) == str(leader)]
+
+
+# A daemon of the cell (a session of its own) whose main thread exits while another
+# thread forks: the process then reads as a zombie, yet lives and forks on.
+_HEADLESS_DAEMON = """
+import ctypes, os, threading, time
+daemon = os.fork()
+if daemon == 0:
+    os.setsid()
+    def fork_on():
+        while True:
+            if os.fork() == 0:
+                time.sleep(1000)
+                os._exit(0)
+            time.sleep(0.2)
+    threading.Thread(target=fork_on).start()
+    time.sleep(0.3)
+    ctypes.CDLL(None).pthread_exit(None)
+print(daemon)
+"""
+
+
+def test_killed_kernel_leaves_no_headless_daemon(kernels: Kernels) -> None:
+    """Attack: the cell stops its interpreter's watcher and leaves a daemon whose main
+    thread exited while another thread forks on (it shows as a zombie; on cgroup v1
+    its /proc cgroup file reads "/" too); the kernel is killed hard. The host's reaper
+    must end it and all it forked: within GONE_SECONDS its session is empty."""
+    km, kc = start_kernel(kernels)
+    container = kernels.container()
+    assert json.loads(ok_cell(kc, "WARM = False\n" + _STOP_SUPERVISORS)), "nothing watched"
+    daemon_inner = int(ok_cell(kc, _HEADLESS_DAEMON))
+    time.sleep(1)  # its main thread is gone and it has forked
+    session = next(
+        p
+        for p in _container_pids(container.id)
+        if _inner_of(p) == daemon_inner and _stat_field(p, 3) == str(p)
+    )
+    assert _stat_field(session, 0) == "Z", "the daemon's main thread did not exit"
+    assert len(_session_of(container.id, session)) > 1, "the headless daemon did not fork"
+    km.signal_kernel(signal.SIGKILL)
+    killed = time.monotonic()
+    while km.is_alive() and time.monotonic() < killed + 10:
+        time.sleep(0.1)
+    assert kernels.env is not None
+    cfg = kernels.env.config()
+    gc(SandboxService(cfg).backend, cfg)
+    while _session_of(container.id, session) and time.monotonic() < killed + GONE_SECONDS:
+        time.sleep(0.2)
+    left = _session_of(container.id, session)
+    assert not left, f"{len(left)} processes of the headless daemon outlived the kernel"
+
+
+def _container_pids(container_id: str) -> list[int]:
+    from sandbox_kernel.backends.cgroups import container_pids
+
+    return container_pids(container_id) or []
 
 
 def _inner_of(host_pid: int) -> int:

@@ -288,16 +288,24 @@ def test_a_freeze_left_by_a_killed_reaper_is_thawed_by_the_next(
     freezer = cgroups._freezer(info.engine_id)
     if freezer is None:
         pytest.skip("this host shows no freezer of the container")
+    out = backend.exec(info.id, ["sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"])
+    pid = int(out.output.split()[-1])
+    stat = backend.exec(info.id, ["cat", f"/proc/{pid}/stat"]).output.decode()
+    target = [pid, stat[stat.rfind(")") + 2 :].split()[19]]
     lock = Path(cfg.state_dir) / "reaper.lock"
     lock.with_name(lock.name + ".frozen").write_text(info.engine_id)
     freezer.set(frozen=True)  # as a reaper killed mid-freeze leaves it
-    deadline = time.monotonic() + 5
-    while not freezer.frozen():
-        assert time.monotonic() < deadline, "the container did not freeze"
-        time.sleep(0.01)
-    end_processes(backend, info.id, json.dumps([[4_000_000, "1"]]))  # names nothing alive
-    assert freezer.thawed(), "the sandbox was left frozen"
-    assert backend.exec(info.id, ["true"], timeout=10).exit_code == 0
+    try:
+        deadline = time.monotonic() + 5
+        while not freezer.frozen():
+            assert time.monotonic() < deadline, "the container did not freeze"
+            time.sleep(0.01)
+        end_processes(backend, info.id, json.dumps([target]))
+        assert freezer.thawed(), "the sandbox was left frozen"
+        left = backend.exec(info.id, ["sh", "-c", f"test -e /proc/{pid} && echo left"], timeout=10)
+        assert left.exit_code in (0, 1) and b"left" not in left.output, left
+    finally:
+        freezer.set(frozen=False)
 
 
 def test_a_frozen_sandbox_cannot_hang_the_hosts_exec(

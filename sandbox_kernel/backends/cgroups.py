@@ -199,47 +199,131 @@ def signal_exactly(pid: int, sig: int, still_it: Callable[[], bool]) -> bool:
 
 def end_process_trees(container_id: str, targets: Iterable[tuple[int, str]], lock: Path) -> bool:
     """Kill, from this host, the trees of the container's processes named by
-    ``targets`` ((pid inside the sandbox, start time) pairs).
+    ``targets`` ((pid inside the sandbox, start time) pairs); whether it did.
 
     Nothing in the sandbox can hinder it: no program of ours has to start there (a
     cell can take every pid the sandbox may have, and stop or continue any process of
-    its user, a killer of ours too). The container's cgroup is frozen first, so the
-    one listing of its processes is of an instant: no pid hopper forks past it, no
-    colluding process continues what was stopped, and every tree is whole when its
-    processes are sent SIGKILL (they die as the cgroup thaws, before they run again).
-    Zombies stay in the trees (a process whose main thread exited shows as one and
-    may still fork). Only processes of the container's cgroup are signalled, each
-    checked by start time through a pidfd; one reaper of this installation at a time
-    (``lock``), so none thaws what another froze.
+    its user, a killer of ours too). While a target lives, the container's cgroup is
+    frozen, so the one listing of its processes is of an instant: no pid hopper forks
+    past it, no colluding process continues what was stopped, and every tree is whole
+    when its processes are sent SIGKILL (they die as the cgroup thaws, before they
+    run again). Zombies stay in the trees (a process whose main thread exited shows as
+    one and may still fork). One reaper of this installation at a time (``lock``), so
+    none thaws what another froze.
 
-    False, having killed nothing, when this host does not show the container's
-    processes, may not freeze it (a server that is not root), found it frozen already
-    (the engine's pause), or finds none of the targets (a runtime such as gVisor shows
-    its own processes, not the sandbox's): the caller ends them from inside instead.
+    False when this host does not show the container's processes, may not use the
+    lock or freeze the container (a server that is not root), or finds it frozen
+    already (the engine's pause), all before anything is killed; or when a target
+    outlived the kill. The caller then ends them from inside instead.
     """
     wanted = {(int(pid), str(start)) for pid, start in targets}
     mark = lock.with_name(lock.name + ".frozen")  # which container a reaper holds frozen
-    with _held(lock), _frozen(container_id, mark) as frozen:
-        table = _container_processes(container_id) if frozen else None
-        if table is None:
+    table = _container_processes(container_id)
+    if table is None:
+        return False
+    if not any((p.inner_pid, p.start) in wanted for p in table.values()) and not mark.exists():
+        return True  # all ended by themselves: nothing to freeze for
+    roots: dict[int, str] = {}
+    try:
+        with _held(lock) as held:
+            if not held:
+                return False
+            with _frozen(container_id, mark) as frozen:
+                if not frozen:
+                    return False
+                table = _container_processes(container_id) or {}
+                roots = {
+                    pid: p.start for pid, p in table.items() if (p.inner_pid, p.start) in wanted
+                }
+                _kill_listed(
+                    container_id,
+                    {
+                        pid: table[pid].start
+                        for root in roots
+                        for pid in (root, *_descendants(root, table))
+                    },
+                )
+    except OSError:  # the lock or the freezer is not ours to use
+        return False
+    return _ended(roots, within=1.0)
+
+
+def _kill_listed(container_id: str, doomed: dict[int, str]) -> None:
+    """SIGKILL each process of ``doomed`` ({host pid: start time}) that still is that
+    process of the container: its pidfd is opened first, then the pid must be in the
+    container's list and have that start time. (Membership comes from the list, not
+    from /proc/<pid>/cgroup, which cgroup v1 shows as "/" for a process whose main
+    thread exited.) Without pidfds, a plain kill after the same checks."""
+    items = list(doomed.items())
+    for first in range(0, len(items), 256):  # a bounded number of descriptors at once
+        chunk = items[first : first + 256]
+        fds: dict[int, int] = {}
+        try:
+            for pid, _ in chunk:
+                try:
+                    fds[pid] = os.pidfd_open(pid)
+                except AttributeError:
+                    fds[pid] = -1
+                except OSError as exc:
+                    if exc.errno == errno.ENOSYS:
+                        fds[pid] = -1
+            listed = set(container_pids(container_id) or [])
+            for pid, start in chunk:
+                if pid not in fds or pid not in listed or _start_of(pid) != start:
+                    continue
+                try:
+                    if fds[pid] >= 0:
+                        signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
+                    else:
+                        os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        finally:
+            for fd in fds.values():
+                if fd >= 0:
+                    os.close(fd)
+
+
+def _ended(processes: dict[int, str], within: float) -> bool:
+    """Whether none of {host pid: start time} exists any more, waiting up to ``within``."""
+    deadline = time.monotonic() + within
+    while any(_start_of(pid) == start for pid, start in processes.items()):
+        if time.monotonic() > deadline:
             return False
-        roots = [pid for pid, p in table.items() if (p.inner_pid, p.start) in wanted]
-        if not roots:
-            return False
-        doomed = {pid for root in roots for pid in (root, *_descendants(root, table))}
-        for pid in doomed:
-            signal_exactly(pid, signal.SIGKILL, _same_process(pid, table[pid].start, container_id))
+        time.sleep(0.01)
     return True
 
 
+def _start_of(pid: int) -> str:
+    """The start time of process ``pid`` (field 22 of its stat), "" when it is gone."""
+    read = _proc_files(pid, "stat")
+    if read is None:
+        return ""
+    stat = read[0]
+    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+
+
+LOCK_WAIT = 10.0  # seconds a reaper waits for another before it leaves it to the sandbox
+
+
 @contextmanager
-def _held(lock: Path) -> Iterator[None]:
-    """An exclusive lock on the file ``lock`` (made if missing), held while inside."""
+def _held(lock: Path) -> Iterator[bool]:
+    """An exclusive lock on the file ``lock`` (made if missing) while inside: True, or
+    False when another held it for LOCK_WAIT seconds (a stopped `gc`, say)."""
     lock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    yield False
+                    return
+                time.sleep(0.005)
+        yield True
     finally:
         os.close(fd)
 
@@ -255,14 +339,13 @@ def _frozen(container_id: str, mark: Path) -> Iterator[bool]:
 
     ``mark`` names the container while it is frozen: a reaper killed in those
     milliseconds would leave it frozen for good, so the next one (holding the same
-    lock) thaws what the mark names first."""
-    _thaw_left_frozen(mark)
+    lock) thaws what the mark names first, and freezes nothing while it cannot."""
     freezer = _freezer(container_id)
-    if freezer is None or not freezer.thawed():
+    if not _thaw_left_frozen(mark) or freezer is None or not freezer.thawed():
         yield False
         return
     try:
-        mark.write_text(container_id)
+        _write_mark(mark, container_id)
         freezer.set(frozen=True)
     except OSError:
         mark.unlink(missing_ok=True)
@@ -274,23 +357,52 @@ def _frozen(container_id: str, mark: Path) -> Iterator[bool]:
             time.sleep(0.001)
         yield freezer.frozen()
     finally:
-        freezer.set(frozen=False)
-        mark.unlink(missing_ok=True)
+        if _thaw(freezer):
+            mark.unlink(missing_ok=True)
 
 
-def _thaw_left_frozen(mark: Path) -> None:
-    """Thaw the container a reaper that died left frozen (see :func:`_frozen`)."""
+def _thaw_left_frozen(mark: Path) -> bool:
+    """Thaw the container a reaper that died left frozen (see :func:`_frozen`); False
+    while it cannot (the mark stays for the next reaper)."""
     try:
         left = mark.read_text().strip()
+    except FileNotFoundError:
+        return True
     except OSError:
-        return
+        return False
     freezer = _freezer(left) if re.fullmatch(r"[0-9a-f]{64}", left) else None
-    if freezer is not None:
-        try:
-            freezer.set(frozen=False)
-        except OSError:
-            return  # tried again by the next reaper
+    if freezer is not None and not _thaw(freezer):
+        return False
     mark.unlink(missing_ok=True)
+    return True
+
+
+def _thaw(freezer: _Freezer) -> bool:
+    """Thaw; whether it is thawed now (or gone with its container)."""
+    try:
+        freezer.set(frozen=False)
+    except FileNotFoundError:
+        return True  # the container was removed meanwhile
+    except OSError:
+        return False
+    return True
+
+
+def _write_mark(mark: Path, text: str) -> None:
+    fd = os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def wait_thawed(container_id: str, within: float = 3.0) -> None:
+    """Wait while a reaper of ours holds the container frozen (milliseconds, up to
+    FREEZE_WAIT): the runtime refuses to start a process in a frozen container."""
+    freezer = _freezer(container_id)
+    deadline = time.monotonic() + within
+    while freezer is not None and not freezer.thawed() and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 class _Freezer:
@@ -384,21 +496,6 @@ def _descendants(root: int, table: dict[int, _Process]) -> list[int]:
                 found.append(child)
                 todo.append(child)
     return found
-
-
-def _same_process(pid: int, start: str, container_id: str) -> Callable[[], bool]:
-    """A check that ``pid`` is still the process that started at ``start``, in the
-    container's cgroup (never a host process that took a freed pid)."""
-
-    def check() -> bool:
-        read = _proc_files(pid, "stat", "cgroup")
-        if read is None:
-            return False
-        stat, groups = read
-        now = stat[stat.rfind(b")") + 2 :].split()[19].decode()
-        return now == start and container_id.encode() in groups
-
-    return check
 
 
 def _proc_files(pid: int, *names: str) -> list[bytes] | None:

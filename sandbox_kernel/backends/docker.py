@@ -73,7 +73,7 @@ from .base import (
     not_found,
     sandbox_id_of,
 )
-from .cgroups import cgroup_usage, end_process_trees, end_stuck_starts
+from .cgroups import cgroup_usage, end_process_trees, end_stuck_starts, wait_thawed
 from .docker_channel import DockerChannel, DockerPty
 from .docker_errors import engine_errors, engine_reason, exec_failure, unreachable
 from .docker_files import HelperOpener, home_archive, read_file, write_file
@@ -553,6 +553,7 @@ class DockerBackend(Backend):
         merge_stderr: bool = False,
     ) -> DockerChannel:
         container = self._running(sandbox_id)
+        wait_thawed(container.id)  # a reaper's freeze of milliseconds (see end_processes)
         config = {
             "User": "",
             "Privileged": False,
@@ -670,8 +671,15 @@ class DockerBackend(Backend):
         container = self._lookup(sandbox_id)
         if container is None or container.status != "running" or not targets:
             return  # a stopped sandbox's processes are gone with it
+        # Under another runtime (gVisor, even as the engine's default) this host sees the
+        # runtime's processes, not the sandbox's: only runc's are the sandbox's own.
+        runc = (container.attrs.get("HostConfig") or {}).get("Runtime", "runc") == "runc"
         lock = Path(self.settings.state_dir) / "reaper.lock"  # one host reaper at a time
-        if self._host_sees_processes(container) and end_process_trees(container.id, targets, lock):
+        if (
+            runc
+            and self._host_sees_processes(container)
+            and end_process_trees(container.id, targets, lock)
+        ):
             return
         super().end_processes(sandbox_id, targets)
 
