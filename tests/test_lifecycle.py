@@ -219,10 +219,10 @@ def test_reapers_at_once_take_turns(
     info = service.ensure(ScopeKey(test_user)).info
     # Which way the host's reaper went (a spy: the real function runs).
     from_host: list[bool] = []
-    real = docker_backend.end_process_trees
+    real = docker_backend.end_process_trees_apart
     monkeypatch.setattr(
         docker_backend,
-        "end_process_trees",
+        "end_process_trees_apart",
         lambda *args: from_host.append(real(*args)) or from_host[-1],
     )
 

@@ -197,6 +197,34 @@ def signal_exactly(pid: int, sig: int, still_it: Callable[[], bool]) -> bool:
         os.close(pidfd)
 
 
+def end_process_trees_apart(
+    container_id: str, targets: Iterable[tuple[int, str]], lock: Path, within: float = 20.0
+) -> bool:
+    """:func:`end_process_trees` in a process of its own, in a session of its own: the
+    caller may be killed meanwhile (an MCP server its client stops, a kernel killed as
+    it starts), and a reaper that dies while the container is frozen would leave it
+    frozen, every process start in it hanging. The helper finishes and thaws
+    whatever becomes of the caller. Whether it killed the trees (False: do it inside)."""
+    import json
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", __name__, container_id, str(lock), json.dumps(list(targets))]
+    try:
+        done = subprocess.run(
+            command,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=within,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
 def end_process_trees(container_id: str, targets: Iterable[tuple[int, str]], lock: Path) -> bool:
     """Kill, from this host, the trees of the container's processes named by
     ``targets`` ((pid inside the sandbox, start time) pairs); whether it did.
@@ -328,7 +356,7 @@ def _held(lock: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-FREEZE_WAIT = 2.0  # seconds a freeze may take before the host gives up on it
+FREEZE_WAIT = 1.0  # seconds a freeze may take before the host gives up on it
 
 
 @contextmanager
@@ -509,3 +537,11 @@ def _proc_files(pid: int, *names: str) -> list[bytes] | None:
         except OSError:
             return None
     return found
+
+
+if __name__ == "__main__":  # the helper of end_process_trees_apart
+    import json
+    import sys
+
+    pairs = [(int(pid), str(start)) for pid, start in json.loads(sys.argv[3])]
+    sys.exit(0 if end_process_trees(sys.argv[1], pairs, Path(sys.argv[2])) else 1)

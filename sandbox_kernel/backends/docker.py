@@ -73,7 +73,7 @@ from .base import (
     not_found,
     sandbox_id_of,
 )
-from .cgroups import cgroup_usage, end_process_trees, end_stuck_starts, wait_thawed
+from .cgroups import cgroup_usage, end_process_trees_apart, end_stuck_starts, wait_thawed
 from .docker_channel import DockerChannel, DockerPty
 from .docker_errors import engine_errors, engine_reason, exec_failure, unreachable
 from .docker_files import HelperOpener, home_archive, read_file, write_file
@@ -678,7 +678,7 @@ class DockerBackend(Backend):
         if (
             runc
             and self._host_sees_processes(container)
-            and end_process_trees(container.id, targets, lock)
+            and end_process_trees_apart(container.id, targets, lock)
         ):
             return
         super().end_processes(sandbox_id, targets)
