@@ -62,6 +62,42 @@ def test_reuse_and_state_across_calls(
     assert run(backend, first.info.id, "print(open('/home/sandbox/tier2.txt').read())") == "fs"
 
 
+@pytest.mark.parametrize("way", ["layer", "archive"])
+def test_home_folder_is_the_sandbox_users_either_way(
+    backend: DockerBackend,
+    service: SandboxService,
+    test_user: str,
+    way: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HOME is made in the new container's own layer on this (root, overlay2) host, or by
+    the engine's archive call where that is not certain to be right: the same folder."""
+    from sandbox_kernel.backends import docker as docker_module
+    from sandbox_kernel.backends.docker_files import home_in_layer
+
+    taken: list[bool] = []
+
+    def spy(driver: dict, uid: int, gid: int) -> bool:
+        taken.append(way == "layer" and home_in_layer(driver, uid, gid))
+        return taken[-1]
+
+    monkeypatch.setattr(docker_module, "home_in_layer", spy)
+    info = service.ensure(ScopeKey(test_user)).info
+    assert taken == [way == "layer"]
+    shown = run(
+        backend,
+        info.id,
+        "import os; h = os.stat('/home'); s = os.stat('/home/sandbox'); "
+        "print(h.st_uid, h.st_gid, oct(h.st_mode & 0o7777), s.st_uid == os.getuid(), "
+        "s.st_gid == os.getgid(), oct(s.st_mode & 0o7777), os.environ['HOME'])",
+    )
+    assert shown == "0 0 0o755 True True 0o755 /home/sandbox"
+    run(backend, info.id, "open('/home/sandbox/kept.txt', 'w').write('home')")
+    backend.stop(info.id)
+    backend.start(info.id)
+    assert run(backend, info.id, "print(open('/home/sandbox/kept.txt').read())") == "home"
+
+
 def test_installed_package_persists_until_destroy(
     backend: DockerBackend, service: SandboxService, test_user: str, tmp_path: Path
 ) -> None:

@@ -76,7 +76,7 @@ from .base import (
 from .cgroups import cgroup_usage, end_process_trees_apart, end_stuck_starts, wait_thawed
 from .docker_channel import DockerChannel, DockerPty
 from .docker_errors import engine_errors, engine_reason, exec_failure, unreachable
-from .docker_files import HelperOpener, home_archive, read_file, write_file
+from .docker_files import HelperOpener, home_archive, home_in_layer, read_file, write_file
 from .docker_info import (
     LABEL_CPUS,
     LABEL_MEMORY,
@@ -406,6 +406,11 @@ class DockerBackend(Backend):
     def _prepare(self, container: Inspected) -> None:
         """Create the sandbox user's HOME before start (the image may not have it)."""
         uid, _, gid = container.labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
+        if self._wire is not None:  # a local engine: its layers may be this host's folders
+            attrs = container.attrs if "GraphDriver" in container.attrs else None
+            driver = (attrs or self._reinspect(container).attrs).get("GraphDriver") or {}
+            if home_in_layer(driver, int(uid), int(gid or uid)):
+                return
         with engine_errors("make the home folder in", self._id(container)):
             self._engine.put_archive(container.id, "/", home_archive(int(uid), int(gid or uid)))
 

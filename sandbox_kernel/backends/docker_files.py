@@ -6,7 +6,8 @@ against the host (CVE-2018-15664). So workspace files cross through a small help
 (:mod:`sandbox_kernel.agent.fs_helper`) run *inside* the container as the sandbox user,
 over a ``docker exec`` channel: whatever it resolves stays within what the sandbox may
 reach. The one archive we still send is :func:`home_archive`, into a container that has
-never run (nothing in it is hostile yet).
+never run (nothing in it is hostile yet); on a local engine even that is written
+straight into the container's own layer (:func:`home_in_layer`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import json
 import os
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import suppress
 from pathlib import PurePosixPath
 from typing import IO, Any
 
@@ -98,6 +100,56 @@ def home_archive(uid: int, gid: int) -> bytes:
             entry.mtime = int(time.time())
             tar.addfile(entry)
     return buf.getvalue()
+
+
+def home_in_layer(graph_driver: Mapping[str, Any], uid: int, gid: int) -> bool:
+    """Make what :func:`home_archive` holds straight in a created container's own layer;
+    False when that is not certain to be right (the caller sends the archive instead).
+
+    The archive call costs a new sandbox 50 ms of the engine (it re-executes itself to
+    unpack in a chroot), a fifth of its engine time; until the container first starts,
+    its layer is an ordinary folder of the engine's host, and writing it takes well under
+    a millisecond. Taken only with the engine's overlay2 driver, as root, and when the
+    layer is owned by root: an engine that remaps users (rootless, userns-remap) owns
+    it as another user, and the ids would then be wrong inside. Nothing runs in the
+    container yet, so nothing in it can race this."""
+    upper = (graph_driver.get("Data") or {}).get("UpperDir")
+    if graph_driver.get("Name") != "overlay2" or os.geteuid() != 0:
+        return False
+    if not isinstance(upper, str) or not os.path.isabs(upper):
+        return False
+    try:
+        layer = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        if os.fstat(layer).st_uid != 0:
+            return False
+        home = _owned_folder(layer, "home", 0, 0)
+        try:
+            os.close(_owned_folder(home, "sandbox", uid, gid))
+        finally:
+            os.close(home)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(layer)
+
+
+def _owned_folder(parent: int, name: str, uid: int, gid: int) -> int:
+    """``name`` in ``parent`` as a folder (made when missing; never through a link),
+    mode 0755 and owned as given, opened."""
+    with suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=parent)
+    folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    try:
+        os.fchown(folder, uid, gid)
+        os.fchmod(folder, 0o755)
+    except OSError:
+        os.close(folder)
+        raise
+    return folder
 
 
 def _json_line(line: bytes) -> dict[str, Any]:
