@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .backends import SandboxError
+from .backends import SandboxError, load_adapter
 from .config import ConfigError, load_config
 from .identity import notebook_metadata, scope_key
 from .session import SandboxSession
@@ -48,6 +48,7 @@ class EarlyStart:
             self.session = SandboxSession(
                 cfg, scope_key(cfg, kernel_id), kernel_id or f"pid{os.getpid()}"
             )
+            load_adapter(cfg)
         except (ConfigError, SandboxError) as exc:
             self.error = str(exc)
         threading.Thread(target=self._open, name="sandbox-connect", daemon=True).start()
@@ -60,10 +61,17 @@ class EarlyStart:
         return self.session.open()
 
     def _open(self) -> None:
+        """The interpreter goes to the kernel as soon as it answers; the books after."""
+        if self.session is None:
+            self.agent.set_exception(SandboxError(self.error))
+            return
         try:
-            self.agent.set_result(self.open_agent())
+            agent = self.session.connect()
         except BaseException as exc:
             self.agent.set_exception(exc)
+            return
+        self.agent.set_result(agent)
+        self.session.keep_books(agent)
 
     def abandon(self) -> None:
         """Not this kernel's after all: its interpreter ends once started, and its

