@@ -218,6 +218,42 @@ def test_a_kernel_asked_first_on_control_still_runs_cells(
         remove_user_containers(env.user)
 
 
+LAZY_IPYTHON = """
+import sys, threading
+print("before", "IPython.terminal.embed" in sys.modules)
+import IPython
+got, errors = [], []
+def ask():
+    try:
+        got.append(IPython.sys_info is not None and IPython.embed is not None)
+    except Exception as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=ask) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+from IPython import display, embed
+from IPython.core.release import version
+print("asked", got.count(True), errors, IPython.__version__ == version)
+print("whole", "IPython.terminal.embed" in sys.modules, "embed" in dir(IPython))
+print("same shell", IPython.get_ipython() is get_ipython())
+"""
+
+
+def test_the_ipython_package_is_whole_once_something_asks(kernel: tuple[Any, Any]) -> None:
+    """The interpreter imports the part of IPython its shell needs and leaves the
+    package's own __init__ (its terminal) for the first time a name of it is asked for,
+    from any thread; then every name is there, as after a plain import."""
+    _, kc = kernel
+    reply, outputs = run(kc, LAZY_IPYTHON)
+    assert reply["status"] == "ok", outputs
+    assert text_of(outputs).splitlines() == [
+        "before False",
+        "asked 8 [] True",
+        "whole True True",
+        "same shell True",
+    ]
+
+
 def test_streams_incrementally(kernel: tuple[Any, Any]) -> None:
     _, kc = kernel
     msg_id = kc.execute(

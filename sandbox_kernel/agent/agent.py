@@ -831,8 +831,74 @@ class ParentOnly:
         return self._agent.parent
 
 
+def import_ipython_core():
+    """Import the part of IPython that a shell needs; the package's own ``__init__``
+    (its terminal: prompt_toolkit, the embed machinery, a third of IPython's import
+    time) waits until something asks the package for a name it has not got.
+
+    Why: after a cold start says it is ready, the client's first cell waits for this
+    import, which took longer than the client's own settling (270 ms against 200 ms
+    here). Nothing changes for the user but when: ``get_ipython``, which IPython's own
+    modules take from the package as they load, is served from where it lives; any
+    other name (``IPython.__version__``, ``IPython.embed``, ``from IPython import
+    display``) first runs the real ``__init__``, once, so every name is there as after a
+    plain ``import IPython``. A package imported already is left as it is; a failed
+    import leaves nothing behind. Raises ImportError as the plain import would."""
+    import importlib.util
+
+    stub = None
+    if "IPython" not in sys.modules:
+        spec = importlib.util.find_spec("IPython")
+        if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+            raise ImportError("No module named 'IPython'")
+        stub = sys.modules["IPython"] = lazy_package(spec)
+    try:
+        import IPython.core.displayhook  # noqa: F401
+        import IPython.core.displaypub  # noqa: F401
+        import IPython.core.interactiveshell  # noqa: F401
+    except BaseException:
+        if stub is not None and sys.modules.get("IPython") is stub:
+            for name in [n for n in sys.modules if n == "IPython" or n.startswith("IPython.")]:
+                del sys.modules[name]
+        raise
+
+
+def lazy_package(spec):
+    """The package ``spec`` names, made but not run: its ``__init__`` runs the first
+    time a name it lacks is asked for (see :func:`import_ipython_core`)."""
+    import importlib.util
+
+    package = importlib.util.module_from_spec(spec)
+    lock = threading.RLock()
+    running = []
+
+    def __getattr__(name):
+        if name == "get_ipython":
+            from IPython.core.getipython import get_ipython
+
+            return get_ipython
+        with lock:  # another thread waits for the one running it; the runner sees it partial
+            if not running:
+                running.append(True)
+                try:
+                    spec.loader.exec_module(package)
+                except BaseException:
+                    running.clear()  # as a failed import: the next access tries again
+                    raise
+                if package.__dict__.get("__getattr__") is __getattr__:
+                    del package.__getattr__
+        try:
+            return package.__dict__[name]
+        except KeyError:
+            raise AttributeError("module 'IPython' has no attribute %r" % name) from None
+
+    package.__getattr__ = __getattr__
+    return package
+
+
 def make_shell(agent):
     """An IPython InteractiveShell whose display machinery speaks our protocol."""
+    import_ipython_core()
     from IPython.core.displayhook import DisplayHook
     from IPython.core.displaypub import DisplayPublisher
     from IPython.core.interactiveshell import InteractiveShell
@@ -1592,9 +1658,7 @@ def warm_up():
     if os.environ.get("SANDBOX_AGENT_NO_IPYTHON"):
         return True
     try:
-        import IPython.core.displayhook  # noqa: F401
-        import IPython.core.displaypub  # noqa: F401
-        import IPython.core.interactiveshell  # noqa: F401
+        import_ipython_core()
     except ImportError:
         pass
     try:
