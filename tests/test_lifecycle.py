@@ -308,6 +308,47 @@ def test_a_freeze_left_by_a_killed_reaper_is_thawed_by_the_next(
         freezer.set(frozen=False)
 
 
+@pytest.mark.parametrize("process", ["command", "terminal"])
+def test_a_process_started_during_a_reapers_freeze_starts_after_it(
+    make_config: Callable[..., SandboxConfig], test_user: str, process: str
+) -> None:
+    """The host's reaper freezes a sandbox for milliseconds, and the engine will not
+    start a process in a frozen container: a command or a terminal asked for in those
+    milliseconds waits for the thaw instead of failing."""
+    from sandbox_kernel.backends import cgroups
+
+    service = SandboxService(make_config())
+    backend = service.backend
+    info = service.ensure(ScopeKey(test_user)).info
+    freezer = cgroups._freezer(info.engine_id)
+    if freezer is None:
+        pytest.skip("this host shows no freezer of the container")
+    freezer.set(frozen=True)
+    thaw = threading.Timer(0.5, freezer.set, kwargs={"frozen": False})
+    try:
+        deadline = time.monotonic() + 5
+        while not freezer.frozen():
+            assert time.monotonic() < deadline, "the container did not freeze"
+            time.sleep(0.01)
+        thaw.start()
+        if process == "command":
+            result = backend.exec(info.id, ["echo", "started"], timeout=20)
+            assert result.exit_code == 0 and b"started" in result.output, result
+        else:
+            pty = backend.open_pty(info.id, ["sh", "-c", "echo started; sleep 5"])
+            try:
+                seen = b""
+                end = time.monotonic() + 20
+                while b"started" not in seen and time.monotonic() < end:
+                    seen += pty.read()
+                assert b"started" in seen, seen
+            finally:
+                pty.close()
+    finally:
+        thaw.cancel()
+        freezer.set(frozen=False)
+
+
 def test_a_frozen_sandbox_cannot_hang_the_hosts_exec(
     make_config: Callable[..., SandboxConfig], test_user: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

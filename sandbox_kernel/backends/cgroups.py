@@ -143,17 +143,17 @@ def _stopped_start_age(pid: int, container_id: str) -> float | None:
     if read is None:
         return None
     stat, groups = read
-    name_end = stat.rfind(b") ") + 2
+    fields = _stat_fields(stat)
     if not (
-        STUCK_START in stat[:name_end]
-        and stat[name_end : name_end + 1] in (b"T", b"t")
+        STUCK_START in stat[: stat.rfind(b") ") + 2]
+        and fields[:1] in ([b"T"], [b"t"])  # the state: stopped
         and container_id.encode() in groups
     ):
         return None
     # A start lasts milliseconds; the reaper's own freeze stops a start under way for
     # about as long. Only one that is still stopped at STUCK_AFTER seconds is stuck.
     try:
-        started = int(stat[name_end:].split()[19]) / os.sysconf("SC_CLK_TCK")
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
         uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
@@ -325,10 +325,8 @@ def _ended(processes: dict[int, str], within: float) -> bool:
 def _start_of(pid: int) -> str:
     """The start time of process ``pid`` (field 22 of its stat), "" when it is gone."""
     read = _proc_files(pid, "stat")
-    if read is None:
-        return ""
-    stat = read[0]
-    return stat[stat.rfind(b")") + 2 :].split()[19].decode()
+    fields = _stat_fields(read[0]) if read is not None else []
+    return fields[19].decode() if len(fields) > 19 else ""
 
 
 LOCK_WAIT = 10.0  # seconds a reaper waits for another before it leaves it to the sandbox
@@ -499,15 +497,38 @@ def _read_process(pid: int) -> _Process | None:
     read = _proc_files(pid, "stat", "status")
     if read is None:
         return None
-    stat, status = read
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    inner = next(
-        (line.split()[-1] for line in status.splitlines() if line.startswith(b"NSpid:")), b"0"
-    )
+    fields, pids = _stat_fields(read[0]), _namespace_pids(read[1])
     try:
-        return _Process(int(inner), int(rest[1]), rest[19].decode())
+        return _Process(int(pids[-1]) if pids else 0, int(fields[1]), fields[19].decode())
     except (ValueError, IndexError):
         return None
+
+
+def process_identity(host_pid: int) -> tuple[int, str] | None:
+    """(pid inside its own pid namespace, start time) of a process of this host: how a
+    sandbox's process is known across pid reuse. None when it is gone, or when it lives
+    in this host's pid namespace only: then it is no sandbox's (a remote engine's pid
+    that happens to exist here too)."""
+    read = _proc_files(host_pid, "stat", "status") if host_pid > 0 else None
+    if read is None:
+        return None
+    fields, pids = _stat_fields(read[0]), _namespace_pids(read[1])
+    if len(pids) < 2 or len(fields) <= 19:
+        return None
+    return int(pids[-1]), fields[19].decode()
+
+
+def _stat_fields(stat: bytes) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command's name, which may hold spaces
+    and parentheses: [0] is the state, [1] the parent, [19] the start time."""
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def _namespace_pids(status: bytes) -> list[bytes]:
+    """The process's pid in each pid namespace it is in, this host's first (``NSpid``)."""
+    return next(
+        (line.split()[1:] for line in status.splitlines() if line.startswith(b"NSpid:")), []
+    )
 
 
 def _descendants(root: int, table: dict[int, _Process]) -> list[int]:

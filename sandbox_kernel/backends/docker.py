@@ -73,7 +73,13 @@ from .base import (
     not_found,
     sandbox_id_of,
 )
-from .cgroups import cgroup_usage, end_process_trees_apart, end_stuck_starts, wait_thawed
+from .cgroups import (
+    cgroup_usage,
+    end_process_trees_apart,
+    end_stuck_starts,
+    process_identity,
+    wait_thawed,
+)
 from .docker_channel import DockerChannel, DockerPty
 from .docker_errors import engine_errors, engine_reason, exec_failure, unreachable
 from .docker_files import HelperOpener, home_archive, home_in_layer, read_file, write_file
@@ -548,6 +554,14 @@ class DockerBackend(Backend):
             )
         return container
 
+    def _ready_for_process(self, sandbox_id: str) -> Inspected:
+        """The running container, once no reaper's freeze holds it: the engine refuses
+        to start a process in a frozen container, and a reaper of ours freezes it for
+        milliseconds (see end_processes). Every exec (channels, terminals) starts here."""
+        container = self._running(sandbox_id)
+        wait_thawed(container.id)
+        return container
+
     def open_channel(
         self,
         sandbox_id: str,
@@ -557,8 +571,7 @@ class DockerBackend(Backend):
         env: dict[str, str] | None = None,
         merge_stderr: bool = False,
     ) -> DockerChannel:
-        container = self._running(sandbox_id)
-        wait_thawed(container.id)  # a reaper's freeze of milliseconds (see end_processes)
+        container = self._ready_for_process(sandbox_id)
         config = {
             "User": "",
             "Privileged": False,
@@ -601,7 +614,7 @@ class DockerBackend(Backend):
         """``docker exec`` with a TTY, as the container's (non-root) user; the engine makes
         the terminal and its session. ``cmd`` is started by a two-line python3 prelude
         that first writes its pid (see :class:`DockerPty`), then becomes ``cmd``."""
-        container = self._running(sandbox_id)
+        container = self._ready_for_process(sandbox_id)
         sid = self._id(container)
         api = self.client.api
         announce = (
@@ -716,7 +729,7 @@ class DockerBackend(Backend):
                 self.unwedge(sandbox_id)  # its start may be frozen, holding the engine
                 return None  # another spare already waits there, or it failed
             host_pid = self._exec_state(sandbox_id, channel.exec_id).get("Pid") or 0
-            identity = _process_identity(host_pid)
+            identity = process_identity(host_pid)
         except OSError:
             return None
         finally:
@@ -733,14 +746,14 @@ class DockerBackend(Backend):
 
     def spare_alive(self, spare: Spare) -> bool:
         """Whether a recorded spare still runs (the same process: pid and start time)."""
-        identity = _process_identity(spare.host_pid)
+        identity = process_identity(spare.host_pid)
         return identity == (spare.pid, spare.start_time)
 
     def _host_sees_processes(self, container: Any) -> bool:
         """Whether this host's /proc shows the engine's processes (a local engine)."""
         if self._proc_visible is None:
             pid = (container.attrs.get("State") or {}).get("Pid") or 0
-            self._proc_visible = _process_identity(pid) is not None
+            self._proc_visible = process_identity(pid) is not None
         return self._proc_visible
 
     # -- usage -----------------------------------------------------------------------
@@ -849,21 +862,3 @@ def _env_of(attrs: dict[str, Any]) -> dict[str, str]:
 def _program(name: str) -> str:
     """The source of a program of ``programs/`` that runs inside the sandbox (``python3 -c``)."""
     return (files(__package__) / "programs" / f"{name}.py").read_text(encoding="utf-8")
-
-
-def _process_identity(host_pid: int) -> tuple[int, str] | None:
-    """(pid inside its pid namespace, start time) of a host process, from this host's /proc."""
-    if host_pid <= 0:
-        return None
-    try:
-        status = Path(f"/proc/{host_pid}/status").read_text()
-        stat = Path(f"/proc/{host_pid}/stat").read_bytes()
-    except OSError:
-        return None
-    nspid = next(
-        (line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), []
-    )
-    if len(nspid) < 2:
-        return None
-    start = stat[stat.rfind(b")") + 2 :].split()[19].decode()
-    return int(nspid[-1]), start
