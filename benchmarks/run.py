@@ -4,6 +4,7 @@
     python benchmarks/run.py --smoke    # a quick pass that proves the script still works
     python benchmarks/run.py --scale 1000   # adds 10, 100 and 1,000 idle sandboxes, each
                                             # answering a cell through a kernel
+    python benchmarks/run.py --only-starts   # the three starts to first result, alone
     python benchmarks/run.py --only-batch --rounds 50   # CI: nbmake of 10 notebooks, 20 notebooks
                                             # in parallel (nbclient) and in sequence, parallel starts
 
@@ -198,21 +199,23 @@ class Bench:
 
     def starts(self, runs: int) -> None:
         client = docker.from_env()
-        # Interleaved, so a slow minute of this (shared) machine hits both kernels alike.
-        plain, existing = [], []
+        # Interleaved, one of each per round, so a slow minute of this (shared) machine
+        # hits every kind of start and ipykernel alike.
+        plain: list[float] = []
+        existing: list[float] = []
+        fresh: list[float] = []
+        stopped: list[float] = []
+        self.first_result("sandbox")  # the sandbox and its image ready for the first round,
+        self.first_result("python3")  # and both kernels' files in the page cache
         for _ in range(runs):
             plain.append(self.first_result("python3"))
             existing.append(self.first_result("sandbox"))
-        self.record("start to first result: sandbox exists", existing, plain)
-        fresh = []
-        for _ in range(runs):
             client.containers.get(self.container_name).remove(force=True)
             fresh.append(self.first_result("sandbox"))
-        self.record("start to first result: no sandbox yet", fresh, plain)
-        stopped = []
-        for _ in range(runs):
             client.containers.get(self.container_name).stop(timeout=1)
             stopped.append(self.first_result("sandbox"))
+        self.record("start to first result: sandbox exists", existing, plain)
+        self.record("start to first result: no sandbox yet", fresh, plain)
         self.record("start to first result: sandbox stopped", stopped, plain)
 
     def with_server(self) -> tuple[subprocess.Popen, str, str]:
@@ -750,6 +753,11 @@ def main() -> int:
         help="run only the file transfers (REST, WebDAV, docker cp)",
     )
     parser.add_argument(
+        "--only-starts",
+        action="store_true",
+        help="run only the starts to first result (sandbox exists, none yet, stopped)",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=50, help="rounds of 20 parallel starts per kernel (--batch)"
     )
     parser.add_argument(
@@ -761,10 +769,12 @@ def main() -> int:
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, image {bench.image}"
     print(f"machine: {machine}", flush=True)
     try:
-        if not (args.only_scale or args.only_batch or args.only_files):
+        only = args.only_scale or args.only_batch or args.only_files or args.only_starts
+        if not only:
             bench.cells(30 if args.smoke else 300)
+        if not only or args.only_starts:
             bench.starts(1 if args.smoke else 9)
-        if not (args.only_scale or args.only_batch):
+        if not only or args.only_files:
             bench.files(1 if args.smoke else 3, 10 if args.smoke else 100)
         top = args.only_scale or args.scale
         if top:
