@@ -376,3 +376,89 @@ def test_a_spare_serves_no_kernel_when_the_users_site_shadows_what_it_imported(
     for case, useful in (("empty", True), ("shadow", False)):
         base = tmp_path / case
         assert _agent_probe(code, case, env={"PYTHONUSERBASE": str(base)}) is useful, case
+
+
+LAZY_PACKAGE_PROBE = """
+import importlib, importlib.util, pickle, sys, threading
+agent_spec = importlib.util.spec_from_file_location("agent_under_test", sys.argv[1])
+agent = importlib.util.module_from_spec(agent_spec)
+agent_spec.loader.exec_module(agent)
+
+def lazy(name):
+    package, complete = agent.lazy_ipython(importlib.util.find_spec(name))
+    sys.modules[name] = package
+    return package, complete
+
+whole, _ = lazy("whole")
+import whole.part  # a submodule loads without the package's __init__
+print("before", getattr(sys, "inits", 0), "whole.part" in sys.modules)
+got = []
+threads = [threading.Thread(target=lambda: got.append(whole.VALUE)) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("after", sys.inits, got.count(1), "VALUE" in dir(whole), hasattr(whole, "missing"))
+
+seen, _ = lazy("seen")
+print("dir", "VALUE" in dir(seen), sys.inits)
+
+broken, _ = lazy("broken")
+try:
+    broken.VALUE
+except AttributeError as exc:
+    print("broken", "ModuleNotFoundError" in str(exc), hasattr(broken, "other"), sys.broken_runs)
+def orphan():
+    pass
+orphan.__module__, orphan.__qualname__ = None, "found_nowhere"
+try:  # pickle asks every module of sys.modules for it: only AttributeError is "not here"
+    pickle.dumps(orphan)
+except pickle.PicklingError:
+    print("pickle searched", sys.broken_runs)
+
+reloaded, _ = lazy("reloaded")
+importlib.reload(reloaded)
+print("reload", reloaded.VALUE, sys.reloads, hasattr(reloaded, "missing"), sys.reloads)
+"""
+
+
+def test_a_lazy_package_runs_its_init_once_whatever_asks(tmp_path: Path) -> None:
+    """The agent's IPython package, made but not run (see agent.import_ipython_core):
+    its __init__ runs once, when a name it lacks is asked for, from any number of
+    threads at once, or by dir(); one that fails says why as an AttributeError (what
+    hasattr and pickle expect) and is not run again; a reload counts as its run."""
+    import subprocess
+    import sys
+
+    for name, init in (
+        ("whole", "import sys\nsys.inits = getattr(sys, 'inits', 0) + 1\nVALUE = 1\n"),
+        ("seen", "import sys\nsys.inits = getattr(sys, 'inits', 0) + 1\nVALUE = 1\n"),
+        (
+            "broken",
+            "import sys\nsys.broken_runs = getattr(sys, 'broken_runs', 0) + 1\n"
+            "import no_such_module_here\n",
+        ),
+        (
+            "reloaded",
+            "import sys\nsys.reloads = getattr(sys, 'reloads', 0) + 1\n__version__ = VALUE = 2\n",
+        ),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(init)
+    (tmp_path / "whole" / "part.py").write_text("PART = 1\n")
+    agent_file = Path(__file__).parents[1] / "sandbox_kernel" / "agent" / "agent.py"
+    out = subprocess.run(
+        [sys.executable, "-c", LAZY_PACKAGE_PROBE, str(agent_file)],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "before 0 True",
+        "after 1 8 True False",
+        "dir True 2",
+        "broken True False 1",
+        "pickle searched 1",
+        "reload 2 1 False 1",
+    ]

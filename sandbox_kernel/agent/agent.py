@@ -841,9 +841,11 @@ def import_ipython_core():
     here). Nothing changes for the user but when: ``get_ipython``, which IPython's own
     modules take from the package as they load, is served from where it lives; any
     other name (``IPython.__version__``, ``IPython.embed``, ``from IPython import
-    display``) first runs the real ``__init__``, once, so every name is there as after a
-    plain ``import IPython``. A package imported already is left as it is; a failed
-    import leaves nothing behind. Raises ImportError as the plain import would."""
+    display``, ``dir(IPython)``) first runs the real ``__init__``, once, so every name is
+    there as after a plain ``import IPython``. IPython 7, whose ``__init__`` also puts
+    its extensions folder on sys.path (``%load_ext autoreload``), is imported whole at
+    once. A package imported already is left as it is; a failed import leaves nothing
+    behind and raises ImportError, as the plain import would."""
     import importlib.util
 
     stub = None
@@ -851,8 +853,14 @@ def import_ipython_core():
         spec = importlib.util.find_spec("IPython")
         if spec is None or spec.loader is None or spec.submodule_search_locations is None:
             raise ImportError("No module named 'IPython'")
-        stub = sys.modules["IPython"] = lazy_package(spec)
+        stub, complete = lazy_ipython(spec)
+        sys.modules["IPython"] = stub
     try:
+        if stub is not None:
+            from IPython.core import release
+
+            if tuple(release.version_info[:1]) < (8,):
+                complete()
         import IPython.core.displayhook  # noqa: F401
         import IPython.core.displaypub  # noqa: F401
         import IPython.core.interactiveshell  # noqa: F401
@@ -863,37 +871,53 @@ def import_ipython_core():
         raise
 
 
-def lazy_package(spec):
-    """The package ``spec`` names, made but not run: its ``__init__`` runs the first
-    time a name it lacks is asked for (see :func:`import_ipython_core`)."""
+def lazy_ipython(spec):
+    """IPython's package made but not run, and the function that runs its ``__init__``
+    (see :func:`import_ipython_core`), once: other threads wait for it, and the thread
+    running it sees the package partial, as during any import. If the ``__init__``
+    fails, names it would have made raise AttributeError saying why (``hasattr`` and
+    pickle's search of sys.modules expect nothing else), and it is not run again."""
     import importlib.util
 
     package = importlib.util.module_from_spec(spec)
     lock = threading.RLock()
-    running = []
+    state = []  # "running", then "done" or the exception the __init__ raised
+
+    def complete():
+        with lock:
+            if "__version__" in package.__dict__ and not state:
+                state.append("done")  # importlib.reload ran it meanwhile
+            if not state:
+                state.append("running")
+                try:
+                    spec.loader.exec_module(package)
+                    state[0] = "done"
+                except Exception as exc:
+                    state[0] = exc
+            if state[0] == "done":
+                for name, hook in (("__getattr__", __getattr__), ("__dir__", __dir__)):
+                    if package.__dict__.get(name) is hook:
+                        del package.__dict__[name]
 
     def __getattr__(name):
         if name == "get_ipython":
             from IPython.core.getipython import get_ipython
 
             return get_ipython
-        with lock:  # another thread waits for the one running it; the runner sees it partial
-            if not running:
-                running.append(True)
-                try:
-                    spec.loader.exec_module(package)
-                except BaseException:
-                    running.clear()  # as a failed import: the next access tries again
-                    raise
-                if package.__dict__.get("__getattr__") is __getattr__:
-                    del package.__getattr__
-        try:
-            return package.__dict__[name]
-        except KeyError:
-            raise AttributeError("module 'IPython' has no attribute %r" % name) from None
+        complete()
+        if package.__dict__.get("__getattr__") is not __getattr__:
+            return getattr(package, name)  # whole now (its own __getattr__, if it has one)
+        failed = state[0] if isinstance(state[0], Exception) else None
+        why = " (its __init__ failed: %r)" % failed if failed else " (partially initialized)"
+        raise AttributeError("module 'IPython' has no attribute %r%s" % (name, why)) from failed
+
+    def __dir__():
+        complete()
+        return sorted(package.__dict__)
 
     package.__getattr__ = __getattr__
-    return package
+    package.__dir__ = __dir__
+    return package, complete
 
 
 def make_shell(agent):
