@@ -125,8 +125,11 @@ class SandboxSession:
         """Record the interpreter's processes for the reaper and beat from now on.
 
         Two SQLite writes and two threads started: about 10 ms in a kernel's start,
-        which its first reply (and so the client's first cell) need not wait for.
+        which its first reply (and so the client's first cell) need not wait for. An
+        interpreter that died meanwhile is not recorded: a newer one may be, already.
         """
+        if not agent.alive:
+            return
         self.housekeeping.record_processes(self.sandbox_id, agent.ready.get("procs"))
         self.housekeeping.start(self.sandbox_id)
 

@@ -101,10 +101,11 @@ def load_adapter(config: SandboxConfig) -> None:
     the sandbox; the engine's own work (a container start) overlaps the first, but
     importing the adapter in that thread competes with it for the interpreter's lock,
     and that delays every engine call after it. Imported first, before the thread, it
-    took 30 to 50 ms off a start with no sandbox yet (``benchmarks/run.py``). A missing SDK is left for
-    :func:`make_backend` to report.
+    took 30 to 50 ms off a start with no sandbox yet (``benchmarks/run.py``). Whatever
+    fails here (a missing or broken SDK) is left for :func:`make_backend` to report,
+    where the first cell says it.
     """
     module = _ADAPTERS.get(config.backend)
     if module is not None:
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(Exception):
             importlib.import_module(f"{__name__}.{module}")

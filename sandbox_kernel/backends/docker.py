@@ -136,6 +136,7 @@ class DockerBackend(Backend):
         self._installation = settings.installation
         self._network_checked = False
         self._proc_visible: bool | None = None
+        self._layers_writable: bool | None = None  # see _prepare
         self._mounts = WorkspaceMounts(settings)
         self._sockets = AgentSocketFolders(settings.state_dir)
         self._snapshots = DockerSnapshots(settings.installation, lambda: self.client)
@@ -264,7 +265,7 @@ class DockerBackend(Backend):
             self._sockets.release(name)
             raise _create_failed(sandbox_id, spec.runtime, exc) from None
         created = Inspected({"Id": engine_id, "Name": "/" + name, "Config": config})
-        self._prepare(created)
+        self._prepare(created, just_created=True)
         return self._start(created)
 
     def _lost_race(self, name: str, sandbox_id: str) -> SandboxError:
@@ -409,14 +410,22 @@ class DockerBackend(Backend):
         # (no need to ask it, which costs a create 20 ms).
         return spec.cpus if spec.cpus <= 1 else min(spec.cpus, self._engine_cpus())
 
-    def _prepare(self, container: Inspected) -> None:
-        """Create the sandbox user's HOME before start (the image may not have it)."""
+    def _prepare(self, container: Inspected, *, just_created: bool = False) -> None:
+        """Create the sandbox user's HOME before start (the image may not have it).
+
+        Written straight into the layer only for a container this process just created:
+        one found "created" may be starting in another process meanwhile, with its layer
+        mounted (overlayfs does not allow writing beneath a mount); the engine's archive
+        call waits for such a start."""
         uid, _, gid = container.labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
-        if self._wire is not None:  # a local engine: its layers may be this host's folders
-            attrs = container.attrs if "GraphDriver" in container.attrs else None
-            driver = (attrs or self._reinspect(container).attrs).get("GraphDriver") or {}
-            if home_in_layer(driver, int(uid), int(gid or uid)):
-                return
+        if just_created and self._layers_writable is not False and os.geteuid() == 0:
+            driver = self._reinspect(container).attrs.get("GraphDriver") or {}
+            # A local engine whose layers are this host's folders; else never asked again.
+            self._layers_writable = self._wire is not None and driver.get("Name") == "overlay2"
+            if self._layers_writable:
+                if home_in_layer(driver, int(uid), int(gid or uid)):
+                    return
+                self._layers_writable = False  # remapped users, say: the archive from now on
         with engine_errors("make the home folder in", self._id(container)):
             self._engine.put_archive(container.id, "/", home_archive(int(uid), int(gid or uid)))
 
