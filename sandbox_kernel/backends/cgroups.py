@@ -170,31 +170,42 @@ def signal_exactly(pid: int, sig: int, still_it: Callable[[], bool]) -> bool:
     through a pidfd, checked once held, so a pid that ended and was reused meanwhile
     (by anything on the host) is never signalled. Without pidfds (Linux < 5.3), a
     plain kill after the check. Whether it was sent."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError as exc:
-        if exc.errno != errno.ENOSYS:
-            return False  # gone (ESRCH), or out of descriptors: nothing sent blind
-        pidfd = -1
-    except AttributeError:  # Python without pidfd_open
-        pidfd = -1
-    if pidfd < 0:
-        try:
-            if not still_it():
-                return False
-            os.kill(pid, sig)
-            return True
-        except OSError:
-            return False
+    pidfd = _pidfd(pid)
+    if pidfd is None:
+        return False  # gone (ESRCH), or out of descriptors: nothing sent blind
     try:
         if not still_it():
             return False  # ended, or another process took the pid
-        signal.pidfd_send_signal(pidfd, sig)
-        return True
+        return _send(pidfd, pid, sig)
     except OSError:
         return False
     finally:
-        os.close(pidfd)
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of ``pid``, to check it and then signal that very process; -1 where
+    pidfds do not exist (Linux < 5.3, or Python without them: a plain kill after the
+    check); None when it cannot be had (gone, or out of descriptors)."""
+    try:
+        return os.pidfd_open(pid)
+    except AttributeError:
+        return -1
+    except OSError as exc:
+        return -1 if exc.errno == errno.ENOSYS else None
+
+
+def _send(pidfd: int, pid: int, sig: int) -> bool:
+    """``sig`` through ``pidfd`` (or to ``pid`` without one, see :func:`_pidfd`)."""
+    try:
+        if pidfd >= 0:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
 
 
 def end_process_trees_apart(
@@ -288,24 +299,13 @@ def _kill_listed(container_id: str, doomed: dict[int, str]) -> None:
         fds: dict[int, int] = {}
         try:
             for pid, _ in chunk:
-                try:
-                    fds[pid] = os.pidfd_open(pid)
-                except AttributeError:
-                    fds[pid] = -1
-                except OSError as exc:
-                    if exc.errno == errno.ENOSYS:
-                        fds[pid] = -1
+                fd = _pidfd(pid)
+                if fd is not None:
+                    fds[pid] = fd
             listed = set(container_pids(container_id) or [])
             for pid, start in chunk:
-                if pid not in fds or pid not in listed or _start_of(pid) != start:
-                    continue
-                try:
-                    if fds[pid] >= 0:
-                        signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
-                    else:
-                        os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+                if pid in fds and pid in listed and _start_of(pid) == start:
+                    _send(fds[pid], pid, signal.SIGKILL)
         finally:
             for fd in fds.values():
                 if fd >= 0:
