@@ -61,6 +61,18 @@ def run(
             return reply["content"], outputs
 
 
+def wait_for_iopub(kc: Any, timeout: float = 60) -> None:
+    """Wait for the kernel's welcome on iopub (JEP 65): until the subscription reaches
+    the kernel, what it publishes is dropped (ZeroMQ's slow joiner), so a client that
+    executes before then may never see the cell's idle status. jupyter_client's
+    `wait_for_ready` waits for this too, but asks on the shell channel."""
+    deadline = time.monotonic() + timeout
+    while kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))["msg_type"] != (
+        "iopub_welcome"
+    ):
+        pass
+
+
 def text_of(outputs: list[dict], name: str = "stdout") -> str:
     return "".join(
         m["content"]["text"]
@@ -208,6 +220,7 @@ def test_a_kernel_asked_first_on_control_still_runs_cells(
                 answer = kc.control_channel.get_msg(timeout=60)
                 assert answer["parent_header"]["msg_id"] == asked["header"]["msg_id"]
                 assert answer["content"]["language_info"]["name"] == "python"
+                wait_for_iopub(kc)
                 reply, outputs = run(kc, "print('ran')", timeout=30)
                 assert reply["status"] == "ok", reply
                 assert [o["content"].get("text") for o in outputs] == ["ran\n"]
