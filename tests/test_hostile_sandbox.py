@@ -624,6 +624,109 @@ def test_a_spares_child_holds_no_copy_of_its_secret(kernels: Kernels) -> None:
     )
 
 
+# A cell's hunt for interpreters as they start: every new process of the sandbox is
+# tried, again and again until it ends or the hunt does, for an open of its stdin
+# through /proc (what the host sends next could then be copied with tee(2), and the
+# same check guards ptrace). Its own child proves that such an open works. Only the
+# interpreters' start programs count: the host's short helpers (python3 -I -c) start
+# from python3 as it is.
+_HUNT_STARTS = r"""
+import os, subprocess, threading, time
+hunt = {"seen": {}, "opened": [], "own_child": False}
+def _hunt(stop, hunt):
+    known = set(os.listdir("/proc")) - {str(hunt["child"])}
+    tries = {}
+    while not stop.is_set():
+        for p in os.listdir("/proc"):
+            if not p.isdigit() or p in known:
+                continue
+            tries[p] = tries.get(p, 0) + 1
+            if p not in hunt["seen"]:
+                try:
+                    hunt["seen"][p] = open("/proc/%s/cmdline" % p, "rb").read()[:200]
+                except OSError:
+                    pass
+            try:
+                fd = os.open("/proc/%s/fd/0" % p, os.O_RDONLY | os.O_NONBLOCK)
+            except FileNotFoundError:
+                known.add(p)
+                continue
+            except OSError:
+                if tries[p] > 20000:
+                    known.add(p)
+                continue
+            try:
+                now = open("/proc/%s/cmdline" % p, "rb").read()[:200]
+            except OSError:
+                now = hunt["seen"].get(p, b"?")
+            os.close(fd)
+            known.add(p)
+            if p == str(hunt.get("child")):
+                hunt["own_child"] = True
+            elif b"# Started as" in now:  # a start program of ours (boot.py)
+                hunt["opened"].append(now.decode("utf-8", "replace")[:60])
+_child = subprocess.Popen(["sleep", "3"], stdin=subprocess.PIPE)
+hunt["child"] = _child.pid
+hunt_stop = threading.Event()
+hunt_thread = threading.Thread(target=_hunt, args=(hunt_stop, hunt), daemon=True)
+hunt_thread.start()
+threading.Timer(PLANT_SECONDS, hunt_stop.set).start()
+"""
+
+_HUNT_REPORT = r"""
+import json
+time.sleep(0.5)
+hunt_stop.set(); hunt_thread.join()
+boots = [c for c in hunt["seen"].values() if b"# Started as" in c]
+print(json.dumps({"boots": len(boots), "opened": hunt["opened"], "own_child": hunt["own_child"]}))
+"""
+
+
+def test_a_cell_cannot_open_an_interpreter_as_it_starts(kernels: Kernels) -> None:
+    """Attack: a process the host starts in the sandbox is, for its first milliseconds,
+    an ordinary process of the sandbox's uid, until it makes itself non-dumpable. A cell
+    that hunts new processes could open its stdin through /proc in that moment, and copy
+    with tee(2) (without taking it away) what the host sends next: another kernel's
+    token for its socket, the spare's secret. It could also ptrace it (the same check).
+    The host starts interpreters from an unreadable copy of python3, non-dumpable from
+    their first instruction: hunting through a warm start and a cold one, the cell
+    opens none of them, though it sees them start and opens its own child."""
+    _, kc = start_kernel(kernels)
+    container = kernels.container()
+    assert kernels.env is not None
+    store = Store(kernels.env.config())
+    deadline = time.monotonic() + 30
+    while (python := store.python_for("docker", kernels.sandbox_id, container.id)) is None:
+        assert time.monotonic() < deadline, "the host made no unreadable python3"
+        time.sleep(0.3)
+    assert python.endswith("/.sandbox-kernel-python3"), python
+    spare = wait_for_spare(container)
+    assert spare, "no warm spare appeared for the second kernel"
+
+    ok_cell(kc, _HUNT_STARTS.replace("PLANT_SECONDS", str(PLANT_SECONDS)))
+    _, warm = kernels.start()
+    assert interpreter_spare(warm) == spare, "the second kernel's interpreter is not the spare's"
+    first = json.loads(ok_cell(kc, _HUNT_REPORT))
+
+    ok_cell(kc, f"import os, signal; os.kill({spare}, signal.SIGKILL)")
+    ok_cell(kc, _HUNT_STARTS.replace("PLANT_SECONDS", str(PLANT_SECONDS)))
+    _, cold = kernels.start()
+    assert interpreter_spare(cold) != spare
+    second = json.loads(ok_cell(kc, _HUNT_REPORT))
+
+    for hunt in (first, second):
+        assert hunt["own_child"], f"the hunt could not open even its own child (test bug): {hunt}"
+        assert hunt["boots"] >= 1, f"the hunt saw no interpreter start (test bug): {hunt}"
+        assert hunt["opened"] == [], f"a cell opened a starting interpreter: {hunt['opened']}"
+    seen = ok_cell(
+        cold,
+        "import ctypes, os, sys\n"
+        "print(sys.executable, ctypes.CDLL(None).prctl(3, 0, 0, 0, 0), os.path.basename("
+        "open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode()))",
+    ).split()
+    assert seen == [python.rsplit("/", 1)[0] + "/python3", "0", ".sandbox-kernel-python3"], seen
+
+
 def test_a_frozen_spare_costs_one_cold_start_and_is_replaced(kernels: Kernels) -> None:
     """Attack: a cell stops the warm spare (SIGSTOP: same uid), so the next kernel's
     hand-over waits on a spare that never answers. That kernel must still start (cold,
