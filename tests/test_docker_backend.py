@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,6 @@ from pathlib import Path
 import docker
 import pytest
 
-from sandbox_kernel.agent import UNREADABLE_PYTHON
 from sandbox_kernel.backends import EngineUnavailable, SandboxError, SandboxNotFound
 from sandbox_kernel.backends.base import LABEL_MANAGED, engine_name
 from sandbox_kernel.backends.docker import DockerBackend
@@ -715,63 +713,3 @@ def test_idmap_support_is_probed_once_per_kernel(
     assert mounts._idmap_works() == answer and len(probes) == 2
     kept.write_text("garbled")
     assert mounts._idmap_works() == answer and len(probes) == 3
-
-
-UNREADABLE = Path(__file__).parents[1] / "sandbox_kernel/backends/programs/unreadable_python.py"
-
-
-def _unreadable_copy(folder: Path) -> str:
-    """What the program prints with ``folder`` as the sandbox's PATH (run as root)."""
-    done = subprocess.run(
-        [sys.executable, "-I", str(UNREADABLE), UNREADABLE_PYTHON],
-        env={"PATH": str(folder)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="the program runs as root in the sandbox")
-def test_unreadable_python_only_where_the_user_cannot_change_it(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    """The copy that starts non-dumpable: made beside the python3 the PATH finds (a
-    link's folder, not its target's: a virtual environment is found from there), 0711
-    and root's, so the sandbox's user can run it and not read it; made once; and never
-    where the user could change what is copied or the copy, nor from a script."""
-    # Where the sandbox's uid below can reach the copy (pytest's folders are root's alone).
-    root = Path(tempfile.mkdtemp(prefix="sk-unreadable-"))
-    request.addfinalizer(lambda: shutil.rmtree(root))
-    (root / "real").mkdir()
-    (root / "venv").mkdir()
-    root.chmod(0o755)
-    shutil.copy(shutil.which("true") or "/bin/true", root / "real" / "python3.11")
-    (root / "venv" / "python3").symlink_to(root / "real" / "python3.11")
-
-    made = _unreadable_copy(root / "venv")
-    assert made == str(root / "venv" / UNREADABLE_PYTHON)
-    st = os.stat(made)
-    assert (st.st_uid, st.st_mode & 0o7777) == (0, 0o711)
-    assert Path(made).read_bytes() == (root / "real" / "python3.11").read_bytes()
-    assert _unreadable_copy(root / "venv") == made and os.stat(made).st_ino == st.st_ino
-    as_user = subprocess.run([made], user=1000, group=1000, check=False)
-    assert as_user.returncode == 0, "the sandbox's user cannot run the copy"
-    peek = subprocess.run(["cat", made], user=1000, group=1000, capture_output=True, check=False)
-    assert peek.returncode != 0 and b"denied" in peek.stderr, "the sandbox's user can read it"
-
-    open_folder = tmp_path / "open"
-    open_folder.mkdir()
-    shutil.copy(root / "real" / "python3.11", open_folder / "python3")
-    open_folder.chmod(0o777)
-    script = tmp_path / "script"
-    script.mkdir()
-    (script / "python3").write_text('#!/bin/sh\nexec /usr/bin/python3 "$@"\n')
-    (script / "python3").chmod(0o755)
-    theirs = tmp_path / "theirs"
-    theirs.mkdir()
-    shutil.copy(root / "real" / "python3.11", theirs / "python3")
-    os.chown(theirs / "python3", 1000, 1000)
-    for folder in (open_folder, script, theirs):
-        assert _unreadable_copy(folder) == "", folder.name
-        assert not (folder / UNREADABLE_PYTHON).exists(), folder.name

@@ -1148,22 +1148,6 @@ def harden():
         os._exit(70)
 
 
-# The host's copy of python3 that starts non-dumpable (agent/__init__.py names it too).
-UNREADABLE_PYTHON = ".sandbox-kernel-python3"
-
-
-def show_python3():
-    """Started from the host's unreadable copy of python3: cells see the python3 beside
-    it as ``sys.executable`` (a copy they cannot read would fail ``venv --copies`` and
-    puzzle whoever prints it); what they start from it is theirs, as before."""
-    folder, name = os.path.split(sys.executable)
-    if name != UNREADABLE_PYTHON:
-        return
-    if getattr(sys, "_base_executable", None) == sys.executable:
-        sys._base_executable = os.path.join(folder, "python3")
-    sys.executable = os.path.join(folder, "python3")
-
-
 LANDLOCK_CREATE_RULESET = 444
 LANDLOCK_ADD_RULE = 445
 LANDLOCK_RESTRICT_SELF = 446
@@ -1827,8 +1811,7 @@ def connect_kernel():
     None: stdin and stdout stay the channel. The environment only says that there is
     one; its path and the token that proves us to the kernel come on stdin, right after
     the source (and a spare's secret), where no other process of the sandbox can read
-    them once we are non-dumpable: from our first instruction when the host started us
-    from its unreadable copy of python3 (it cannot list the socket's folder either)."""
+    them (it cannot list the socket's folder either)."""
     if os.environ.pop("SANDBOX_AGENT_CHANNEL", "") != "1":
         return None
     try:
@@ -1944,7 +1927,6 @@ def main():
     if sys.argv[1:2] == ["--end-processes"]:
         end_processes(sys.argv[1:])
     harden()
-    show_python3()
     spare_link = None  # a spare's child: what its kernel's start program waits on
     outcome = ""  # what became of the spare the kernel named (see hand_over)
     if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):

@@ -41,7 +41,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import IO, Any
 
-from ..agent import SPARE_SOCKET, UNREADABLE_PYTHON, agent_source, bootstrap_command, program
+from ..agent import SPARE_SOCKET, agent_source, bootstrap_command, program
 from ..identity import ScopeKey
 from . import idmap
 from .agent_sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
@@ -579,11 +579,10 @@ class DockerBackend(Backend):
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
         merge_stderr: bool = False,
-        user: str = "",
     ) -> DockerChannel:
         container = self._ready_for_process(sandbox_id)
         config = {
-            "User": user,
+            "User": "",
             "Privileged": False,
             "Tty": False,
             "AttachStdin": True,
@@ -658,9 +657,7 @@ class DockerBackend(Backend):
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
-        user: str = "",
     ) -> ExecResult:
-        """``user``: as whom, when not the sandbox's user (only the host's own set-up)."""
         deadline = None
         if timeout:
             cmd = program(_program("timeout_runner"), str(timeout), *cmd)
@@ -668,7 +665,7 @@ class DockerBackend(Backend):
             # process of the sandbox's user: a cell can freeze it (SIGSTOP to all its
             # processes). The host keeps its own deadline, a little later.
             deadline = time.monotonic() + timeout + EXEC_GRACE
-        channel = self.open_channel(sandbox_id, cmd, cwd=cwd, env=env, merge_stderr=True, user=user)
+        channel = self.open_channel(sandbox_id, cmd, cwd=cwd, env=env, merge_stderr=True)
         out = bytearray()
         try:
             # stdin is not used: closing our half tells the process so.
@@ -718,31 +715,8 @@ class DockerBackend(Backend):
         with engine_errors("read the state of a process in", sandbox_id):
             return self._engine.exec_inspect(exec_id)
 
-    # -- an interpreter that starts hardened ---------------------------------------------
-    def unreadable_python(self, sandbox_id: str) -> tuple[str, str]:
-        """Copy the sandbox's python3, as root in the sandbox, beside itself as a file its
-        user may execute but not read (programs/unreadable_python.py); once per
-        container, which keeps it across stops. Root there has no capabilities either:
-        it writes only where root owns the folder. A copy that failed (a full disk, no
-        pid left: a cell can cause both) raises, so the next kernel tries again; one
-        that cannot be made in this image is said once, as ""."""
-        container = self._running(sandbox_id)
-        found = self.exec(
-            sandbox_id,
-            program(_program("unreadable_python"), UNREADABLE_PYTHON),
-            cwd="/",
-            timeout=30,
-            user="0:0",
-        )
-        said = found.output.decode("utf-8", "replace").strip()
-        if found.exit_code != 0 or "\n" in said or (said and not said.startswith("/")):
-            raise SandboxError(f"could not copy python3 in {sandbox_id}: {said[-300:]}")
-        if not said:
-            log.info("%s: python3 starts as it is (no copy can be made in its image)", sandbox_id)
-        return container.id, said
-
     # -- warm spares -------------------------------------------------------------------
-    def start_spare(self, sandbox_id: str, python: str = "python3") -> Spare | None:
+    def start_spare(self, sandbox_id: str) -> Spare | None:
         """Start a warm interpreter for the sandbox's next kernel, and identify it as the
         host sees it: pid in the container and start time, read from this host's /proc
         for the exec's own process. Nothing a process in the sandbox says is trusted,
@@ -752,7 +726,7 @@ class DockerBackend(Backend):
             return None
         channel = self.open_channel(
             sandbox_id,
-            bootstrap_command(python),
+            bootstrap_command(),
             cwd=WORKSPACE,
             env={"SANDBOX_AGENT_SPARE_LISTEN": SPARE_SOCKET},
         )
