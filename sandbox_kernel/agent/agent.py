@@ -1810,8 +1810,10 @@ def connect_kernel():
     """The kernel's socket, past the engine's exec stream (the host's agent_sockets), or
     None: stdin and stdout stay the channel. The environment only says that there is
     one; its path and the token that proves us to the kernel come on stdin, right after
-    the source (and a spare's secret), where no other process of the sandbox can read
-    them (it cannot list the socket's folder either)."""
+    the source (and a spare's secret), never in argv or the environment. No other
+    process of the sandbox can open our stdin once we are non-dumpable; one that opened
+    it in the moment before could read them (README: "Not closed, and shown to work").
+    It cannot list the socket's folder either."""
     if os.environ.pop("SANDBOX_AGENT_CHANNEL", "") != "1":
         return None
     try:
