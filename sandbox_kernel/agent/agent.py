@@ -1298,8 +1298,16 @@ def kill_tree(root, include_root, reap=False):
 
     ``root`` is stopped first so it cannot start more; descendants that fork while we
     kill are caught on the next pass (orphans stay under a subreaper: the watcher, or
-    a spare's child). A cell that double-forks a daemon does not escape.
+    a spare's child). A cell that double-forks a daemon does not escape. Nor does one
+    that forks and exits over and over, faster than a pass (a pid hopper): each
+    descendant's process group is killed too, which takes a child being forked along.
+    Only a process that leaves its group at every fork outruns that.
     """
+    spared = {os.getpgrp()}  # ours (and root's, when root stays): never a whole group
+    try:
+        spared.add(os.getpgid(root))
+    except OSError:
+        pass
     if include_root:
         try:
             os.kill(root, signal.SIGSTOP)
@@ -1310,6 +1318,12 @@ def kill_tree(root, include_root, reap=False):
         if not found:
             break
         for pid in found:
+            try:
+                group = os.getpgid(pid)
+                if group > 1 and group not in spared:
+                    os.killpg(group, signal.SIGKILL)
+            except OSError:
+                pass
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
