@@ -40,6 +40,7 @@ class Housekeeping:
         self.kind = kind
         self.label = label
         self.sandbox_id = ""
+        self.engine_id = ""
         self.busy = False
         self._wake = threading.Event()
         self._started = False
@@ -54,10 +55,11 @@ class Housekeeping:
     def _backend_name(self) -> str:
         return self.service.backend.name
 
-    def start(self, sandbox_id: str) -> None:
-        """Beat for ``sandbox_id`` from now on; the first call also starts the heartbeat
-        and, a moment later, the once-per-kernel lifecycle check and spare."""
-        self.sandbox_id = sandbox_id
+    def start(self, sandbox_id: str, engine_id: str = "") -> None:
+        """Beat for ``sandbox_id`` (the engine's ``engine_id``) from now on; the first call
+        also starts the heartbeat and, a moment later, the once-per-kernel lifecycle
+        check, the hardened python and the spare."""
+        self.sandbox_id, self.engine_id = sandbox_id, engine_id
         with self._start_lock:
             first, self._started = not self._started, True
         if first:
@@ -116,6 +118,21 @@ class Housekeeping:
             except Exception as exc:
                 log.debug("could not record shutdown: %s", exc)
 
+    def _hardened_python(self) -> str:
+        """What starts this sandbox's interpreters: its python3 that starts non-dumpable,
+        made once per container (see Backend.unreadable_python), else python3."""
+        backend, store = self.service.backend, self.service.store
+        try:
+            path = store.python_for(backend.name, self.sandbox_id, self.engine_id)
+            if path is None:
+                engine_id, path = backend.unreadable_python(self.sandbox_id)
+                if engine_id:
+                    store.put_python(backend.name, self.sandbox_id, engine_id, path)
+        except Exception as exc:  # python3 as it is still works: never an error for the user
+            log.warning("sandbox %s: python3 starts as it is (%s)", self.sandbox_id, exc)
+            return "python3"
+        return path or "python3"
+
     def _heartbeat_loop(self) -> None:
         """Beats every HEARTBEAT seconds, and at once when a cell starts or ends (the cell
         only sets an event: the SQLite write stays off its path). While a cell runs, a
@@ -150,8 +167,8 @@ class Housekeeping:
     def _after_start(self) -> None:
         """Once per kernel, a moment after its start (listing every sandbox must not
         compete with the kernel's first reply and first cell): apply the lifecycle
-        policies (hosts without a server need it), then leave a warm spare for the next
-        kernel."""
+        policies (hosts without a server need it), then make sure of the sandbox's
+        hardened python and leave a warm spare (started with it) for the next kernel."""
         time.sleep(GC_DELAY)
         backend = self.service.backend
         try:
@@ -159,12 +176,15 @@ class Housekeeping:
                 log.info("lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
         except Exception as exc:
             log.warning("lifecycle check failed: %s", exc)
-        if not (backend.keeps_spares and self.sandbox_id):
+        if not self.sandbox_id:
+            return
+        python = self._hardened_python()
+        if not backend.keeps_spares:
             return
         try:
             recorded = self.service.store.spare(backend.name, self.sandbox_id)
             if recorded is None or not backend.spare_alive(recorded):
-                spare = backend.start_spare(self.sandbox_id)
+                spare = backend.start_spare(self.sandbox_id, python)
                 if spare is not None:
                     self.service.store.put_spare(backend.name, self.sandbox_id, spare)
         except Exception as exc:  # a spare only saves time: never an error for the user

@@ -131,7 +131,7 @@ class SandboxSession:
         if not agent.alive:
             return
         self.housekeeping.record_processes(self.sandbox_id, agent.ready.get("procs"))
-        self.housekeeping.start(self.sandbox_id)
+        self.housekeeping.start(self.sandbox_id, self.engine_id)
 
     def home_folder(self) -> str:
         """The host folder this session works from, as a notebook's kernel works from the
@@ -182,6 +182,11 @@ class SandboxSession:
         # has imported asyncio (see early_start), and the connection needs it.
         from .connection import START_TIMEOUT
 
+        # The sandbox's python3 that starts hardened, once housekeeping made it (see
+        # Backend.unreadable_python): a new sandbox's first kernel, before any cell ran
+        # there, starts with python3 as it is.
+        python = self.service.store.python_for(self.backend.name, info.id, info.engine_id)
+        python = python or "python3"
         if self.backend.keeps_spares:
             store = self.service.store
             record = store.spare_for(self.backend.name, info.id, info.engine_id)
@@ -190,7 +195,7 @@ class SandboxSession:
                 secret = record.secret.encode() + b"\n"  # on stdin, never in argv
                 agent: AgentConnection | None = None
                 try:
-                    agent = self._run_agent(info, env, spare, secret, SPARE_START_TIMEOUT)
+                    agent = self._run_agent(info, env, python, spare, secret, SPARE_START_TIMEOUT)
                 except SandboxError as exc:  # a spare only saves time: start cold
                     log.info("the warm interpreter did not take over (%s): starting one", exc)
                 # A spare that was not there, was another process, or did not answer in
@@ -200,18 +205,19 @@ class SandboxSession:
                     store.forget_spare(self.backend.name, info.id, record.pid)
                 if agent is not None:
                     return agent
-        return self._run_agent(info, env, None, b"", START_TIMEOUT)
+        return self._run_agent(info, env, python, None, b"", START_TIMEOUT)
 
     def _run_agent(
         self,
         info: SandboxInfo,
         env: dict[str, str],
+        python: str,
         spare: tuple[str, int, str] | None,
         secret: bytes,
         within: float,
     ) -> AgentConnection:
-        """Start the agent program in the sandbox (taking over ``spare`` if given) and
-        wait up to ``within`` seconds for its ready; then it speaks over its socket to
+        """Start the agent program in the sandbox with ``python`` (taking over ``spare``
+        if given) and wait up to ``within`` seconds for its ready; then it speaks over its socket to
         this kernel, when the sandbox has one (see backends.agent_sockets)."""
         listener = self.backend.agent_listener(info)
         try:
@@ -221,7 +227,7 @@ class SandboxSession:
                 offer = {"op": "channel", "path": listener.inside, "token": listener.token}
                 secret += json.dumps(offer).encode() + b"\n"
             channel = self.backend.open_channel(
-                info.id, bootstrap_command(spare=spare), cwd=self.cell_cwd(), env=env
+                info.id, bootstrap_command(python, spare), cwd=self.cell_cwd(), env=env
             )
             agent = self._started_agent(info, channel, agent_source() + secret, within)
             if listener is not None and agent.ready.get("channel") is True:

@@ -59,6 +59,13 @@ CREATE TABLE IF NOT EXISTS spares (
     host_pid INTEGER NOT NULL DEFAULT 0,
     secret TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (backend, sandbox_id)
+);
+CREATE TABLE IF NOT EXISTS pythons (
+    backend TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    engine_id TEXT NOT NULL,
+    path TEXT NOT NULL,
+    PRIMARY KEY (backend, sandbox_id)
 )
 """
 # A kernel beats every HEARTBEAT seconds; one silent for STALE_AFTER is taken as dead.
@@ -397,6 +404,29 @@ class Store:
                 "DELETE FROM reservations WHERE backend = ? AND sandbox_id = ?",
                 (backend, sandbox_id),
             )
+
+    # -- the interpreter that starts hardened ------------------------------------------
+    def put_python(self, backend: str, sandbox_id: str, engine_id: str, path: str) -> None:
+        """What starts the interpreters of this incarnation of the sandbox (see
+        Backend.unreadable_python); "" where python3 starts as it is."""
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "INSERT INTO pythons (backend, sandbox_id, engine_id, path) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (backend, sandbox_id) DO UPDATE SET engine_id = excluded.engine_id,"
+                " path = excluded.path",
+                (backend, sandbox_id, engine_id, path),
+            )
+
+    def python_for(self, backend: str, sandbox_id: str, engine_id: str) -> str | None:
+        """The recorded python of this incarnation of the sandbox ("" for python3 as it
+        is); None when not made yet, or recorded for an earlier incarnation (the
+        container was made again, without the copy)."""
+        with closing(self._connect()) as conn:
+            row = conn.execute(
+                "SELECT engine_id, path FROM pythons WHERE backend = ? AND sandbox_id = ?",
+                (backend, sandbox_id),
+            ).fetchone()
+        return row[1] if row is not None and row[0] == engine_id else None
 
     # -- warm spares ------------------------------------------------------------------
     def put_spare(self, backend: str, sandbox_id: str, spare: Spare) -> None:

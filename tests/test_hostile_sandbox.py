@@ -40,6 +40,7 @@ from sandbox_kernel.agent import SPARE_SOCKET
 from sandbox_kernel.backends.base import SandboxError, SandboxFailed, SandboxNotFound, engine_name
 from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig, load_config
+from sandbox_kernel.housekeeping import GC_DELAY
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.lifecycle import gc
 from sandbox_kernel.service import SandboxService
@@ -622,6 +623,155 @@ def test_a_spares_child_holds_no_copy_of_its_secret(kernels: Kernels) -> None:
     assert in_container(container, _PRESENT, record.secret).strip() == "K", (
         "the spare refused its own secret presented as the hunt presents one (test bug)"
     )
+
+
+# A cell's hunt for interpreters as they start: every new process of the sandbox is
+# tried, again and again until it ends or the hunt does, for an open of its stdin
+# through /proc (what the host sends next could then be copied with tee(2), and the
+# same check guards ptrace). Its own child proves that such an open works. Only the
+# interpreters' start programs count: the host's short helpers (python3 -I -c) start
+# from python3 as it is.
+_HUNT_STARTS = r"""
+import os, subprocess, threading, time
+hunt = {"seen": {}, "opened": [], "own_child": False, "control": False}
+def _hunt(stop, hunt, known):
+    tries = {}
+    while not stop.is_set():
+        for p in os.listdir("/proc"):
+            if not p.isdigit() or p in known:
+                continue
+            tries[p] = tries.get(p, 0) + 1
+            if b"# " not in hunt["seen"].get(p, b""):  # until it is python3 running ours
+                try:
+                    hunt["seen"][p] = open("/proc/%s/cmdline" % p, "rb").read()[:200]
+                except OSError:
+                    pass
+            try:
+                fd = os.open("/proc/%s/fd/0" % p, os.O_RDONLY | os.O_NONBLOCK)
+            except FileNotFoundError:
+                known.add(p)
+                continue
+            except OSError:
+                if tries[p] > 20000:
+                    known.add(p)
+                continue
+            # Opened mid-exec, the command line may not be there yet: wait for it.
+            now = b""
+            for _ in range(200):
+                try:
+                    now = open("/proc/%s/cmdline" % p, "rb").read()[:200]
+                except OSError:
+                    break
+                if b"# " in now:
+                    break
+                time.sleep(0.001)
+            os.close(fd)
+            known.add(p)
+            if p == str(hunt.get("child")):
+                hunt["own_child"] = True
+            elif b"# Started as" in now:  # a start program of ours (boot.py)
+                hunt["opened"].append(now.decode("utf-8", "replace")[:60])
+            elif b"# control" in now:  # python3 started by the host, as ours once were
+                hunt["control"] = True
+_child = subprocess.Popen(["sleep", "3"], stdin=subprocess.PIPE)
+hunt["child"] = _child.pid
+hunt_stop = threading.Event()
+# What runs now, before the cell returns (the thread may start later than that).
+known = set(os.listdir("/proc")) - {str(hunt["child"])}
+hunt_thread = threading.Thread(target=_hunt, args=(hunt_stop, hunt, known), daemon=True)
+hunt_thread.start()
+threading.Timer(PLANT_SECONDS, hunt_stop.set).start()
+"""
+
+_HUNT_REPORT = r"""
+import json
+time.sleep(0.5)
+hunt_stop.set(); hunt_thread.join()
+boots = [c for c in hunt["seen"].values() if b"# Started as" in c]
+print(json.dumps({"boots": len(boots), "opened": hunt["opened"], "own_child": hunt["own_child"],
+                  "control": hunt["control"]}))
+"""
+
+
+def test_a_cell_cannot_open_an_interpreter_as_it_starts(kernels: Kernels) -> None:
+    """Attack: a process the host starts in the sandbox is, for its first milliseconds,
+    an ordinary process of the sandbox's uid, until it makes itself non-dumpable. A cell
+    that hunts new processes could open its stdin through /proc in that moment, and copy
+    with tee(2) (without taking it away) what the host sends next: another kernel's
+    token for its socket, the spare's secret. It could also ptrace it (the same check).
+    The host starts interpreters from an unreadable copy of python3, non-dumpable from
+    their first instruction: hunting through a warm start and a cold one, the cell
+    opens none of them, though it sees them start and opens its own child."""
+    _, kc = start_kernel(kernels)
+    container = kernels.container()
+    assert kernels.env is not None
+    store = Store(kernels.env.config())
+    deadline = time.monotonic() + 30
+    while (python := store.python_for("docker", kernels.sandbox_id, container.id)) is None:
+        assert time.monotonic() < deadline, "the host made no unreadable python3"
+        time.sleep(0.3)
+    assert python.endswith("/.sandbox-kernel-python3"), python
+    spare = wait_for_spare(container)
+    assert spare, "no warm spare appeared for the second kernel"
+
+    backend = SandboxService(kernels.env.config()).backend
+
+    def hunt_through(start: Callable[[], tuple[Any, Any]]) -> tuple[Any, dict]:
+        """Start a kernel while the cell hunts, and a plain python3 from the host
+        beside it, which the hunt must catch (the proof that it is quick enough)."""
+        ok_cell(kc, _HUNT_STARTS.replace("PLANT_SECONDS", str(PLANT_SECONDS)))
+        control = backend.open_channel(
+            kernels.sandbox_id, ["python3", "-c", "# control\nimport time; time.sleep(5)"]
+        )
+        try:
+            _, started = start()
+            return started, json.loads(ok_cell(kc, _HUNT_REPORT))
+        finally:
+            control.close()
+
+    warm, first = hunt_through(kernels.start)
+    assert interpreter_spare(warm) == spare, "the second kernel's interpreter is not the spare's"
+    time.sleep(GC_DELAY + 1)  # the warm kernel's housekeeping saw its spare alive
+    ok_cell(kc, f"import os, signal; os.kill({spare}, signal.SIGKILL)")
+    deadline = time.monotonic() + 10
+    while listener_at(container, SPARE_SOCKET):  # no spare at all: the next start is cold
+        assert time.monotonic() < deadline, "a spare still listens"
+        time.sleep(0.2)
+    cold, second = hunt_through(kernels.start)
+    assert interpreter_spare(cold) != spare, "the third kernel did not start cold"
+
+    for hunt in (first, second):
+        assert hunt["own_child"], f"the hunt could not open even its own child (test bug): {hunt}"
+        assert hunt["control"], f"the hunt missed python3 started by the host (test bug): {hunt}"
+        assert hunt["boots"] >= 1, f"the hunt saw no interpreter start (test bug): {hunt}"
+        assert hunt["opened"] == [], f"a cell opened a starting interpreter: {hunt['opened']}"
+    seen = ok_cell(
+        cold,
+        "import ctypes, os, sys\n"
+        "print(sys.executable, ctypes.CDLL(None).prctl(3, 0, 0, 0, 0), os.path.basename("
+        "open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode()))",
+    ).split()
+    assert seen == [python.rsplit("/", 1)[0] + "/python3", "0", ".sandbox-kernel-python3"], seen
+    # Without the race: the cell starts the copy and python3 itself, and tries each.
+    tried = json.loads(ok_cell(kc, _OPEN_OWN_START.replace("COPY", repr(python))))
+    assert tried == {"copy": "denied", "python3": "opened"}, tried
+
+
+_OPEN_OWN_START = r"""
+import json, os, subprocess, time
+tried = {}
+for name, program in (("copy", COPY), ("python3", "python3")):
+    child = subprocess.Popen([program, "-I", "-c", "import time; time.sleep(30)"], stdin=subprocess.PIPE)
+    time.sleep(0.5)
+    try:
+        os.close(os.open("/proc/%d/fd/0" % child.pid, os.O_RDONLY | os.O_NONBLOCK))
+        tried[name] = "opened"
+    except PermissionError:
+        tried[name] = "denied"
+    child.kill()
+    child.wait()
+print(json.dumps(tried))
+"""
 
 
 def test_a_frozen_spare_costs_one_cold_start_and_is_replaced(kernels: Kernels) -> None:

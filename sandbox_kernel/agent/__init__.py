@@ -13,6 +13,10 @@ from pathlib import Path
 
 # Where the warm spare interpreter of a sandbox (started by the host) waits for a kernel.
 SPARE_SOCKET = "@sandbox-kernel-spare"  # "@": an abstract unix socket, no file
+# The sandbox's python3, copied beside itself as a file its user can execute but not
+# read: a process started from it is non-dumpable from its first instruction (see
+# backends/docker_python.py). agent.py knows the name too.
+UNREADABLE_PYTHON = ".sandbox-kernel-python3"
 
 
 @lru_cache(maxsize=1)

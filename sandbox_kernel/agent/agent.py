@@ -1148,6 +1148,24 @@ def harden():
         os._exit(70)
 
 
+# The host's copy of python3 that starts non-dumpable (agent/__init__.py names it too).
+UNREADABLE_PYTHON = ".sandbox-kernel-python3"
+
+
+def show_python3():
+    """Started from the host's unreadable copy of python3: cells see the python3 beside
+    it as ``sys.executable`` (a copy they cannot read would fail ``venv --copies`` and
+    puzzle whoever prints it); what they start from it is theirs, as before."""
+    folder, name = os.path.split(sys.executable)
+    if name != UNREADABLE_PYTHON:
+        return
+    sys.executable = os.path.join(folder, "python3")
+    # In a virtual environment Python makes the base one from the name it started as.
+    base = getattr(sys, "_base_executable", "")
+    if base and os.path.basename(base) == UNREADABLE_PYTHON:
+        sys._base_executable = os.path.join(os.path.dirname(base), "python3")
+
+
 LANDLOCK_CREATE_RULESET = 444
 LANDLOCK_ADD_RULE = 445
 LANDLOCK_RESTRICT_SELF = 446
@@ -1825,9 +1843,10 @@ def connect_kernel():
     None: stdin and stdout stay the channel. The environment only says that there is
     one; its path and the token that proves us to the kernel come on stdin, right after
     the source (and a spare's secret), never in argv or the environment. No other
-    process of the sandbox can open our stdin once we are non-dumpable; one that opened
-    it in the moment before could read them (README: "Not closed, and shown to work").
-    It cannot list the socket's folder either."""
+    process of the sandbox can open our stdin once we are non-dumpable: from our first
+    instruction when the host started us from its unreadable copy of python3, else from
+    our first line (one that opened it in the moment before could read them). It cannot
+    list the socket's folder either."""
     if os.environ.pop("SANDBOX_AGENT_CHANNEL", "") != "1":
         return None
     try:
@@ -1943,6 +1962,7 @@ def main():
     if sys.argv[1:2] == ["--end-processes"]:
         end_processes(sys.argv[1:])
     harden()
+    show_python3()
     spare_link = None  # a spare's child: what its kernel's start program waits on
     outcome = ""  # what became of the spare the kernel named (see hand_over)
     if os.environ.get("SANDBOX_AGENT_SPARE_LISTEN"):

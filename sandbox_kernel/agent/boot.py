@@ -4,7 +4,8 @@
 # itself: `-s` leaves the user's site out (the agent adds it later), and the working
 # folder, which `-c` puts first on sys.path, goes before the first import (os and sys
 # are loaded already). Then this process is made non-dumpable (other processes of the
-# sandbox, same uid, can then neither ptrace it nor open its /proc/<pid>/fd and mem), and
+# sandbox, same uid, can then neither ptrace it nor open its /proc/<pid>/fd and mem;
+# started from the host's unreadable copy of python3, it is so from its exec on), and
 # the agent's source (N bytes) is read from stdin and run. The agent decides between
 # taking a warm spare and a cold start (see agent.main). Python 3.8 syntax, stdlib only.
 import os

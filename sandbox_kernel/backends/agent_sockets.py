@@ -7,9 +7,10 @@ sandbox gets one more mount: a folder of ours (``<state dir>/sockets/<name>``), 
 at :data:`AGENT_SOCKETS`. A kernel listens there (:class:`AgentListener`), the
 interpreter connects and proves it is the one the kernel started with a one-time token.
 The socket's random name and the token reach it on its stdin, never in argv or the
-environment, which other processes of the sandbox could read before the interpreter
-hardens itself (before that, the same moment's exposure as the exec's own stdin and
-stdout); the folder cannot be listed from inside, whatever uid the sandbox runs as, and
+environment, which other processes of the sandbox may read. Its stdin is out of their
+reach too once the interpreter is non-dumpable: from its first instruction when it
+starts from the sandbox's unreadable python3 (Backend.unreadable_python), else from its
+first line. The folder cannot be listed from inside, whatever uid the sandbox runs as, and
 the listener is bound in the host's network namespace, so no ``/proc/net/unix`` of the
 sandbox shows it (the host's does, to host users, who would still need the token). From then
 on the protocol runs over that socket (:class:`SocketChannel`) and the exec only tells

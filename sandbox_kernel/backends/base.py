@@ -515,11 +515,19 @@ class Backend(abc.ABC):
         a process did not start in time. Engines that cannot wedge so need nothing."""
         return None
 
+    # -- an interpreter that starts hardened: optional --------------------------------------
+    def unreadable_python(self, sandbox_id: str) -> tuple[str, str]:
+        """Make the sandbox's python3 start non-dumpable from its first instruction (see
+        docker_python.py), so no process of the sandbox can open its
+        stdin or ptrace it before it hardens itself: (engine id, the copy's path to
+        start instead of python3), or ("", "") where that cannot be made."""
+        return "", ""
+
     # -- warm spares: optional ------------------------------------------------------------
-    def start_spare(self, sandbox_id: str) -> Spare | None:
-        """Start a warm interpreter in the sandbox for its next kernel, and say how to know
-        it (pid and start time as the engine's host sees them); None when the engine
-        cannot vouch for a process (the kernel then always starts cold)."""
+    def start_spare(self, sandbox_id: str, python: str = "python3") -> Spare | None:
+        """Start a warm interpreter in the sandbox for its next kernel (with ``python``),
+        and say how to know it (pid and start time as the engine's host sees them); None
+        when the engine cannot vouch for a process (the kernel then always starts cold)."""
         return None
 
     def spare_alive(self, spare: Spare) -> bool:

@@ -41,9 +41,9 @@ from importlib.resources import files
 from pathlib import Path
 from typing import IO, Any
 
-from ..agent import SPARE_SOCKET, agent_source, bootstrap_command, program
+from ..agent import SPARE_SOCKET, UNREADABLE_PYTHON, agent_source, bootstrap_command, program
 from ..identity import ScopeKey
-from . import idmap
+from . import docker_python, idmap
 from .agent_sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
 from .base import (
     LABEL_AGENT_SOCKETS,
@@ -110,6 +110,7 @@ HOME = "/home/sandbox"
 # image we support has, so we do not depend on `sleep` or a shell.
 IDLE_COMMAND = program("import signal; signal.pause()")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NOBODY = "65534:65534"  # a uid no sandbox user has: its processes are out of a cell's reach
 # Folders of a sandbox that its processes can write: never on the PATH that finds the
 # host's programs (a cell could plant a `python3` there; see agent.program).
 WRITABLE = (HOME, WORKSPACE, "/tmp", "/var/tmp", "/dev/shm")
@@ -579,10 +580,11 @@ class DockerBackend(Backend):
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
         merge_stderr: bool = False,
+        user: str = "",
     ) -> DockerChannel:
         container = self._ready_for_process(sandbox_id)
         config = {
-            "User": "",
+            "User": user,
             "Privileged": False,
             "Tty": False,
             "AttachStdin": True,
@@ -657,7 +659,9 @@ class DockerBackend(Backend):
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
+        user: str = "",
     ) -> ExecResult:
+        """``user``: another uid than the sandbox user's, for the host's own checks."""
         deadline = None
         if timeout:
             cmd = program(_program("timeout_runner"), str(timeout), *cmd)
@@ -665,7 +669,7 @@ class DockerBackend(Backend):
             # process of the sandbox's user: a cell can freeze it (SIGSTOP to all its
             # processes). The host keeps its own deadline, a little later.
             deadline = time.monotonic() + timeout + EXEC_GRACE
-        channel = self.open_channel(sandbox_id, cmd, cwd=cwd, env=env, merge_stderr=True)
+        channel = self.open_channel(sandbox_id, cmd, cwd=cwd, env=env, merge_stderr=True, user=user)
         out = bytearray()
         try:
             # stdin is not used: closing our half tells the process so.
@@ -715,8 +719,53 @@ class DockerBackend(Backend):
         with engine_errors("read the state of a process in", sandbox_id):
             return self._engine.exec_inspect(exec_id)
 
+    # -- an interpreter that starts hardened ---------------------------------------------
+    def unreadable_python(self, sandbox_id: str) -> tuple[str, str]:
+        """Put a copy of the sandbox's python3 beside it that its user may execute but
+        not read (see :mod:`.docker_python`), once per container (it keeps it across
+        stops); then start it once, since not every build runs under another name.
+        "" where that cannot be: another runtime than runc (gVisor reads what it
+        executes), a python3 the user could change, a script, a copy that does not
+        run. That try runs as a uid that is not the sandbox user's (nobody), so no
+        cell can signal it or write its output: nothing a cell does is taken for
+        "cannot be". What failed on the way (the engine, a full disk, no pid left)
+        raises, so the next kernel tries again."""
+        container = self._running(sandbox_id)
+        if (container.attrs.get("HostConfig") or {}).get("Runtime", "runc") != "runc":
+            return container.id, ""
+        path = sandbox_path(_env_of(container.attrs).get("PATH", DEFAULT_PATH))
+        for folder in path.split(":"):
+            try:
+                with engine_errors("look for python3 in", sandbox_id):
+                    docker_python.first_entry(self._engine, container.id, f"{folder}/python3")
+            except SandboxNotFound:
+                continue  # not in this folder
+            break
+        else:
+            return container.id, ""
+        with engine_errors("copy python3 in", sandbox_id):
+            found = docker_python.program_of(self._engine, container.id, f"{folder}/python3")
+            tar = (
+                docker_python.unreadable_copy(self._engine, container.id, found, UNREADABLE_PYTHON)
+                if found
+                else b""
+            )
+            if not tar:
+                log.info("%s: python3 starts as it is (no copy can be made of it)", sandbox_id)
+                return container.id, ""
+            self._engine.put_archive(container.id, folder, tar)
+        copy = f"{folder}/{UNREADABLE_PYTHON}"
+        ran = self.exec(sandbox_id, [copy, "-I", "-c", "pass"], cwd="/", timeout=30, user=NOBODY)
+        if ran.exit_code == 0:
+            return container.id, copy
+        if b"Fatal Python error" in ran.output:  # it cannot find its own files from there
+            log.info("%s: python3 starts as it is (its copy does not run)", sandbox_id)
+            return container.id, ""
+        text = ran.output.decode("utf-8", "replace").strip()[-300:]
+        raise SandboxError(f"could not try the copy of python3 in {sandbox_id}: {text}")
+
     # -- warm spares -------------------------------------------------------------------
-    def start_spare(self, sandbox_id: str) -> Spare | None:
+    def start_spare(self, sandbox_id: str, python: str = "python3") -> Spare | None:
         """Start a warm interpreter for the sandbox's next kernel, and identify it as the
         host sees it: pid in the container and start time, read from this host's /proc
         for the exec's own process. Nothing a process in the sandbox says is trusted,
@@ -726,7 +775,7 @@ class DockerBackend(Backend):
             return None
         channel = self.open_channel(
             sandbox_id,
-            bootstrap_command(),
+            bootstrap_command(python),
             cwd=WORKSPACE,
             env={"SANDBOX_AGENT_SPARE_LISTEN": SPARE_SOCKET},
         )
