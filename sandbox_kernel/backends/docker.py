@@ -755,14 +755,20 @@ class DockerBackend(Backend):
                 return container.id, ""
             self._engine.put_archive(container.id, folder, tar)
         copy = f"{folder}/{UNREADABLE_PYTHON}"
-        ran = self.exec(sandbox_id, [copy, "-I", "-c", "pass"], cwd="/", timeout=30, user=NOBODY)
+        ran = self._runs(sandbox_id, copy)
         if ran.exit_code == 0:
             return container.id, copy
-        if b"Fatal Python error" in ran.output:  # it cannot find its own files from there
+        # It cannot find its own files from there, if python3 itself runs meanwhile (a
+        # cell that fills the sandbox's memory can make both fail: try again later).
+        if b"Fatal Python error" in ran.output and self._runs(sandbox_id, "python3").exit_code == 0:
             log.info("%s: python3 starts as it is (its copy does not run)", sandbox_id)
             return container.id, ""
         text = ran.output.decode("utf-8", "replace").strip()[-300:]
         raise SandboxError(f"could not try the copy of python3 in {sandbox_id}: {text}")
+
+    def _runs(self, sandbox_id: str, python: str) -> ExecResult:
+        """``python`` started once in the sandbox as nobody (no cell can touch that)."""
+        return self.exec(sandbox_id, [python, "-I", "-c", "pass"], cwd="/", timeout=30, user=NOBODY)
 
     # -- warm spares -------------------------------------------------------------------
     def start_spare(self, sandbox_id: str, python: str = "python3") -> Spare | None:
