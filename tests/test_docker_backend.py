@@ -725,7 +725,7 @@ def test_unreadable_python_only_where_the_user_cannot_change_it(
 ) -> None:
     """The copy of python3 that starts non-dumpable (docker_python.py), made through
     the engine (its socket, or the SDK): beside the python3 the PATH finds, root's, mode
-    0711, so the sandbox's user can run it and not read it; made again the same. Not
+    0711, so the sandbox's user can run it and not read it; found again, not written again. Not
     made where the user owns python3's folder: they could change what it copies."""
     service = SandboxService(make_config())
     backend = service.backend
@@ -742,7 +742,10 @@ def test_unreadable_python_only_where_the_user_cannot_change_it(
         f"os.access({copy!r}, os.R_OK), os.access({copy!r}, os.X_OK))",
     )
     assert shown == "0 0o711 False True"
+    inode = run(backend, info.id, f"import os; print(os.stat({copy!r}).st_ino)")
     assert backend.unreadable_python(info.id) == (engine_id, copy)
+    # Not written again: kernels may be starting from it.
+    assert run(backend, info.id, f"import os; print(os.stat({copy!r}).st_ino)") == inode
 
     # Images where the user could change what the copy would be: python3's own folder
     # is theirs; or a link on the way to the program lies in a folder of theirs.

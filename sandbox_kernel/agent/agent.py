@@ -1282,7 +1282,7 @@ def start_time_of(pid):
 
 
 def process_table():
-    """{pid: (parent pid, state)} of every process this sandbox sees."""
+    """{pid: (parent pid, state, process group)} of every process this sandbox sees."""
     table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -1293,14 +1293,14 @@ def process_table():
         except OSError:
             continue
         rest = data[data.rfind(b")") + 2 :].split()
-        table[int(name)] = (int(rest[1]), rest[0])
+        table[int(name)] = (int(rest[1]), rest[0], int(rest[2]))
     return table
 
 
-def descendants(root):
-    """Live (not zombie) descendants of ``root``."""
+def descendants(root, table=None):
+    """Live (not zombie) descendants of ``root`` (in ``table``, else as they are now)."""
     children = {}
-    for pid, (ppid, state) in process_table().items():
+    for pid, (ppid, state, _) in (table or process_table()).items():
         if state != b"Z":
             children.setdefault(ppid, []).append(pid)
     found, todo = [], [root]
@@ -1317,11 +1317,13 @@ def kill_tree(root, include_root, reap=False):
     ``root`` is stopped first so it cannot start more; descendants that fork while we
     kill are caught on the next pass (orphans stay under a subreaper: the watcher, or
     a spare's child). A cell that double-forks a daemon does not escape. Nor does one
-    that forks and exits over and over, faster than a pass (a pid hopper): each
-    descendant's process group is killed too, which takes a child being forked along.
-    Only a process that leaves its group at every fork outruns that.
+    that forks and exits over and over, faster than a pass, in a process group of its
+    own (a pid hopper): a group that holds nothing but descendants is killed whole,
+    which takes a child being forked along. Not the interpreter's own group (ours or
+    root's), nor one that also holds another process (another kernel, the spare): a
+    hopper there, or one that leaves its group at every fork, can still outrun us.
     """
-    spared = {os.getpgrp()}  # ours (and root's, when root stays): never a whole group
+    spared = {os.getpgrp()}  # ours, and root's when root stays
     try:
         spared.add(os.getpgid(root))
     except OSError:
@@ -1332,16 +1334,22 @@ def kill_tree(root, include_root, reap=False):
         except OSError:
             include_root = False
     for _ in range(500):
-        found = descendants(root)
+        table = process_table()
+        found = descendants(root, table)
         if not found:
             break
-        for pid in found:
-            try:
-                group = os.getpgid(pid)
-                if group > 1 and group not in spared:
+        members = {}
+        for pid, (_, state, group) in table.items():
+            if state != b"Z":
+                members.setdefault(group, set()).add(pid)
+        ours = set(found) | {root}
+        for group in {table[pid][2] for pid in found} - spared:
+            if group > 1 and members.get(group, set()) <= ours:
+                try:
                     os.killpg(group, signal.SIGKILL)
-            except OSError:
-                pass
+                except OSError:
+                    pass
+        for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:

@@ -753,8 +753,15 @@ class DockerBackend(Backend):
             if not tar:
                 log.info("%s: python3 starts as it is (no copy can be made of it)", sandbox_id)
                 return container.id, ""
-            self._engine.put_archive(container.id, folder, tar)
         copy = f"{folder}/{UNREADABLE_PYTHON}"
+        try:
+            with engine_errors("look for the copy of python3 in", sandbox_id):
+                made = docker_python.first_entry(self._engine, container.id, copy)
+        except SandboxNotFound:
+            made = None
+        if not docker_python.is_copy(made, tar):
+            with engine_errors("copy python3 in", sandbox_id):
+                self._engine.put_archive(container.id, folder, tar)
         ran = self._runs(sandbox_id, copy)
         if ran.exit_code == 0:
             return container.id, copy
