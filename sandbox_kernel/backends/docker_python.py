@@ -48,16 +48,23 @@ def root_only(entry: tarfile.TarInfo | None) -> bool:
     return entry is not None and entry.uid == 0 and not entry.mode & 0o022
 
 
-def folders_root_only(engine: EngineCalls, container_id: str, folder: str) -> bool:
-    """Whether ``folder`` and every folder above it are real folders only root changes."""
-    path = folder
-    while True:
+def folders_root_only(
+    engine: EngineCalls, container_id: str, folder: str, checked: set[str]
+) -> bool:
+    """Whether ``folder`` and every folder above it are real folders only root changes;
+    those found so go into ``checked``, and the walk up ends at one already there (each
+    look is an engine call: a link's folder is often the program's)."""
+    path, seen = folder, []
+    while path not in checked:
         entry = first_entry(engine, container_id, path)
         if entry is None or not entry.isdir() or not root_only(entry):
             return False
+        seen.append(path)
         if path == "/":
-            return True
+            break
         path = posixpath.dirname(path)
+    checked.update(seen)
+    return True
 
 
 def program_of(engine: EngineCalls, container_id: str, path: str) -> str:
@@ -66,8 +73,9 @@ def program_of(engine: EngineCalls, container_id: str, path: str) -> str:
     folders only root changes (so ``..`` in a link means what the kernel takes it to),
     and the program is root's and anyone may run it. "" otherwise, or when the links
     go on too long."""
+    checked: set[str] = set()
     for _ in range(LINKS):
-        if not folders_root_only(engine, container_id, posixpath.dirname(path)):
+        if not folders_root_only(engine, container_id, posixpath.dirname(path), checked):
             return ""
         entry = first_entry(engine, container_id, path)
         if entry is None:
