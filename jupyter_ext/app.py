@@ -56,9 +56,7 @@ class SandboxExtension(ExtensionApp):
         # Kernels and terminals this server starts inherit its environment: tell them the
         # server's root folder, the primary work folder mounted into sandboxes.
         assert self.serverapp is not None  # set before extensions initialize
-        os.environ.setdefault(
-            "SANDBOX_KERNEL_SERVER_ROOT", str(Path(self.serverapp.root_dir).resolve())
-        )
+        os.environ["SANDBOX_KERNEL_SERVER_ROOT"] = str(Path(self.serverapp.root_dir).resolve())
         # With several users, whose sandbox a kernel uses is the server's to say (see
         # request_user.py); what it starts must never fall back to the server's own user.
         if self.owner_from == "request":

@@ -21,11 +21,14 @@ run outside any request, so they see every terminal.
 from __future__ import annotations
 
 import contextvars
+import os
 from typing import Any
 
 from jupyter_server.base.call_context import CallContext
 from tornado import web
 
+from sandbox_kernel.errors import Forbidden
+from sandbox_kernel.folders import door_folder
 from sandbox_kernel.host_python import python_command
 
 #: What a terminal runs: the shell command of the server's own Python (started in the
@@ -70,6 +73,8 @@ class SandboxTerminals:
     sandbox_command: list[str] | None = None
     #: Whether each request's user has their own terminals (owner_from = "request").
     per_user: bool = False
+    #: The server's root folder: a terminal's folder must lie inside it ("" for no check).
+    server_root: str = ""
 
     terminals: dict[str, Any]
 
@@ -78,9 +83,18 @@ class SandboxTerminals:
         self.terminals = _Owned(self.terminals, self.per_user)
 
     def new_terminal(self, **kwargs: Any) -> Any:
-        # A client's POST body arrives here: it may not pick the command or its environment.
+        # A client's POST body arrives here: it may not pick the command or its environment,
+        # and its folder (mounted into the sandbox) must be one the server's file browser
+        # may open: inside the root folder, links resolved. No folder: the root folder.
         kwargs.pop("shell_command", None)
         kwargs.pop("extra_env", None)
+        if self.server_root:
+            try:
+                kwargs["cwd"] = door_folder(
+                    str(kwargs.get("cwd") or self.server_root), self.server_root
+                )
+            except Forbidden as exc:
+                raise web.HTTPError(403, reason=str(exc)) from None
         user = kwargs.pop("sandbox_user", None)
         env: dict[str, str] = {}
         if self.per_user:
@@ -127,14 +141,16 @@ class SandboxTerminals:
         await contextvars.Context().run(super().terminate_all)  # type: ignore[misc]
 
 
-def manager_class(base: type, command: list[str] | None, per_user: bool) -> type:
+def manager_class(
+    base: type, command: list[str] | None, per_user: bool, server_root: str = ""
+) -> type:
     """``base`` (the configured terminal manager class) with :class:`SandboxTerminals`."""
     if issubclass(base, SandboxTerminals):
         base = next(b for b in base.__mro__[1:] if not issubclass(b, SandboxTerminals))
     return type(
         f"Sandbox{base.__name__}",
         (SandboxTerminals, base),
-        {"sandbox_command": command, "per_user": per_user},
+        {"sandbox_command": command, "per_user": per_user, "server_root": server_root},
     )
 
 
@@ -149,11 +165,14 @@ def install(serverapp: Any, mode: str, per_user: bool) -> str:
         return "terminals are off on this server"
     admin_command = (serverapp.terminado_settings or {}).get("shell_command")
     command = None if admin_command else SHELL_COMMAND
+    root = os.path.realpath(serverapp.root_dir)
     manager = getattr(app, "terminal_manager", None)
     if manager is None:  # not made yet (the usual order): it is made from our class
-        app.terminal_manager_class = manager_class(app.terminal_manager_class, command, per_user)
+        app.terminal_manager_class = manager_class(
+            app.terminal_manager_class, command, per_user, root
+        )
     else:  # made already: give it our methods (they add no state but the owned dict)
-        manager.__class__ = manager_class(type(manager), command, per_user)
+        manager.__class__ = manager_class(type(manager), command, per_user, root)
         manager.terminals = _Owned(manager.terminals, per_user)
     if admin_command:
         return (

@@ -153,10 +153,42 @@ def _entries(folder: Path) -> list[Path]:
 
 
 def jupyter_folders() -> list[str]:
-    """Jupyter's own data and runtime folders (tokens, connection files): never shown."""
-    from jupyter_core.paths import jupyter_data_dir, jupyter_runtime_dir
+    """Jupyter's own configuration, data and runtime folders (config files a server or
+    kernel runs at its next start, kernelspecs, tokens, connection files): never shown."""
+    from jupyter_core.paths import jupyter_config_path, jupyter_data_dir, jupyter_runtime_dir
 
-    return [jupyter_data_dir(), jupyter_runtime_dir()]
+    return [*jupyter_config_path(), jupyter_data_dir(), jupyter_runtime_dir()]
+
+
+def door_folder(requested: str, server_root: str) -> str:
+    """The host folder a request to the Jupyter server may give a sandbox (a kernel's
+    folder from its notebook path, a terminal's ``cwd``): ``requested`` with every link
+    resolved, which must be the server's root folder or lie inside it (resolved too), as
+    everything the server's own file browser may open does.
+
+    Raises :class:`~sandbox_kernel.errors.Forbidden` naming both folders otherwise.
+    """
+    from .errors import Forbidden
+
+    root = os.path.realpath(server_root)
+    here = os.path.realpath(requested)
+    if here != root and not here.startswith(root.rstrip("/") + "/"):
+        raise Forbidden(
+            f"{requested} is outside the Jupyter server's root folder {root}: a sandbox "
+            "opened from this server may only mount folders inside it"
+        )
+    return here
+
+
+#: Where a kernel started by the provisioner finds its notebook's folder (it runs from
+#: "/", never from a folder a sandbox can write: see provisioner.py).
+NOTEBOOK_DIR_ENV = "SANDBOX_KERNEL_NOTEBOOK_DIR"
+
+
+def notebook_folder() -> str:
+    """The host folder of this kernel's notebook: what the provisioner passed, else the
+    working folder (a kernel started without the provisioner, the CLI)."""
+    return os.environ.get(NOTEBOOK_DIR_ENV) or os.getcwd()
 
 
 def under(path: str, folder: str) -> bool:
@@ -169,11 +201,14 @@ def server_root_dir() -> str:
 
 
 __all__ = [
+    "NOTEBOOK_DIR_ENV",
     "Mask",
     "folder_tag",
+    "door_folder",
     "git_top",
     "jupyter_folders",
     "masks",
+    "notebook_folder",
     "primary_folder",
     "resolve_work_folder",
     "server_root_dir",

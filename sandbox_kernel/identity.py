@@ -78,11 +78,19 @@ def resolve_user(cfg: SandboxConfig) -> str:
         return f"uid{os.getuid()}"
 
 
+def _session_path(session_name: str) -> Path:
+    """The notebook JPY_SESSION_NAME names: a path relative to the server's root folder
+    when the server had no notebook name to join it with."""
+    path = Path(session_name).expanduser()
+    root = os.environ.get("SANDBOX_KERNEL_SERVER_ROOT", "")
+    return path if path.is_absolute() or not root else Path(root, path)
+
+
 def notebook_metadata(session_name: str | None) -> dict[str, Any]:
     """``metadata.sandbox`` of the notebook JPY_SESSION_NAME points to ({} if none)."""
     if not session_name:
         return {}
-    path = Path(session_name).expanduser()
+    path = _session_path(session_name)
     try:
         if path.suffix == ".ipynb" and path.is_file() and path.stat().st_size < 64 << 20:
             meta = json.loads(path.read_text("utf-8")).get("metadata", {}).get("sandbox") or {}
@@ -102,7 +110,7 @@ def notebook_thread(session_name: str | None) -> str | None:
     """
     if not session_name:
         return None
-    path = Path(session_name).expanduser()
+    path = _session_path(session_name)
     thread = notebook_metadata(session_name).get("thread")
     if isinstance(thread, str) and thread:
         return thread

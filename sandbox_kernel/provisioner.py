@@ -33,6 +33,8 @@ from jupyter_client.provisioning import LocalProvisioner
 from jupyter_core.paths import jupyter_runtime_dir
 from traitlets import Unicode
 
+from .errors import Forbidden
+from .folders import NOTEBOOK_DIR_ENV, door_folder, server_root_dir
 from .identity import OWNER_FROM_ENV
 from .kernelspec import SAFE_PATH_ENV
 
@@ -85,12 +87,33 @@ class SandboxProvisioner(LocalProvisioner):
             km.cache_ports = False  # the port cache binds TCP sockets on km.ip
         kwargs = await super().pre_launch(**kwargs)
         # `python -m` in the notebook's folder, which code in the sandbox can write, would
-        # put that folder first on the kernel's import path: a `json.py` a cell left there
-        # would run on the host (see kernelspec.SAFE_PATH_ENV; kernel.main for Python 3.10).
+        # put that folder first on the kernel's import path: a `json.py` or a
+        # `sandbox_kernel/` a cell left there would run on the host. The kernel starts in
+        # "/" instead (no sandbox writes there) and learns its notebook's folder from the
+        # environment; PYTHONSAFEPATH covers launchers that skip this provisioner.
+        folder = self._notebook_folder(kwargs.get("cwd"))
         kwargs["env"].update(SAFE_PATH_ENV)
+        kwargs["env"][NOTEBOOK_DIR_ENV] = folder
+        kwargs["cwd"] = "/"
         if os.environ.get(OWNER_FROM_ENV) == "request":
             self._pin_owner(kwargs["env"])
         return kwargs
+
+    @staticmethod
+    def _notebook_folder(cwd: Any) -> str:
+        """The folder the client asked the kernel to start in; started by a Jupyter server,
+        it must lie inside that server's root folder (links resolved), as every folder its
+        file browser opens does: ``POST /api/kernels`` takes any path, ``..`` included."""
+        folder = os.path.realpath(str(cwd) if cwd else os.getcwd())
+        root = server_root_dir()
+        if root:
+            try:
+                folder = door_folder(folder, root)
+            except Forbidden as exc:
+                from tornado.web import HTTPError  # started by a Jupyter server
+
+                raise HTTPError(403, reason=str(exc)) from None
+        return folder
 
     def _pin_owner(self, env: dict[str, str]) -> None:
         """On a server with several users, the kernel's owner is the user whose request

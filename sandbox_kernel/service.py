@@ -57,6 +57,7 @@ from .config import FLAVORS, SandboxConfig
 from .errors import AlreadyExists, BadRequest, Forbidden, SandboxFailed, SandboxNotFound, shorten
 from .files import RemoteWorkspace, Workspace
 from .folders import (
+    door_folder,
     folder_tag,
     jupyter_folders,
     masks,
@@ -148,6 +149,8 @@ class SandboxService:
         if not self.backend.workspace_on_host:
             return ""
         here = str(Path(cwd).resolve())
+        if server_root_dir():  # opened through a Jupyter server: only inside its root folder
+            here = door_folder(here, server_root_dir())
         if any(under(here, str(Path(p).resolve())) for p in self._never_shown()):
             return ""  # a workspace is /workspace already; the state folder is never shown
         return resolve_work_folder((config or self.config).work_root, here, server_root_dir())

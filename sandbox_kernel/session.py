@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import threading
 import time
@@ -25,7 +24,7 @@ from .backends import Backend, Channel, SandboxError, SandboxNotFound
 from .backends.agent_sockets import SocketChannel
 from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
 from .config import MIN_PIDS, SandboxConfig
-from .folders import usable
+from .folders import notebook_folder, usable
 from .housekeeping import Housekeeping
 from .identity import ScopeKey
 from .service import SandboxService, workspace_dir
@@ -110,7 +109,7 @@ class SandboxSession:
         first and keeps the books after (:meth:`keep_books`)."""
         info = self._ensure_sandbox()
         if self.folder_copy is None and self._wants_folder_copy():
-            here = Path(os.getcwd()).resolve()
+            here = Path(notebook_folder()).resolve()
             self.housekeeping.report(
                 info.id, f"copying {here} into the sandbox (it has no host folders)"
             )
@@ -135,8 +134,8 @@ class SandboxSession:
 
     def home_folder(self) -> str:
         """The host folder this session works from, as a notebook's kernel works from the
-        notebook's folder (its cwd); it picks the work folder, hence the sandbox."""
-        return os.getcwd()
+        notebook's folder; it picks the work folder, hence the sandbox."""
+        return notebook_folder()
 
     def _ensure_sandbox(self) -> SandboxInfo:
         """The sandbox, running; a loss the user must hear of becomes a notice."""
@@ -267,7 +266,7 @@ class SandboxSession:
         unless that is nothing of the user's (the home itself, a system folder)."""
         if self.backend.workspace_on_host or self.cfg.work_root == "none":
             return False
-        here = Path(os.getcwd()).resolve()
+        here = Path(notebook_folder()).resolve()
         return usable(here) and here != Path.home().resolve()
 
     def cell_cwd(self) -> str:
@@ -276,7 +275,7 @@ class SandboxSession:
         notebook lies in the workspace, else /workspace."""
         if self.folder_copy is not None:
             return self.folder_copy.remote
-        here = Path(os.getcwd()).resolve()
+        here = Path(notebook_folder()).resolve()
         if self.work_folder and (
             here == Path(self.work_folder) or Path(self.work_folder) in here.parents
         ):

@@ -298,6 +298,7 @@ def test_host_programs_never_import_from_their_working_folder(tmp_path: Path) ->
     a notebook's folder): modules left there (a ctypes.py, a sandbox_kernel package)
     must never be imported by them."""
     import subprocess
+    import sys
 
     from jupyter_ext.terminals import SHELL_COMMAND
     from sandbox_kernel.host_python import python_command
@@ -314,7 +315,7 @@ def test_host_programs_never_import_from_their_working_folder(tmp_path: Path) ->
         text=True,
     )
     assert done.returncode == 0 and str(tmp_path) not in done.stdout, done
-    assert SHELL_COMMAND[:2] == python_command("")[:2] and "del sys.path[0]" in SHELL_COMMAND[2]
+    assert SHELL_COMMAND[:3] == python_command("")[:3] == [sys.executable, "-I", "-c"]
 
 
 # Runs the agent's source as a module (its main does not run) and prints what ``probe``

@@ -49,12 +49,19 @@ CURSES_APP = shlex.quote(
 class Term:
     """``sandbox-kernel shell`` on the slave side of a pty pair; the test is the user."""
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: str, rows: int = 30) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str,
+        rows: int = 30,
+        command: list[str] | None = None,
+    ) -> None:
         self.master, self.slave = os.openpty()
         self.resize(rows, 100, signal_child=False)
         self.initial = termios.tcgetattr(self.slave)  # cooked: as a shell leaves it
         self.proc = subprocess.Popen(
-            [*CLI, "shell", *args],
+            [*(command or CLI), "shell", *args],
             stdin=self.slave,
             stdout=self.slave,
             stderr=self.slave,

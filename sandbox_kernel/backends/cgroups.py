@@ -218,9 +218,10 @@ def end_process_trees_apart(
     whatever becomes of the caller. Whether it killed the trees (False: do it inside)."""
     import json
     import subprocess
-    import sys
 
-    command = [sys.executable, "-m", __name__, container_id, str(lock), json.dumps(list(targets))]
+    from ..host_python import python_module
+
+    command = python_module(__name__, container_id, str(lock), json.dumps(list(targets)))
     try:
         done = subprocess.run(
             command,
