@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from . import sync
 from .agent import SPARE_SOCKET, agent_source, bootstrap_command
 from .backends import Backend, Channel, SandboxError, SandboxNotFound
-from .backends.agent_sockets import SocketChannel
 from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
+from .backends.docker.sockets import SocketChannel
 from .config import MIN_PIDS, SandboxConfig
 from .folders import notebook_folder, usable
 from .housekeeping import Housekeeping

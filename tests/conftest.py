@@ -91,7 +91,7 @@ def _release_idmapped_mounts(tmp_path: Path) -> Iterator[None]:
     removes containers itself (or a crashed one) must not leave mounts on the host."""
     yield
     from sandbox_kernel.backends import idmap
-    from sandbox_kernel.backends.docker_mounts import remove_mount_folder
+    from sandbox_kernel.backends.docker.mounts import remove_mount_folder
 
     for _source, target in idmap.mounts_of(tmp_path):
         idmap.unmount(Path(target))
@@ -139,7 +139,7 @@ def remove_user_containers(user_id_prefix: str, client: object = None) -> None:
     import docker
 
     from sandbox_kernel.backends import idmap
-    from sandbox_kernel.backends.docker_mounts import remove_mount_folder
+    from sandbox_kernel.backends.docker.mounts import remove_mount_folder
 
     client = client or docker.from_env()
     for container in client.containers.list(

@@ -17,9 +17,9 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from sandbox_kernel.backends import SandboxError
-from sandbox_kernel.backends.agent_sockets import AgentListener, SocketChannel
 from sandbox_kernel.backends.base import Channel
-from sandbox_kernel.backends.docker_channel import close_socket
+from sandbox_kernel.backends.docker.channel import close_socket
+from sandbox_kernel.backends.docker.sockets import AgentListener, SocketChannel
 from sandbox_kernel.service import SandboxService
 
 from .conftest import remove_user_containers, sandbox_container
@@ -143,7 +143,7 @@ def test_the_socket_end_waits_for_the_process_end() -> None:
 
 @pytest.mark.fast
 def test_socket_folders_are_exact_unlistable_and_tidied(tmp_path: Path) -> None:
-    from sandbox_kernel.backends.agent_sockets import FOLDER_MODE, AgentSocketFolders
+    from sandbox_kernel.backends.docker.sockets import FOLDER_MODE, AgentSocketFolders
 
     folders = AgentSocketFolders(str(tmp_path / "state"))
     old = os.umask(0o077)  # a strict umask must not take the sandbox's way in
@@ -170,7 +170,7 @@ def test_socket_folders_work_for_a_server_that_is_not_root(tmp_path: Path) -> No
     child process that became another uid plays the server.)"""
     import tempfile
 
-    from sandbox_kernel.backends.agent_sockets import AgentSocketFolders
+    from sandbox_kernel.backends.docker.sockets import AgentSocketFolders
 
     if os.geteuid() == 0:  # a place the other uid can reach (pytest's own is root's, 0700)
         tmp_path = Path(tempfile.mkdtemp(prefix="sk-not-root-"))

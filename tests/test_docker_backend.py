@@ -74,8 +74,8 @@ def test_home_folder_is_the_sandbox_users_either_way(
 ) -> None:
     """HOME is made in the new container's own layer on this (root, overlay2) host, or by
     the engine's archive call where that is not certain to be right: the same folder."""
-    from sandbox_kernel.backends import docker as docker_module
-    from sandbox_kernel.backends.docker_files import home_in_layer
+    from sandbox_kernel.backends.docker import backend as docker_module
+    from sandbox_kernel.backends.docker.files import home_in_layer
 
     if way == "layer" and (os.geteuid() != 0 or engine().info().get("Driver") != "overlay2"):
         pytest.skip("the layer is written only by root, on an overlay2 engine")
@@ -598,7 +598,8 @@ def test_sweeps_never_release_the_mounts_of_a_sandbox_being_made(
     came is released once it is no longer fresh."""
     import threading
 
-    from sandbox_kernel.backends import docker_mounts, idmap
+    from sandbox_kernel.backends import idmap
+    from sandbox_kernel.backends.docker import mounts as docker_mounts
 
     service = SandboxService(make_config())
     backend = service.backend
@@ -651,7 +652,7 @@ def test_a_mount_made_while_another_is_released_stays(
     import threading
 
     from sandbox_kernel.backends import idmap
-    from sandbox_kernel.backends.docker_mounts import WorkspaceMounts
+    from sandbox_kernel.backends.docker.mounts import WorkspaceMounts
 
     service = SandboxService(make_config())
     backend = service.backend

@@ -38,8 +38,8 @@ from sandbox_kernel.backends.base import (
     engine_name,
 )
 from sandbox_kernel.backends.docker import DockerBackend
-from sandbox_kernel.backends.docker_errors import engine_errors
-from sandbox_kernel.backends.docker_wire import EngineWire
+from sandbox_kernel.backends.docker.errors import engine_errors
+from sandbox_kernel.backends.docker.wire import EngineWire
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.service import SandboxService

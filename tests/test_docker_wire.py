@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_kernel.backends.docker_errors import engine_errors
-from sandbox_kernel.backends.docker_wire import EngineRefused, EngineWire
+from sandbox_kernel.backends.docker.errors import engine_errors
+from sandbox_kernel.backends.docker.wire import EngineRefused, EngineWire
 from sandbox_kernel.errors import Conflict, SandboxError
 
 pytestmark = pytest.mark.fast

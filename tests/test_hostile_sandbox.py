@@ -1111,7 +1111,7 @@ print(daemon)
 
 
 def _pids_cgroup(container_id: str) -> Path:
-    from sandbox_kernel.backends.cgroups import _cgroup_dirs
+    from sandbox_kernel.backends.docker.cgroups import _cgroup_dirs
 
     found = [d for d in _cgroup_dirs(container_id, "pids") if (d / "pids.max").exists()]
     if not found:
@@ -1131,7 +1131,7 @@ def _stat_field(host_pid: int, index: int) -> str:
 
 def _host_pid(container_id: str, inner_pid: int, start: str) -> int:
     """The host pid of the container's process ``inner_pid`` that started at ``start``."""
-    from sandbox_kernel.backends.cgroups import container_pids
+    from sandbox_kernel.backends.docker.cgroups import container_pids
 
     for pid in container_pids(container_id) or []:
         if _inner_of(pid) == inner_pid and _stat_field(pid, 19) == start:
@@ -1146,7 +1146,7 @@ def test_killed_kernel_leaves_no_process_even_with_every_pid_taken(kernels: Kern
     program of ours in the sandbox can start a process now, so the host's reaper must
     end them from outside: within GONE_SECONDS none of the daemon's processes, nor the
     interpreter or its watcher, exists, and the sandbox answers a new kernel's cell."""
-    from sandbox_kernel.backends.cgroups import container_pids
+    from sandbox_kernel.backends.docker.cgroups import container_pids
 
     km, kc = start_kernel(kernels)
     container = kernels.container()
@@ -1205,7 +1205,7 @@ def test_killed_kernel_leaves_no_process_even_with_every_pid_taken(kernels: Kern
 
 def _session_of(container_id: str, leader: int) -> list[int]:
     """Host pids of the container's processes in the session of host pid ``leader``."""
-    from sandbox_kernel.backends.cgroups import container_pids
+    from sandbox_kernel.backends.docker.cgroups import container_pids
 
     return [p for p in container_pids(container_id) or [] if _stat_field(p, 3) == str(leader)]
 
@@ -1261,7 +1261,7 @@ def test_killed_kernel_leaves_no_headless_daemon(kernels: Kernels) -> None:
 
 
 def _container_pids(container_id: str) -> list[int]:
-    from sandbox_kernel.backends.cgroups import container_pids
+    from sandbox_kernel.backends.docker.cgroups import container_pids
 
     return container_pids(container_id) or []
 

@@ -20,7 +20,6 @@ import docker
 import pytest
 
 from sandbox_kernel.agent import agent_source
-from sandbox_kernel.backends import docker as docker_backend
 from sandbox_kernel.backends.base import (
     Backend,
     BadRequest,
@@ -32,6 +31,7 @@ from sandbox_kernel.backends.base import (
     installation_id,
     sandbox_labels,
 )
+from sandbox_kernel.backends.docker import backend as docker_backend
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.lifecycle import end_processes, gc, stats
@@ -279,7 +279,7 @@ def test_a_freeze_left_by_a_killed_reaper_is_thawed_by_the_next(
     """The host's reaper freezes a sandbox for milliseconds; killed in them, it would
     leave every process of the sandbox frozen for good. The next reaper (any sandbox)
     thaws what the mark names before it does anything."""
-    from sandbox_kernel.backends import cgroups
+    from sandbox_kernel.backends.docker import cgroups
 
     cfg = make_config()
     service = SandboxService(cfg)
@@ -315,7 +315,7 @@ def test_a_process_started_during_a_reapers_freeze_starts_after_it(
     """The host's reaper freezes a sandbox for milliseconds, and the engine will not
     start a process in a frozen container: a command or a terminal asked for in those
     milliseconds waits for the thaw instead of failing."""
-    from sandbox_kernel.backends import cgroups
+    from sandbox_kernel.backends.docker import cgroups
 
     service = SandboxService(make_config())
     backend = service.backend

@@ -57,6 +57,13 @@ def as_user(command: list[str], folders: list[str]) -> list[str]:
     return program(agent_source().decode(), "--restricted", json.dumps(folders), "--", *mine)
 
 
+@lru_cache(maxsize=None)
+def source(name: str) -> str:
+    """The source of the in-sandbox program ``name`` (a module of this package), for
+    ``python3 -c``: nothing is installed in the image."""
+    return (Path(__file__).parent / f"{name}.py").read_text(encoding="utf-8")
+
+
 @lru_cache(maxsize=1)
 def user_command_source() -> str:
     """The in-sandbox start of a user's command (:mod:`.user_command`), for ``python3 -c``."""

@@ -19,10 +19,11 @@ import builtins
 import hashlib
 import json
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 from ..errors import (  # noqa: F401  (re-exported: backends raise them)
     AlreadyExists,
@@ -37,9 +38,6 @@ from ..errors import (  # noqa: F401  (re-exported: backends raise them)
     SandboxNotFound,
 )
 from ..identity import ScopeKey
-
-if TYPE_CHECKING:
-    from .agent_sockets import AgentListener
 
 Progress = Callable[[str], None]
 
@@ -109,6 +107,18 @@ class Spec:
     def source(self) -> str:
         """What it is made from, as a user would say it."""
         return f"snapshot {self.snapshot}" if self.snapshot else (self.image or "the default image")
+
+
+class AgentListener(Protocol):
+    """A socket on this host by which an interpreter in a sandbox reaches its kernel
+    past the engine's exec stream (see the Docker backend's sockets module)."""
+
+    inside: str  # its path as the sandbox sees it
+    token: str  # what the interpreter sends first
+
+    def accept(self, within: float) -> socket.socket: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ import subprocess
 from functools import lru_cache
 from typing import Any
 
-from .base import LABEL_MANAGED, Conflict, SandboxFailed, SandboxNotFound
-from .docker_errors import engine_errors
-from .docker_wire import EngineCalls
+from ..base import LABEL_MANAGED, Conflict, SandboxFailed, SandboxNotFound
+from .errors import engine_errors
+from .wire import EngineCalls
 
 log = logging.getLogger("sandbox_kernel")
 

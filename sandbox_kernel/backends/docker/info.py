@@ -13,9 +13,9 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ..config import FLAVORS
-from ..units import format_size
-from .base import (
+from ...config import FLAVORS
+from ...units import format_size
+from ..base import (
     LABEL_AGENT_SOCKETS,
     LABEL_FLAVOR,
     LABEL_IMAGE,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .base import (
+from ..base import (
     LABEL_INSTALLATION,
     LABEL_SNAPSHOT,
     LABEL_SOURCE,
@@ -25,8 +25,8 @@ from .base import (
     Spec,
     sandbox_id_of,
 )
-from .docker_errors import engine_errors
-from .docker_info import BACKEND, LABEL_SNAPSHOT_REF, parse_time
+from .errors import engine_errors
+from .info import BACKEND, LABEL_SNAPSHOT_REF, parse_time
 
 SNAPSHOT_REPO = "sandbox-kernel-snapshot"
 

@@ -22,9 +22,9 @@ from contextlib import suppress
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-from ..agent import fs_helper_source, program
-from .base import WORKSPACE, SandboxError
-from .docker_channel import DockerChannel
+from ...agent import fs_helper_source, program
+from ..base import WORKSPACE, SandboxError
+from .channel import DockerChannel
 
 CHUNK = 1 << 20
 # Starts a command in the sandbox (in /, its stderr kept apart) and returns its channel.

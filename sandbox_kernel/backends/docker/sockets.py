@@ -36,9 +36,9 @@ import threading
 import time
 from pathlib import Path
 
-from .base import Channel, SandboxError
-from .docker_channel import close_socket, send_or_gone
-from .docker_mounts import FRESH, folder_lock
+from ..base import Channel, SandboxError
+from .channel import close_socket, send_or_gone
+from .mounts import FRESH, folder_lock
 
 log = logging.getLogger(__name__)
 

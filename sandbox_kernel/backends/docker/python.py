@@ -23,7 +23,7 @@ import io
 import posixpath
 import tarfile
 
-from .docker_wire import EngineCalls
+from .wire import EngineCalls
 
 HEAD = 4096  # enough of a tar for its first entry's headers (a long name takes two)
 LIMIT = 128 << 20  # a python3 larger than this is not one we copy

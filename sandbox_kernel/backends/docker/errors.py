@@ -2,7 +2,7 @@
 
 The docker SDK raises its own classes (``docker.errors.APIError`` with the engine's
 HTTP status, ``requests`` errors for a socket that does not answer, a few plain
-``DockerException``); :mod:`.docker_wire`, which makes a kernel's start calls without
+``DockerException``); :mod:`.wire`, which makes a kernel's start calls without
 the SDK, raises two of its own with the same meaning. Above the backends nobody knows them: the REST API would answer
 500 with a traceback in the log, the CLI and the kernel would print a traceback. So
 every SDK call in the Docker backend runs inside :func:`engine_errors`, and
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     BadRequest,
     Conflict,
     EngineUnavailable,
@@ -44,8 +44,8 @@ from ..errors import (
     SandboxNotFound,
     shorten,
 )
-from .base import ExecResult
-from .docker_wire import EngineRefused, EngineSilent
+from ..base import ExecResult
+from .wire import EngineRefused, EngineSilent
 
 REASON_LIMIT = 300  # characters of Docker's explanation kept in a message
 

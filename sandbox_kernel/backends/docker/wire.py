@@ -15,7 +15,7 @@ request, and two transports carry them:
 
 Everything else (pulling, snapshots, stats, stopping) stays with the SDK. Refusals
 carry the engine's status and message (the SDK's own errors, through the SDK), which
-:mod:`.docker_errors` turns into ours alike.
+:mod:`.errors` turns into ours alike.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ class EngineWire(EngineCalls):
 
 class SdkCalls(EngineCalls):
     """The calls through the docker SDK's HTTP session (its errors are its own, which
-    :mod:`.docker_errors` knows), for engines the wire cannot reach."""
+    :mod:`.errors` knows), for engines the wire cannot reach."""
 
     def __init__(self, api: Any) -> None:
         self.api = api

@@ -24,11 +24,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from ..identity import ScopeKey
-from ..safefs import make_folder
-from . import idmap
-from .base import LABEL_WORK_FOLDER, LABEL_WORKSPACE, EngineSettings, SandboxFailed, Spec
-from .docker_info import (
+from ...identity import ScopeKey
+from ...safefs import make_folder
+from .. import idmap
+from ..base import LABEL_WORK_FOLDER, LABEL_WORKSPACE, EngineSettings, SandboxFailed, Spec
+from .info import (
     LABEL_MOUNT,
     LABEL_MOUNT_ID,
     LABEL_OWNERSHIP,

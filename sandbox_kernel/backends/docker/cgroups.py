@@ -219,7 +219,7 @@ def end_process_trees_apart(
     import json
     import subprocess
 
-    from ..host_python import python_module
+    from ...host_python import python_module
 
     command = python_module(__name__, container_id, str(lock), json.dumps(list(targets)))
     try:

@@ -12,8 +12,8 @@ import time
 from collections import deque
 from typing import Any
 
-from ..host_python import python_command
-from .base import Channel, Pty, SandboxError
+from ...host_python import python_command
+from ..base import Channel, Pty, SandboxError
 
 
 def close_socket(sock: socket.socket) -> None:
@@ -187,7 +187,7 @@ class DockerPty(Pty):
             self._pending = rest
             self._watcher = subprocess.Popen(
                 python_command(
-                    "from sandbox_kernel.backends.docker_channel import hang_up_when_gone as h; h()",
+                    "from sandbox_kernel.backends.docker.channel import hang_up_when_gone as h; h()",
                     self.exec_id,
                     self.container_id,
                     str(self.session),
@@ -260,8 +260,8 @@ def hang_up_when_gone() -> None:
     (see programs/hangup.py)."""
     import docker
 
-    from ..agent import program
-    from .docker import _program, exec_env
+    from ...agent import program, source
+    from .backend import exec_env
 
     exec_id, container_id, session = sys.argv[1:4]
     sys.stdin.buffer.read()
@@ -269,7 +269,7 @@ def hang_up_when_gone() -> None:
     if client.api.exec_inspect(exec_id).get("Running"):
         container = client.containers.get(container_id)
         container.exec_run(
-            program(_program("hangup"), session),
+            program(source("hangup"), session),
             stdin=False,
             environment=exec_env(container.attrs),
         )

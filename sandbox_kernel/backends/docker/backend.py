@@ -7,23 +7,23 @@ another process won the race, and we use its container.
 
 Containers run hardened by default: a non-root user, every capability dropped,
 no-new-privileges, a seccomp profile of ours (no setuid files, no namespaces, see
-:mod:`.docker_security`), pids/memory/CPU limits from the flavor, no published
+:mod:`.security`), pids/memory/CPU limits from the flavor, no published
 ports, one shared network on which sandboxes cannot reach each other (or none), and
 the runtime the administrator chose (``runsc`` for gVisor). The user's workspace is a
 host folder bind-mounted at /workspace, so it outlives the container
-(:mod:`.docker_mounts`).
+(:mod:`.mounts`).
 
 The container's main process only waits (``signal.pause()`` under docker-init); the
 interpreters are ``docker exec`` processes whose stdin/stdout form a
-:class:`~.docker_channel.DockerChannel`.
+:class:`~.channel.DockerChannel`.
 
 This module is the backend's life cycle and processes; the rest of it lives beside it:
-:mod:`.docker_errors` (every engine error becomes ours there), :mod:`.docker_info`
-(labels, and a container as a SandboxInfo), :mod:`.docker_mounts`,
-:mod:`.docker_snapshots`, :mod:`.docker_files`, :mod:`.docker_security`,
-:mod:`.docker_channel`, :mod:`.cgroups`, and ``programs/`` (what runs inside). The
+:mod:`.errors` (every engine error becomes ours there), :mod:`.info`
+(labels, and a container as a SandboxInfo), :mod:`.mounts`,
+:mod:`.snapshots`, :mod:`.files`, :mod:`.security`,
+:mod:`.channel`, :mod:`.cgroups`, and the programs of ``sandbox_kernel.agent`` (what runs inside). The
 calls on a kernel's path (look up, create, start, processes) are requests stated in
-:mod:`.docker_wire` and sent without the docker SDK to a local engine; the SDK serves
+:mod:`.wire` and sent without the docker SDK to a local engine; the SDK serves
 the rest, and everything for an engine reached over TCP or SSH.
 """
 
@@ -36,16 +36,20 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from functools import cache
-from importlib.resources import files
 from pathlib import Path
 from typing import IO, Any
 
-from ..agent import SPARE_SOCKET, UNREADABLE_PYTHON, agent_source, bootstrap_command, program
-from ..identity import ScopeKey
-from . import docker_python, idmap
-from .agent_sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
-from .base import (
+from ...agent import (
+    SPARE_SOCKET,
+    UNREADABLE_PYTHON,
+    agent_source,
+    bootstrap_command,
+    program,
+    source,
+)
+from ...identity import ScopeKey
+from .. import idmap
+from ..base import (
     LABEL_AGENT_SOCKETS,
     LABEL_INSTALLATION,
     LABEL_MANAGED,
@@ -73,6 +77,7 @@ from .base import (
     not_found,
     sandbox_id_of,
 )
+from . import python as docker_python
 from .cgroups import (
     cgroup_usage,
     end_process_trees_apart,
@@ -80,10 +85,10 @@ from .cgroups import (
     process_identity,
     wait_thawed,
 )
-from .docker_channel import DockerChannel, DockerPty
-from .docker_errors import engine_errors, engine_reason, exec_failure, unreachable
-from .docker_files import HelperOpener, home_archive, home_in_layer, read_file, write_file
-from .docker_info import (
+from .channel import DockerChannel, DockerPty
+from .errors import engine_errors, engine_reason, exec_failure, unreachable
+from .files import HelperOpener, home_archive, home_in_layer, read_file, write_file
+from .info import (
     LABEL_CPUS,
     LABEL_MEMORY,
     LABEL_MOUNT,
@@ -100,10 +105,11 @@ from .docker_info import (
     container_info,
     summary_info,
 )
-from .docker_mounts import DEFAULT_UID, WorkspaceMounts, bind_mount
-from .docker_security import NETWORK, seccomp_profile, shared_network
-from .docker_snapshots import DockerSnapshots
-from .docker_wire import ENGINE_TIMEOUT, EngineCalls, EngineWire, SdkCalls
+from .mounts import DEFAULT_UID, WorkspaceMounts, bind_mount
+from .security import NETWORK, seccomp_profile, shared_network
+from .snapshots import DockerSnapshots
+from .sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
+from .wire import ENGINE_TIMEOUT, EngineCalls, EngineWire, SdkCalls
 
 HOME = "/home/sandbox"
 # The container's PID 1 (under docker-init) only waits; python3 is the one thing every
@@ -664,7 +670,7 @@ class DockerBackend(Backend):
         """``user``: another uid than the sandbox user's, for the host's own checks."""
         deadline = None
         if timeout:
-            cmd = program(_program("timeout_runner"), str(timeout), *cmd)
+            cmd = program(source("timeout_runner"), str(timeout), *cmd)
             # The runner kills the command in the sandbox at the limit, but it is a
             # process of the sandbox's user: a cell can freeze it (SIGSTOP to all its
             # processes). The host keeps its own deadline, a little later.
@@ -722,7 +728,7 @@ class DockerBackend(Backend):
     # -- an interpreter that starts hardened ---------------------------------------------
     def unreadable_python(self, sandbox_id: str) -> tuple[str, str]:
         """Put a copy of the sandbox's python3 beside it that its user may execute but
-        not read (see :mod:`.docker_python`), once per container (it keeps it across
+        not read (see :mod:`.python`), once per container (it keeps it across
         stops); then start it once, since not every build runs under another name.
         "" where that cannot be: another runtime than runc (gVisor reads what it
         executes), a python3 the user could change, a script, a copy that does not
@@ -927,9 +933,3 @@ def _env_of(attrs: dict[str, Any]) -> dict[str, str]:
     """The environment an image's or a container's inspect (``attrs``) declares."""
     items = (attrs.get("Config") or {}).get("Env") or []
     return dict(item.split("=", 1) for item in items if "=" in item)
-
-
-@cache
-def _program(name: str) -> str:
-    """The source of a program of ``programs/`` that runs inside the sandbox (``python3 -c``)."""
-    return (files(__package__) / "programs" / f"{name}.py").read_text(encoding="utf-8")
