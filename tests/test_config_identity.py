@@ -240,7 +240,7 @@ def test_bad_values_say_what_to_write(env: dict[str, str], says: str) -> None:
     ],
 )
 def test_output_limit_takes_sizes_with_units(text: str, size: int) -> None:
-    """The README writes "10 MB": that, Docker's letters and plain bytes all work."""
+    """The manual writes "10 MB": that, Docker's letters and plain bytes all work."""
     assert load_config(environ={"SANDBOX_KERNEL_OUTPUT_LIMIT": text}).output_limit == size
 
 

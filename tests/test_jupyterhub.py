@@ -3,8 +3,8 @@
 The hub (``jupyterhub`` from PyPI) runs with configurable-http-proxy (npm), the
 SimpleLocalProcessSpawner (every single-user server under this test's OS user, as a
 hub on one machine without system accounts would) and the server extension enabled as
-the README's deployment section says: ``owner_from = "server"``, each single-user
-server acting for its ``JUPYTERHUB_USER``. Everything goes through the proxy with the
+docs/operators/multi-user.md says: ``owner_from = "server"``, each single-user server
+acting for its ``JUPYTERHUB_USER``. Everything goes through the proxy with the
 users' own hub tokens, as a browser's requests would.
 """
 
@@ -103,7 +103,7 @@ def hub(tmp_path: Path, test_user: str) -> Iterator[Hub]:
             {
                 "ServerApp": {"jpserver_extensions": {"jupyter_ext": True}, "allow_root": True},
                 "SandboxExtension": {"gc_interval": 0},
-                # The README's deployment: no kernel runs user code on the host.
+                # docs/operators/multi-user.md: no kernel runs user code on the host.
                 "KernelSpecManager": {"allowed_kernelspecs": ["sandbox"]},
             }
         )

@@ -5,7 +5,7 @@ downloads it from PyPI (as CI can) and uses the notebooks as data, run in their 
 folder exactly as ``jupyter execute`` would run them, once with plain ipykernel and
 once with the sandbox kernel. Outputs are compared after removing what differs by
 nature (memory addresses, times, traceback frames); the notebooks that cannot match
-are listed in ``DIFFERENT`` with the reason, and in the README.
+are listed in ``DIFFERENT`` with the reason, and in the manual (docs/users/kernel.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .kernel_env import KernelEnv, make_kernel_env
 
 pytestmark = pytest.mark.docker
 
-# Notebooks that cannot give ipykernel's outputs, and why (the README lists them too).
+# Notebooks that cannot give ipykernel's outputs, and why (docs/users/kernel.md lists them too).
 DIFFERENT = {
     "Check History in Memory.ipynb": "reads IPython's history manager settings in the kernel process (ipykernel's private configuration)",
     "Autokill.ipynb": "kills its own kernel process: nbclient reports a dead kernel either way, through different paths",

@@ -235,7 +235,7 @@ async def test_refusals_are_clear_and_lose_nothing(
 async def test_rclone_lsf_copyto_cat_sync(
     dav_url: str, token: str, sandbox: dict[str, str], tmp_path: Path
 ) -> None:
-    """rclone as the README configures it: a webdav remote with the token as bearer token."""
+    """rclone as the manual (docs/users/webdav.md) configures it: a webdav remote with the token as bearer token."""
     ws = Path(sandbox["workspace"])
     env = {
         **os.environ,
@@ -373,7 +373,7 @@ async def test_davfs2_mount(
     secrets.chmod(0o600)
     conf = tmp_path / "davfs2.conf"
     # buf_size 64: davfs2 <= 1.7.1 cannot list folders on Linux >= 6.16 with the default
-    # (davfs2 issue #22); the README gives the same line.
+    # (davfs2 issue #22); docs/users/webdav.md gives the same line.
     conf.write_text(f"secrets {secrets}\nuse_locks 1\ndelay_upload 0\nbuf_size 64\n")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
