@@ -340,9 +340,10 @@ def operation_markdown(spec: dict[str, Any], path: str, method: str, item: dict[
 
 
 def rest_markdown() -> str:
-    """Every route of ``openapi.yaml`` in file order, then its schemas."""
+    """Every route of ``openapi.yaml`` in file order, then its schemas (the file's own
+    introduction is the page's, written for reading)."""
     spec = load_openapi()
-    parts = [cell(spec["info"].get("description", ""))]
+    parts: list[str] = []
     methods = ("get", "put", "post", "delete", "patch")
     summary = [
         [
