@@ -35,14 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from .agent import command_source, program
+from .agent import program
 from .backends.base import WORKSPACE, SandboxInfo
 from .connection import OVERFLOW, AgentConnection, AgentGone
 from .errors import BadRequest, Conflict, SandboxError, SandboxNotFound
 from .files import RemoteWorkspace, Workspace
 from .housekeeping import Housekeeping
 from .identity import ScopeKey
-from .lifecycle import end_processes
 from .service import SandboxService
 from .session import SandboxSession, one_line
 from .store import AGENT
@@ -456,20 +455,14 @@ class AgentSession:
         )
 
     def _end(self, agent: AgentConnection) -> None:
-        """End an interpreter for good (worker thread): close its channel (it leaves on
-        EOF), then kill its recorded processes from outside, as the reaper would, in
-        case the code stopped it from leaving."""
+        """End an interpreter for good (worker thread): ask it to leave and close its
+        channel; its watcher in the sandbox then ends it, and everything its code
+        started, even code that would not let it leave."""
         try:
             agent.send(op="shutdown")
         except SandboxError:
             pass
         agent.close()
-        procs = agent.ready.get("procs")
-        if isinstance(procs, list) and procs:
-            try:
-                end_processes(self.sandbox.backend, self.sandbox.sandbox_id, json.dumps(procs))
-            except SandboxError as exc:  # stopped or gone: its processes went with it
-                log.debug("could not end the processes of %s: %s", self.id, exc)
 
     async def close(self) -> None:
         """End the interpreter and the session's records; a call in progress is ended."""
@@ -654,7 +647,7 @@ class AgentSessions:
         info = self.running(owner, sandbox_id)
         limit = self.service.config.output_limit
         runner = program(
-            command_source(),
+            "command",
             str(limit),
             repr(seconds),
             rel,

@@ -391,7 +391,7 @@ def _env_overrides(trait_names: list[str], environ: Mapping[str, str]) -> dict[s
 
 # SANDBOX_KERNEL_* names that are not settings: set by the server extension for its
 # kernels, a switch of the local backend, and the test suite's own switches.
-OTHER_ENV = frozenset({"SERVER_ROOT", "OWNER_FROM", "LOCAL_NO_BWRAP"})
+OTHER_ENV = frozenset({"SERVER_ROOT", "NOTEBOOK_DIR", "OWNER_FROM", "LOCAL_NO_BWRAP"})
 TEST_ENV_PREFIXES = ("TEST_", "REQUIRE_")
 
 

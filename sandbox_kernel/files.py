@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, cast
 
-from .agent import fs_helper_source, program
+from .agent import program
 from .agent.fs_helper import STAGE
 from .errors import BadRequest, Conflict, FileMissing, SandboxError, shorten
 from .safefs import MAX_ENTRIES, AtomicWrite, Beneath, Entry, _refusal, split_path
@@ -118,7 +118,7 @@ class RemoteWorkspace:
         """One helper operation on ``path`` (and ``dst``); its answer, or our error."""
         result = self.backend.exec(
             self.sandbox_id,
-            program(fs_helper_source(), op, self.root, _rel(path), *extra),
+            program("fs_helper", op, self.root, _rel(path), *extra),
             cwd="/",
             timeout=timeout,
         )

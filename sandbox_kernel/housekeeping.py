@@ -1,8 +1,8 @@
 """What a kernel tells the rest of the installation about itself, off the cells' path.
 
 Other processes decide things about this kernel's sandbox: the server's reaper stops
-idle sandboxes and ends the sandbox processes of kernels that died, the status bar
-shows what a starting kernel is doing, the next kernel wants a warm interpreter. They
+idle sandboxes and forgets kernels that died, the status bar shows what a starting
+kernel is doing, the next kernel wants a warm interpreter. They
 learn all of it from the state store (one SQLite file), which this module writes from
 background threads, so a slow disk or a locked database never delays a cell, and a
 failure here is logged, never shown in a notebook.
@@ -10,13 +10,11 @@ failure here is logged, never shown in a notebook.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import threading
 import time
-from typing import Any
 
 from .lifecycle import gc
 from .service import SandboxService
@@ -28,7 +26,7 @@ GC_DELAY = 2.0  # seconds after the start before the kernel applies the lifecycl
 
 
 class Housekeeping:
-    """Heartbeats, progress lines, the processes to reap, lifecycle and warm spares of one kernel."""
+    """Heartbeats, progress lines, lifecycle and the warm spare of one kernel."""
 
     def __init__(
         self, service: SandboxService, kernel_id: str, kind: str = KERNEL, label: str = ""
@@ -58,7 +56,7 @@ class Housekeeping:
     def start(self, sandbox_id: str, engine_id: str = "") -> None:
         """Beat for ``sandbox_id`` (the engine's ``engine_id``) from now on; the first call
         also starts the heartbeat and, a moment later, the once-per-kernel lifecycle
-        check, the hardened python and the spare."""
+        check and the spare."""
         self.sandbox_id, self.engine_id = sandbox_id, engine_id
         with self._start_lock:
             first, self._started = not self._started, True
@@ -90,11 +88,9 @@ class Housekeeping:
         except Exception as exc:  # the status bar is a nicety: never a failure
             log.debug("could not record progress: %s", exc)
 
-    def record_processes(self, sandbox_id: str, procs: Any) -> None:
-        """Tell the reaper which sandbox processes carry this kernel: should this process
-        be killed and they not end by themselves, it ends them (see lifecycle)."""
-        if not isinstance(procs, list):
-            return
+    def record_host(self, sandbox_id: str) -> None:
+        """Record where this kernel runs (host name, pid), so the reaper forgets it at
+        once should this process die without saying so (see lifecycle)."""
         with self._record_lock:
             if self._gone:
                 return
@@ -102,11 +98,9 @@ class Housekeeping:
                 self.service.store.kernel_heartbeat(
                     self.kernel_id, self._backend_name, sandbox_id, False, self.kind, self.label
                 )
-                self.service.store.kernel_processes(
-                    self.kernel_id, socket.gethostname(), os.getpid(), json.dumps(procs)
-                )
+                self.service.store.kernel_host(self.kernel_id, socket.gethostname(), os.getpid())
             except Exception as exc:  # bookkeeping: never a failure for the user
-                log.debug("could not record the kernel's processes: %s", exc)
+                log.debug("could not record the kernel's host: %s", exc)
 
     def gone(self) -> None:
         """The kernel shuts down: it no longer holds its sandbox busy or alive (and no
@@ -117,21 +111,6 @@ class Housekeeping:
                 self.service.store.kernel_gone(self.kernel_id)
             except Exception as exc:
                 log.debug("could not record shutdown: %s", exc)
-
-    def _hardened_python(self) -> str:
-        """What starts this sandbox's interpreters: its python3 that starts non-dumpable,
-        made once per container (see Backend.unreadable_python), else python3."""
-        backend, store = self.service.backend, self.service.store
-        try:
-            path = store.python_for(backend.name, self.sandbox_id, self.engine_id)
-            if path is None:
-                engine_id, path = backend.unreadable_python(self.sandbox_id)
-                if engine_id:
-                    store.put_python(backend.name, self.sandbox_id, engine_id, path)
-        except Exception as exc:  # python3 as it is still works: never an error for the user
-            log.warning("sandbox %s: python3 starts as it is (%s)", self.sandbox_id, exc)
-            return "python3"
-        return path or "python3"
 
     def _heartbeat_loop(self) -> None:
         """Beats every HEARTBEAT seconds, and at once when a cell starts or ends (the cell
@@ -167,8 +146,8 @@ class Housekeeping:
     def _after_start(self) -> None:
         """Once per kernel, a moment after its start (listing every sandbox must not
         compete with the kernel's first reply and first cell): apply the lifecycle
-        policies (hosts without a server need it), then make sure of the sandbox's
-        hardened python and leave a warm spare (started with it) for the next kernel."""
+        policies (hosts without a server need it), then leave a warm spare in the sandbox
+        for the next kernel (one per sandbox: a second one ends at once)."""
         time.sleep(GC_DELAY)
         backend = self.service.backend
         try:
@@ -176,16 +155,9 @@ class Housekeeping:
                 log.info("lifecycle: %s %s (%s)", action.action, action.sandbox_id, action.reason)
         except Exception as exc:
             log.warning("lifecycle check failed: %s", exc)
-        if not self.sandbox_id:
-            return
-        python = self._hardened_python()
-        if not backend.keeps_spares:
+        if not self.sandbox_id or not backend.keeps_spares:
             return
         try:
-            recorded = self.service.store.spare(backend.name, self.sandbox_id)
-            if recorded is None or not backend.spare_alive(recorded):
-                spare = backend.start_spare(self.sandbox_id, python)
-                if spare is not None:
-                    self.service.store.put_spare(backend.name, self.sandbox_id, spare)
+            backend.start_spare(self.sandbox_id)
         except Exception as exc:  # a spare only saves time: never an error for the user
             log.debug("no warm spare: %s", exc)

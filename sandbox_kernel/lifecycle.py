@@ -21,7 +21,6 @@ own here (stopped after ``files_idle_stop`` without file use, removed after
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -180,7 +179,7 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
     store = Store(config)
     if not dry_run:
         try:
-            end_dead_kernels(backend, store)  # before their records could go stale
+            forget_dead_kernels(store, backend.name)
         except Exception:  # leftovers wait for the next run
             pass
     infos = []
@@ -208,21 +207,16 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
     return actions
 
 
-def end_dead_kernels(backend: Backend, store: Store) -> int:
-    """End what kernels that died on this host left in their sandboxes.
-
-    An interpreter's watcher ends it when its kernel goes; a cell can freeze the watcher
-    (same user), so the reaper, outside the sandbox's reach, kills the recorded
-    processes (checked by start time, never a stranger with a reused pid). Returns
-    how many dead kernels were cleaned up.
-    """
+def forget_dead_kernels(store: Store, backend_name: str) -> int:
+    """Forget the kernels recorded on this host whose process is gone (a kernel killed
+    hard never says goodbye), so they stop holding their sandboxes in use at once rather
+    than when their heartbeats go stale. Their interpreters ended with their channels
+    (each has a watcher that ends it and what its cells started). Returns how many."""
     import os
     import socket
 
-    ended = 0
-    for kernel_id, sandbox_id, host_pid, procs in store.kernels_of_host(
-        backend.name, socket.gethostname()
-    ):
+    forgotten = 0
+    for kernel_id, host_pid in store.kernels_of_host(backend_name, socket.gethostname()):
         try:
             os.kill(host_pid, 0)
             continue  # alive
@@ -230,38 +224,9 @@ def end_dead_kernels(backend: Backend, store: Store) -> int:
             pass
         except PermissionError:
             continue  # someone else's process with that pid: alive
-        if procs:
-            try:
-                end_processes(backend, sandbox_id, procs)
-            except Exception:
-                pass  # stopped or gone: its processes are gone with it
         store.kernel_gone(kernel_id)
-        ended += 1
-    return ended
-
-
-def end_processes(backend: Backend, sandbox_id: str, procs: str) -> None:
-    """Kill the process trees ``procs`` (JSON [[pid, start time], ...]) names in the
-    sandbox, from where nothing a cell did can stop it (see ``Backend.end_processes``):
-    for a kernel or agent session that died, or whose code would not let its
-    interpreter leave."""
-    backend.end_processes(sandbox_id, process_pairs(procs))
-
-
-def process_pairs(procs: str) -> list[tuple[int, str]]:
-    """The (pid, start time) pairs of a JSON list; what is not a pid above 1 (never the
-    sandbox's init) with a start time is left out."""
-    try:
-        named = json.loads(procs)
-    except ValueError:
-        return []
-    pairs = []
-    for item in named if isinstance(named, list) else []:
-        if isinstance(item, list) and len(item) == 2:
-            pid, start = item
-            if isinstance(pid, int) and pid > 1 and isinstance(start, str) and start.isdigit():
-                pairs.append((pid, start))
-    return pairs
+        forgotten += 1
+    return forgotten
 
 
 def _apply(backend: Backend, store: Store, action: Action) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from . import sync
-from .agent import SPARE_SOCKET, agent_source, bootstrap_command
+from .agent import bootstrap_command, bundle
 from .backends import Backend, Channel, SandboxError, SandboxNotFound
 from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
 from .backends.docker.sockets import SocketChannel
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from .connection import AgentConnection
 
 log = logging.getLogger(__name__)
-# The child a warm spare forks says ready once its kernel's start program handed it the
-# channel (the spare has imported IPython by then, or nearly). Past this it is given up
-# for a cold start.
-SPARE_START_TIMEOUT = 20.0
 # Seconds an interpreter that said it connected to its socket has to show up there.
 CONNECT_WAIT = 10.0
 
@@ -121,7 +117,7 @@ class SandboxSession:
         return self._start_agent(info)
 
     def keep_books(self, agent: AgentConnection) -> None:
-        """Record the interpreter's processes for the reaper and beat from now on.
+        """Record this kernel as its sandbox's user and beat from now on.
 
         Two SQLite writes and two threads started: about 10 ms in a kernel's start,
         which its first reply (and so the client's first cell) need not wait for. An
@@ -129,7 +125,7 @@ class SandboxSession:
         """
         if not agent.alive:
             return
-        self.housekeeping.record_processes(self.sandbox_id, agent.ready.get("procs"))
+        self.housekeeping.record_host(self.sandbox_id)
         self.housekeeping.start(self.sandbox_id, self.engine_id)
 
     def home_folder(self) -> str:
@@ -168,7 +164,9 @@ class SandboxSession:
         return info
 
     def _start_agent(self, info: SandboxInfo) -> AgentConnection:
-        """An interpreter in the sandbox: a warm spare when one waits, else a new one."""
+        """An interpreter in the sandbox (the sandbox's warm spare forks one when one
+        waits there, see agent/spare.py); then it speaks over its socket to this kernel,
+        when the sandbox has one (see backends/docker/sockets.py)."""
         env = {
             "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
             "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
@@ -181,54 +179,18 @@ class SandboxSession:
         # has imported asyncio (see early_start), and the connection needs it.
         from .connection import START_TIMEOUT
 
-        # The sandbox's python3 that starts hardened, once housekeeping made it (see
-        # Backend.unreadable_python): a new sandbox's first kernel, before any cell ran
-        # there, starts with python3 as it is.
-        python = self.service.store.python_for(self.backend.name, info.id, info.engine_id)
-        python = python or "python3"
-        if self.backend.keeps_spares:
-            store = self.service.store
-            record = store.spare_for(self.backend.name, info.id, info.engine_id)
-            if record is not None and record.secret:
-                spare = (SPARE_SOCKET, record.pid, record.start_time)
-                secret = record.secret.encode() + b"\n"  # on stdin, never in argv
-                agent: AgentConnection | None = None
-                try:
-                    agent = self._run_agent(info, env, python, spare, secret, SPARE_START_TIMEOUT)
-                except SandboxError as exc:  # a spare only saves time: start cold
-                    log.info("the warm interpreter did not take over (%s): starting one", exc)
-                # A spare that was not there, was another process, or did not answer in
-                # time is forgotten (the next housekeeping starts another); one that only
-                # turned this kernel away (it started cold) stays.
-                if agent is None or agent.ready.get("spare") == "gone":
-                    store.forget_spare(self.backend.name, info.id, record.pid)
-                if agent is not None:
-                    return agent
-        return self._run_agent(info, env, python, None, b"", START_TIMEOUT)
-
-    def _run_agent(
-        self,
-        info: SandboxInfo,
-        env: dict[str, str],
-        python: str,
-        spare: tuple[str, int, str] | None,
-        secret: bytes,
-        within: float,
-    ) -> AgentConnection:
-        """Start the agent program in the sandbox with ``python`` (taking over ``spare``
-        if given) and wait up to ``within`` seconds for its ready; then it speaks over its socket to
-        this kernel, when the sandbox has one (see backends.agent_sockets)."""
         listener = self.backend.agent_listener(info)
+        offer = b""
         try:
             if listener is not None:
-                # Only a flag in the environment: the path and token go on stdin, unseen.
-                env = {**env, "SANDBOX_AGENT_CHANNEL": "1"}
-                offer = {"op": "channel", "path": listener.inside, "token": listener.token}
-                secret += json.dumps(offer).encode() + b"\n"
+                # Only a flag in the environment: the path and token follow the source.
+                env["SANDBOX_AGENT_CHANNEL"] = "1"
+                where = {"op": "channel", "path": listener.inside, "token": listener.token}
+                offer = json.dumps(where).encode() + b"\n"
             channel = self.backend.open_channel(
-                info.id, bootstrap_command(python, spare), cwd=self.cell_cwd(), env=env
+                info.id, bootstrap_command(), cwd=self.cell_cwd(), env=env
             )
-            agent = self._started_agent(info, channel, agent_source() + secret, within)
+            agent = self._started_agent(info, channel, bundle("start") + offer, START_TIMEOUT)
             if listener is not None and agent.ready.get("channel") is True:
                 try:
                     agent.move_to(SocketChannel(listener.accept(CONNECT_WAIT), channel))

@@ -18,7 +18,6 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backends.base import Spare
 from .config import SandboxConfig, setting_names
 from .errors import SandboxError
 
@@ -48,23 +47,6 @@ CREATE TABLE IF NOT EXISTS reservations (
     memory INTEGER NOT NULL,
     new INTEGER NOT NULL,
     expires REAL NOT NULL,
-    PRIMARY KEY (backend, sandbox_id)
-);
-CREATE TABLE IF NOT EXISTS spares (
-    backend TEXT NOT NULL,
-    sandbox_id TEXT NOT NULL,
-    engine_id TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    start_time TEXT NOT NULL,
-    host_pid INTEGER NOT NULL DEFAULT 0,
-    secret TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (backend, sandbox_id)
-);
-CREATE TABLE IF NOT EXISTS pythons (
-    backend TEXT NOT NULL,
-    sandbox_id TEXT NOT NULL,
-    engine_id TEXT NOT NULL,
-    path TEXT NOT NULL,
     PRIMARY KEY (backend, sandbox_id)
 )
 """
@@ -164,10 +146,8 @@ class Store:
             ("sandboxes", "flavor", "TEXT NOT NULL DEFAULT ''"),
             ("kernels", "progress", "TEXT NOT NULL DEFAULT ''"),
             ("kernels", "progress_at", "REAL NOT NULL DEFAULT 0"),
-            ("spares", "secret", "TEXT NOT NULL DEFAULT ''"),
             ("kernels", "host", "TEXT NOT NULL DEFAULT ''"),
             ("kernels", "host_pid", "INTEGER NOT NULL DEFAULT 0"),
-            ("kernels", "procs", "TEXT NOT NULL DEFAULT ''"),
             # What holds the sandbox: a notebook's kernel, or an agent's interpreter
             # (MCP, see agent_sessions.py) and the session name it goes by.
             ("kernels", "kind", "TEXT NOT NULL DEFAULT 'kernel'"),
@@ -181,7 +161,7 @@ class Store:
 
     def _prepare_folder(self) -> None:
         """The state folder 0700 and the state file 0600: they say who owns which sandbox
-        and hold the warm-interpreter records, for this user's eyes only."""
+        for this user's eyes only."""
         folder = self.path.parent
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -295,20 +275,20 @@ class Store:
                 (kernel_id, backend, sandbox_id, now, message, now, kind, label),
             )
 
-    def kernel_processes(self, kernel_id: str, host: str, host_pid: int, procs: str) -> None:
-        """Where a kernel runs (this host's name, its pid) and the sandbox processes that
-        carry it (JSON [[pid, start time], ...]): the reaper ends them when it dies."""
+    def kernel_host(self, kernel_id: str, host: str, host_pid: int) -> None:
+        """Where a kernel runs (this host's name, its pid): the reaper forgets it at once
+        when that process is gone, rather than when its heartbeats go stale."""
         with closing(self._connect()) as conn:
             conn.execute(
-                "UPDATE kernels SET host = ?, host_pid = ?, procs = ? WHERE kernel_id = ?",
-                (host, host_pid, procs, kernel_id),
+                "UPDATE kernels SET host = ?, host_pid = ? WHERE kernel_id = ?",
+                (host, host_pid, kernel_id),
             )
 
-    def kernels_of_host(self, backend: str, host: str) -> list[tuple[str, str, int, str]]:
-        """(kernel id, sandbox id, host pid, procs) of the kernels recorded on ``host``."""
+    def kernels_of_host(self, backend: str, host: str) -> list[tuple[str, int]]:
+        """(kernel id, host pid) of the kernels recorded on ``host``."""
         with closing(self._connect()) as conn:
             return conn.execute(
-                "SELECT kernel_id, sandbox_id, host_pid, procs FROM kernels WHERE backend = ? AND host = ? AND host_pid > 0",
+                "SELECT kernel_id, host_pid FROM kernels WHERE backend = ? AND host = ? AND host_pid > 0",
                 (backend, host),
             ).fetchall()
 
@@ -339,17 +319,11 @@ class Store:
     def live_sessions(
         self, backend: str, stale_after: float = STALE_AFTER
     ) -> dict[str, list[LiveSession]]:
-        """Sandbox id -> the kernels and agent sessions heard from recently.
-
-        Silent ones are dropped, except those whose sandbox processes the reaper must
-        still end (they go once it has: see lifecycle.end_dead_kernels), for a day at most.
-        """
+        """Sandbox id -> the kernels and agent sessions heard from recently (silent ones
+        are dropped)."""
         cutoff = time.time() - stale_after
         with closing(self._connect()) as conn:
-            conn.execute(
-                "DELETE FROM kernels WHERE last_seen < ? AND (procs = '' OR last_seen < ?)",
-                (cutoff, time.time() - 86400),
-            )
+            conn.execute("DELETE FROM kernels WHERE last_seen < ?", (cutoff,))
             rows = conn.execute(
                 "SELECT sandbox_id, kernel_id, busy, kind, label FROM kernels"
                 " WHERE backend = ? AND last_seen >= ?",
@@ -404,85 +378,6 @@ class Store:
                 "DELETE FROM reservations WHERE backend = ? AND sandbox_id = ?",
                 (backend, sandbox_id),
             )
-
-    # -- the interpreter that starts hardened ------------------------------------------
-    def put_python(self, backend: str, sandbox_id: str, engine_id: str, path: str) -> None:
-        """What starts the interpreters of this incarnation of the sandbox (see
-        Backend.unreadable_python); "" where python3 starts as it is."""
-        with closing(self._connect()) as conn:
-            conn.execute(
-                "INSERT INTO pythons (backend, sandbox_id, engine_id, path) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (backend, sandbox_id) DO UPDATE SET engine_id = excluded.engine_id,"
-                " path = excluded.path",
-                (backend, sandbox_id, engine_id, path),
-            )
-
-    def python_for(self, backend: str, sandbox_id: str, engine_id: str) -> str | None:
-        """The recorded python of this incarnation of the sandbox ("" for python3 as it
-        is); None when not made yet, or recorded for an earlier incarnation (the
-        container was made again, without the copy)."""
-        with closing(self._connect()) as conn:
-            row = conn.execute(
-                "SELECT engine_id, path FROM pythons WHERE backend = ? AND sandbox_id = ?",
-                (backend, sandbox_id),
-            ).fetchone()
-        return row[1] if row is not None and row[0] == engine_id else None
-
-    # -- warm spares ------------------------------------------------------------------
-    def put_spare(self, backend: str, sandbox_id: str, spare: Spare) -> None:
-        with closing(self._connect()) as conn:
-            conn.execute(
-                "INSERT INTO spares (backend, sandbox_id, engine_id, pid, start_time, host_pid, secret)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (backend, sandbox_id) DO UPDATE SET engine_id = excluded.engine_id,"
-                " pid = excluded.pid, start_time = excluded.start_time, host_pid = excluded.host_pid,"
-                " secret = excluded.secret",
-                (
-                    backend,
-                    sandbox_id,
-                    spare.engine_id,
-                    spare.pid,
-                    spare.start_time,
-                    spare.host_pid,
-                    spare.secret,
-                ),
-            )
-
-    def spare_for(self, backend: str, sandbox_id: str, engine_id: str) -> Spare | None:
-        """The recorded spare of this incarnation of the sandbox. It stays recorded: it
-        forks an interpreter for every kernel that takes one. A spare of an earlier
-        incarnation (the container was made again) is forgotten."""
-        with closing(self._connect()) as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            row = conn.execute(
-                "SELECT engine_id, pid, start_time, host_pid, secret FROM spares WHERE backend = ? AND sandbox_id = ?",
-                (backend, sandbox_id),
-            ).fetchone()
-            if row is not None and row[0] != engine_id:
-                conn.execute(
-                    "DELETE FROM spares WHERE backend = ? AND sandbox_id = ?", (backend, sandbox_id)
-                )
-            conn.execute("COMMIT")
-        if row is None or row[0] != engine_id:
-            return None
-        return Spare(*row)
-
-    def forget_spare(self, backend: str, sandbox_id: str, pid: int) -> None:
-        """Forget the spare ``pid`` (it did not serve a kernel), so that the next kernel's
-        housekeeping starts another; a newer spare recorded meanwhile stays."""
-        with closing(self._connect()) as conn:
-            conn.execute(
-                "DELETE FROM spares WHERE backend = ? AND sandbox_id = ? AND pid = ?",
-                (backend, sandbox_id, pid),
-            )
-
-    def spare(self, backend: str, sandbox_id: str) -> Spare | None:
-        with closing(self._connect()) as conn:
-            row = conn.execute(
-                "SELECT engine_id, pid, start_time, host_pid, secret FROM spares WHERE backend = ? AND sandbox_id = ?",
-                (backend, sandbox_id),
-            ).fetchone()
-        return Spare(*row) if row else None
 
 
 def _touch(conn: sqlite3.Connection, backend: str, sandbox_id: str, when: float) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .agent import fs_helper_source, program
+from .agent import program
 from .backends import Backend
 from .backends.base import WORKSPACE
 from .folders import folder_tag
@@ -80,9 +80,7 @@ def push(backend: Backend, sandbox_id: str, host: Path) -> FolderCopy:
 
 def listing(backend: Backend, sandbox_id: str, remote: str) -> dict[str, tuple[int, float]]:
     """rel -> (size, mtime) of the regular files below ``remote`` in the sandbox."""
-    result = backend.exec(
-        sandbox_id, program(fs_helper_source(), "walk", remote, ""), cwd="/", timeout=60
-    )
+    result = backend.exec(sandbox_id, program("fs_helper", "walk", remote, ""), cwd="/", timeout=60)
     try:
         answer: Any = json.loads(result.output.decode("utf-8", "replace").strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -96,3 +96,26 @@ GRANDPARENT = (
     "    stat = open('/proc/%d/stat' % os.getppid()).read()\n"
     "    return int(stat.rsplit(')', 1)[1].split()[1])\n"
 )
+
+
+# Cell or `python3 -c` code that prints the pid of the process listening on the warm
+# spare's abstract socket (0 when none), read from /proc, never by connecting to it (a
+# connection would make the spare fork a child for it).
+SPARE_PID_PROBE = r"""
+import os, sys
+inodes = set()
+for line in open('/proc/net/unix').read().splitlines()[1:]:
+    fields = line.split()
+    if len(fields) >= 8 and fields[7] == '@sandbox-kernel-spare' and fields[3] == '00010000':
+        inodes.add(fields[6])
+found = 0
+for pid in (p for p in os.listdir('/proc') if p.isdigit() and inodes):
+    try:
+        targets = [os.readlink('/proc/%s/fd/%s' % (pid, fd)) for fd in os.listdir('/proc/%s/fd' % pid)]
+    except OSError:
+        continue
+    if any(t.startswith('socket:[') and t[8:-1] in inodes for t in targets):
+        found = int(pid)
+        break
+print(found)
+"""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_kernel.agent import agent_source, bootstrap_command
+from sandbox_kernel.agent import bootstrap_command, bundle
 from sandbox_kernel.config import load_config
 from sandbox_kernel.connection import AgentConnection, AgentGone, unpacked
 from sandbox_kernel.errors import SandboxError
@@ -39,7 +39,7 @@ class Agent:
             self.info.id, bootstrap_command(), cwd="/", env={}
         )
         self.conn = AgentConnection(channel, max_line=1 << 20)
-        self.conn.start(agent_source())
+        self.conn.start(bundle("start"))
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._attach(), self.loop).result(10)
@@ -200,7 +200,7 @@ def test_an_interpreter_that_never_says_ready_is_given_up(agent: Agent) -> None:
     conn = AgentConnection(frozen, max_line=1 << 20)
     began = time.monotonic()
     with pytest.raises(SandboxError, match="did not start within 1 s"):
-        conn.start(agent_source(), within=1.0)
+        conn.start(bundle("start"), within=1.0)
     assert time.monotonic() - began < 10
     conn.close()
     reply, _ = agent.execute("40 + 2")
@@ -265,7 +265,7 @@ def test_the_users_path_is_theirs_and_the_hosts_programs_find_nothing_of_theirs(
     import subprocess
     import sys
 
-    from sandbox_kernel.agent import as_user, program
+    from sandbox_kernel.agent import as_user, inline
     from sandbox_kernel.backends.docker.backend import exec_env, sandbox_path
 
     mixed = "/home/sandbox/.local/bin:/usr/local/bin::.:bin:/tmp/x:/workspace/bin:/usr/bin:/dev/shm"
@@ -276,7 +276,7 @@ def test_the_users_path_is_theirs_and_the_hosts_programs_find_nothing_of_theirs(
     )
     old = {"Config": {"Env": ["HOME=/home/sandbox", f"PATH={mixed}"]}}
     assert exec_env(old, {"A": "1"}) == {"PATH": "/usr/local/bin:/usr/bin", "A": "1"}
-    assert program("pass", "x")[:3] == ["python3", "-I", "-c"]
+    assert inline("pass", "x")[:3] == ["python3", "-I", "-c"]
     home = tmp_path / "home"
     command = as_user(["sh", "-c", 'echo "$PATH"'], [])
     for path, expected in (
@@ -318,12 +318,11 @@ def test_host_programs_never_import_from_their_working_folder(tmp_path: Path) ->
     assert SHELL_COMMAND[:3] == python_command("")[:3] == [sys.executable, "-I", "-c"]
 
 
-# Runs the agent's source as a module (its main does not run) and prints what ``probe``
-# (a function of the agent's namespace ``ns``) returns, as JSON.
+# Imports the warm spare's module (its main does not run) and prints what the code,
+# given its namespace ``ns``, prints, as JSON.
 _AGENT_FUNCTIONS = """
-import json, sys
-ns = {"__name__": "sandbox_agent"}
-exec(compile(sys.stdin.buffer.read(), "sandbox_agent.py", "exec"), ns)
+import importlib, json, sys
+ns = vars(importlib.import_module("sandbox_kernel.agent.spare"))
 """
 
 
@@ -334,7 +333,6 @@ def _agent_probe(code: str, *args: str, env: dict[str, str] | None = None) -> An
 
     done = subprocess.run(
         [sys.executable, "-s", "-c", _AGENT_FUNCTIONS + code, *args],
-        input=agent_source(),
         capture_output=True,
         env={**os.environ, **(env or {})},
         timeout=60,
@@ -381,9 +379,7 @@ def test_a_spare_serves_no_kernel_when_the_users_site_shadows_what_it_imported(
 
 LAZY_PACKAGE_PROBE = """
 import importlib, importlib.util, pickle, sys, threading
-agent_spec = importlib.util.spec_from_file_location("agent_under_test", sys.argv[1])
-agent = importlib.util.module_from_spec(agent_spec)
-agent_spec.loader.exec_module(agent)
+agent = importlib.import_module("sandbox_kernel.agent.shell")
 
 def lazy(name):
     package, complete = agent.lazy_ipython(importlib.util.find_spec(name))
@@ -422,7 +418,7 @@ print("reload", reloaded.VALUE, sys.reloads, hasattr(reloaded, "missing"), sys.r
 
 
 def test_a_lazy_package_runs_its_init_once_whatever_asks(tmp_path: Path) -> None:
-    """The agent's IPython package, made but not run (see agent.import_ipython_core):
+    """The agent's IPython package, made but not run (see shell.import_ipython_core):
     its __init__ runs once, when a name it lacks is asked for, from any number of
     threads at once, or by dir(); one that fails says why as an AttributeError (what
     hasattr and pickle expect) and is not run again; a reload counts as its run."""
@@ -445,11 +441,11 @@ def test_a_lazy_package_runs_its_init_once_whatever_asks(tmp_path: Path) -> None
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(init)
     (tmp_path / "whole" / "part.py").write_text("PART = 1\n")
-    agent_file = Path(__file__).parents[1] / "sandbox_kernel" / "agent" / "agent.py"
+    repo = Path(__file__).parents[1]
     out = subprocess.run(
-        [sys.executable, "-c", LAZY_PACKAGE_PROBE, str(agent_file)],
+        [sys.executable, "-c", LAZY_PACKAGE_PROBE],
         cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": f"{tmp_path}:{repo}", "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=60,

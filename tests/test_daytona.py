@@ -477,10 +477,10 @@ def test_real_daytona(
     assert backend.health().ok
     info = service.ensure(user_key(f"sk-test-{uuid.uuid4().hex[:6]}")).info
     try:
-        from sandbox_kernel.agent import agent_source, bootstrap_command
+        from sandbox_kernel.agent import bootstrap_command, bundle
 
         channel = backend.open_channel(info.id, bootstrap_command())
-        channel.write(agent_source())
+        channel.write(bundle("start"))
         assert b"python_version" in channel.read()
         channel.close()
     finally:

@@ -14,7 +14,6 @@ from pathlib import Path
 import docker
 import pytest
 
-from sandbox_kernel.agent import UNREADABLE_PYTHON
 from sandbox_kernel.backends import EngineUnavailable, SandboxError, SandboxNotFound
 from sandbox_kernel.backends.base import LABEL_MANAGED, engine_name
 from sandbox_kernel.backends.docker import DockerBackend
@@ -22,7 +21,6 @@ from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.service import SandboxService, workspace_dir
 
-from .conftest import TEST_IMAGE
 from .helpers import make_wheel
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("docker_cleanup")]
@@ -716,66 +714,6 @@ def test_idmap_support_is_probed_once_per_kernel(
     assert mounts._idmap_works() == answer and len(probes) == 2
     kept.write_text("garbled")
     assert mounts._idmap_works() == answer and len(probes) == 3
-
-
-def test_unreadable_python_only_where_the_user_cannot_change_it(
-    make_config: Callable[..., SandboxConfig],
-    test_user: str,
-    request: pytest.FixtureRequest,
-    via: str,
-) -> None:
-    """The copy of python3 that starts non-dumpable (docker_python.py), made through
-    the engine (its socket, or the SDK): beside the python3 the PATH finds, root's, mode
-    0711, so the sandbox's user can run it and not read it; found again, not written again. Not
-    made where the user owns python3's folder: they could change what it copies."""
-    service = SandboxService(make_config())
-    backend = service.backend
-    assert isinstance(backend, DockerBackend)
-    if via == "sdk":
-        backend._wire = None
-    info = service.ensure(ScopeKey(test_user)).info
-    engine_id, copy = backend.unreadable_python(info.id)
-    assert (engine_id, copy) == (info.engine_id, "/usr/bin/.sandbox-kernel-python3")
-    shown = run(
-        backend,
-        info.id,
-        f"import os; s = os.stat({copy!r}); print(s.st_uid, oct(s.st_mode & 0o7777), "
-        f"os.access({copy!r}, os.R_OK), os.access({copy!r}, os.X_OK))",
-    )
-    assert shown == "0 0o711 False True"
-    inode = run(backend, info.id, f"import os; print(os.stat({copy!r}).st_ino)")
-    assert backend.unreadable_python(info.id) == (engine_id, copy)
-    # Not written again: kernels may be starting from it.
-    assert run(backend, info.id, f"import os; print(os.stat({copy!r}).st_ino)") == inode
-
-    # Images where the user could change what the copy would be: python3's own folder
-    # is theirs; or a link on the way to the program lies in a folder of theirs.
-    maker = engine().containers.run(
-        TEST_IMAGE,
-        [
-            "sh",
-            "-c",
-            "mkdir /opt/mine /opt/hop && cp /usr/bin/python3.11 /opt/mine/python3 && "
-            "ln -s /usr/bin/python3.11 /opt/mine/link && ln -s /opt/mine/link /opt/hop/python3 && "
-            "chown -R 1000:1000 /opt/mine",
-        ],
-        user="0",
-        detach=True,
-    )
-    assert maker.wait(timeout=60)["StatusCode"] == 0
-    for n, first in enumerate(["/opt/mine", "/opt/hop"]):
-        image = maker.commit(
-            repository="sandbox-kernel-test",
-            tag=f"user-python-{n}-{test_user}",
-            changes=[f"ENV PATH={first}:/usr/local/bin:/usr/bin:/bin"],
-        )
-        request.addfinalizer(lambda image=image: _remove_image(image.id))
-        theirs = SandboxService(make_config(image=image.id))
-        mine = theirs.ensure(ScopeKey(test_user, "thread", f"mine{n}")).info
-        assert theirs.backend.unreadable_python(mine.id) == (mine.engine_id, ""), first
-        listed = run(theirs.backend, mine.id, f"import os; print(sorted(os.listdir({first!r})))")
-        assert UNREADABLE_PYTHON not in listed, listed
-    maker.remove(force=True)
 
 
 def _remove_image(image_id: str) -> None:

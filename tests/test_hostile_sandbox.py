@@ -36,18 +36,16 @@ import docker
 import pytest
 from jupyter_client.manager import start_new_kernel
 
-from sandbox_kernel.agent import SPARE_SOCKET
 from sandbox_kernel.backends.base import SandboxError, SandboxFailed, SandboxNotFound, engine_name
 from sandbox_kernel.backends.docker import DockerBackend
 from sandbox_kernel.config import SandboxConfig, load_config
-from sandbox_kernel.housekeeping import GC_DELAY
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.lifecycle import gc
 from sandbox_kernel.service import SandboxService
 from sandbox_kernel.store import Store
 
 from .conftest import TEST_IMAGE, remove_user_containers, sandbox_container
-from .helpers import GRANDPARENT
+from .helpers import GRANDPARENT, SPARE_PID_PROBE
 from .kernel_env import KernelEnv, make_kernel_env
 
 pytestmark = pytest.mark.docker
@@ -58,7 +56,6 @@ ANSWER_SECONDS = 10  # "the kernel answers the next cell" within this
 CONNECT_SECONDS = 3  # one network attempt from a sandbox
 OUTPUT_LIMIT = 1_000_000  # the output limit of the output tests, in bytes
 OUTPUT_SLACK = 1.2  # what a cell may send past the limit (the notice, the protocol's bytes)
-FORGED = "FORGED"
 
 
 # -- helpers: containers ------------------------------------------------------------------
@@ -176,24 +173,6 @@ def process_table(container: Any) -> str:
         "print(zombies, 'zombies')\n"
     )
     return in_container(container, code, check=False)
-
-
-_LISTENER_PROBE = """
-import json, socket, struct, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(2)
-try:
-    s.connect('\\0' + sys.argv[1][1:] if sys.argv[1].startswith('@') else sys.argv[1])
-    pid = struct.unpack('3i', s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-except OSError:
-    pid = 0
-print(json.dumps(pid))
-"""
-
-
-def listener_at(container: Any, path: str) -> int:
-    """The pid listening at a unix socket path in the container (0: nobody)."""
-    return int(json.loads(in_container(container, _LISTENER_PROBE, path)))
 
 
 # -- helpers: kernels -------------------------------------------------------------------
@@ -346,464 +325,16 @@ def ok_cell(kc: Any, code: str, timeout: float = 60) -> str:
     return text_of(outputs, "stdout")
 
 
-# -- 1: a listener planted where the warm spare waits ---------------------------------------
-
-# What a cell leaves listening at the spare's path: ``serve`` records every byte and every
-# SCM_RIGHTS descriptor it is given and answers with forged agent output, on the
-# connection and on every descriptor it got; given a kernel's channel (its fds 0 and 1)
-# it plays a whole agent: a "ready" line, then FORGED and an ok reply to every request.
-_PLANTED = """
-import array, json, os, socket, threading, time
-FORGED_LINE = b'{"ev":"stream","name":"stdout","text":"FORGED"}\\n'
-READY = b'{"ev":"ready","python_version":"3.11.2","ipython":true,"pid":1}\\n'
-REPLY = b'{"ev":"reply","content":{"status":"ok","execution_count":1,"user_expressions":{},"payload":[]}}\\n'
-def _log(record, **fields):
-    with open(record, 'a') as fh:
-        fh.write(json.dumps(fields) + '\\n')
-def _write(fd, data):
-    try:
-        os.write(fd, data)
-    except OSError:
-        pass
-def _fake_agent(rfd, wfd):
-    _write(wfd, READY + FORGED_LINE)
-    buf = b''
-    while True:
-        try:
-            chunk = os.read(rfd, 65536)
-        except OSError:
-            return
-        if not chunk:
-            return
-        buf += chunk
-        while b'\\n' in buf:
-            line, buf = buf.split(b'\\n', 1)
-            try:
-                op = json.loads(line).get('op')
-            except ValueError:
-                continue
-            if op not in ('interrupt', 'input_reply'):
-                _write(wfd, FORGED_LINE + REPLY)
-def serve(path, record, seconds):
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind('\\0' + path[1:] if path.startswith('@') else path)
-    listener.listen(16)
-    listener.settimeout(1)
-    _log(record, ev='listening', pid=os.getpid())
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            conn, _ = listener.accept()
-        except socket.timeout:
-            continue
-        conn.settimeout(3)
-        got, fds = 0, []
-        try:
-            while True:
-                msg, anc, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(64 * 4))
-                new = array.array('i')
-                for level, kind, data in anc:
-                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                        new.frombytes(data[: len(data) - len(data) % 4])
-                if not msg and not anc:
-                    break
-                got += len(msg)
-                fds.extend(new)
-                _log(record, ev='received', bytes=len(msg), fds=len(new))
-                if len(new) >= 2:  # a channel: (stdin, stdout) of a kernel's start program
-                    threading.Thread(target=_fake_agent, args=(new[0], new[-1]), daemon=True).start()
-                for fd in new[:-1] if len(new) >= 2 else new:
-                    _write(fd, FORGED_LINE)
-                conn.sendall(b'k')
-        except OSError:
-            pass
-        _log(record, ev='connection', bytes=got, fds=len(fds))
-        conn.close()
-"""
-
-# The spare itself turned into the listener: a helper hands the waiting spare a channel of
-# its own (two pipes), as a kernel would, and has it run ``serve`` in a thread. The
-# listener at the path is then the very process the host recorded (same pid, same start
-# time), so checking who listens is not enough.
-_HIJACK = """
-import json, os, socket, sys, time, array
-path, record, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
-to_spare_r, to_spare_w = os.pipe()
-from_spare_r, from_spare_w = os.pipe()
-conn = socket.socket(socket.AF_UNIX)
-conn.settimeout(10)
-try:
-    conn.connect('\\0' + path[1:] if path.startswith('@') else path)
-    settings = json.dumps({'env': {}, 'cwd': '/workspace'}).encode() + b'\\n'
-    conn.sendmsg([settings], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [to_spare_r, from_spare_w]))])
-    answer = conn.recv(1)
-except OSError as exc:
-    answer = repr(exc).encode()
-if answer not in (b'k', b'K'):  # the spare would not serve us: the attack ends here
-    with open(record, 'a') as fh:
-        fh.write(json.dumps({'ev': 'refused', 'answer': answer.decode(errors='replace')}) + '\\n')
-    sys.exit()
-os.close(to_spare_r)
-os.close(from_spare_w)
-code = sys.argv[4] + '\\nimport threading\\nthreading.Thread(target=serve, args=(%r, %r, %r), daemon=True).start()' % (path, record, seconds)
-os.write(to_spare_w, json.dumps({'op': 'execute', 'code': code, 'silent': False, 'store_history': False,
-                                  'user_expressions': {}, 'allow_stdin': False}).encode() + b'\\n')
-deadline = time.time() + seconds
-os.set_blocking(from_spare_r, False)
-while time.time() < deadline:  # hold the spare's channel open, and drain what it says
-    try:
-        if not os.read(from_spare_r, 65536):
-            break
-    except BlockingIOError:
-        time.sleep(0.2)
-"""
-
-# An abstract socket (SPARE_SOCKET starts with "@") has no file to unlink: that way of
-# taking the spare's place does not exist there.
-PLANT_MODES = ("kill", "hijack") if SPARE_SOCKET.startswith("@") else ("kill", "unlink", "hijack")
-
-
-def plant_cell(record: str, mode: str) -> str:
-    """A cell that takes the spare's place at SPARE_SOCKET and leaves a listener there,
-    detached: ``kill`` kills the waiting spare first, ``unlink`` only removes its socket
-    file (the spare lives on), ``hijack`` makes the spare itself the listener.
-    Prints the spare's pid and the listener's."""
-    return f"""
-import json, os, signal, socket, struct, subprocess, sys, time
-P, RECORD, PLANTED, HIJACK = {SPARE_SOCKET!r}, {record!r}, {_PLANTED!r}, {_HIJACK!r}
-SECONDS = '{PLANT_SECONDS}'
-spare = 0
-probe = socket.socket(socket.AF_UNIX)
-probe.settimeout(2)
-try:
-    probe.connect('\\0' + P[1:] if P.startswith('@') else P)
-    spare = struct.unpack('3i', probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
-except OSError:
-    pass
-probe.close()
-if {mode!r} == 'kill' and spare:
-    os.kill(spare, signal.SIGKILL)
-if {mode!r} != 'hijack':
-    try:
-        os.unlink(P)
-    except OSError:
-        pass
-if {mode!r} == 'hijack':
-    argv = [sys.executable, '-c', HIJACK, P, RECORD, SECONDS, PLANTED]
-else:
-    argv = [sys.executable, '-c', PLANTED + '\\nimport sys\\nserve(sys.argv[1], sys.argv[2], float(sys.argv[3]))', P, RECORD, SECONDS]
-subprocess.Popen(argv,
-                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                 stderr=subprocess.DEVNULL, close_fds=True)
-deadline = time.time() + 15
-first = {{}}
-while time.time() < deadline and not first:
-    time.sleep(0.05)
-    try:
-        first = json.loads(open(RECORD).readline())
-    except (OSError, ValueError):
-        pass
-print(json.dumps({{'spare': spare, 'planted': first.get('pid', 0), 'refused': first.get('ev') == 'refused'}}))
-"""
-
-
-def wait_for_spare(container: Any, seconds: float = 20, not_these: tuple[int, ...] = ()) -> int:
-    """The pid of a warm spare listening at SPARE_SOCKET (0 if none came in time);
-    ``not_these``: listeners planted earlier, which are not spares."""
+# -- 1: an interpreter that dies on its own -------------------------------------------------
+def wait_for_spare(container: Any, seconds: float = 20) -> int:
+    """The pid of a warm spare listening in the sandbox (0 if none came in time)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        pid = listener_at(container, SPARE_SOCKET)
-        if pid and pid not in not_these:
-            time.sleep(0.5)  # the host records a spare a moment after it listens
+        pid = int(in_container(container, SPARE_PID_PROBE).strip() or 0)
+        if pid:
             return pid
         time.sleep(0.5)
     return 0
-
-
-def read_record(container: Any, record: str) -> list[dict]:
-    out = in_container(
-        container, "import sys; print(open(sys.argv[1]).read())", record, check=False
-    )
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
-# A cell of an interpreter the warm spare forked hunts its own memory (which is a copy
-# of the spare's) for the spare's secret: every 64-hex-digit string, each tried against
-# the spare as a kernel's start program would present it. A string the cell planted
-# itself proves that the hunt sees what is in memory.
-_HUNT_SECRET = f"""
-import array, ctypes, json, os, re, secrets, socket
-ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again: /proc/self/mem opens (our own)
-planted = bytearray(secrets.token_hex(32).encode())
-runs = set()
-pattern = re.compile(rb'[0-9a-f]{{64,}}')
-with open('/proc/self/maps') as fh:
-    maps = fh.read().splitlines()  # all of it before reading: our reads map memory
-with open('/proc/self/mem', 'rb', 0) as mem:
-    for line in maps:
-        fields = line.split()
-        if 'r' not in fields[1] or (len(fields) > 5 and fields[5] in ('[vvar]', '[vsyscall]')):
-            continue
-        start, end = (int(x, 16) for x in fields[0].split('-'))
-        try:
-            mem.seek(start)
-            chunk = mem.read(end - start)
-        except (OSError, OverflowError, ValueError):
-            continue
-        runs.update(m.group() for m in pattern.finditer(chunk))
-seen_planted = any(bytes(planted) in run for run in runs)
-# Every 64-digit window of the runs (a copy may sit next to other hex digits).
-found = {{run[i:i + 64] for run in runs if len(run) <= 256 for i in range(len(run) - 63)}}
-found.discard(bytes(planted))
-path = {SPARE_SOCKET!r}
-address = '\\0' + path[1:] if path.startswith('@') else path
-accepted = []
-for candidate in sorted(found)[:300]:
-    r, w = os.pipe()
-    conn = socket.socket(socket.AF_UNIX)
-    conn.settimeout(5)
-    try:
-        conn.connect(address)
-        settings = json.dumps({{'env': {{}}, 'cwd': '/workspace'}}).encode()
-        conn.sendmsg([candidate + b'\\n' + settings + b'\\n'],
-                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [r, w]))])
-        if conn.recv(1) == b'K':
-            accepted.append(candidate.decode())
-    except OSError:
-        pass
-    finally:
-        conn.close()
-        os.close(r)
-        os.close(w)
-print(json.dumps({{'planted_seen': seen_planted, 'runs': sorted(r.decode() for r in runs),
-                  'accepted': accepted}}))
-"""
-
-
-# The hunt's way of presenting a candidate, from the host with the real secret: the spare
-# must serve it (the proof that a candidate the hunt presents would have been served).
-_PRESENT = f"""
-import array, json, os, socket, sys
-path = {SPARE_SOCKET!r}
-r, w = os.pipe()
-conn = socket.socket(socket.AF_UNIX)
-conn.settimeout(5)
-conn.connect('\\0' + path[1:] if path.startswith('@') else path)
-settings = json.dumps({{'env': {{}}, 'cwd': '/workspace'}}).encode()
-conn.sendmsg([sys.argv[1].encode() + b'\\n' + settings + b'\\n'],
-             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [r, w]))])
-print(conn.recv(1).decode())
-"""
-
-
-def test_a_spares_child_holds_no_copy_of_its_secret(kernels: Kernels) -> None:
-    """Attack: the warm spare forks every kernel's interpreter, so each starts as a copy
-    of the spare's memory, where the secret that makes the spare serve someone lives.
-    A cell that found it could have the spare fork interpreters for it, outside its
-    kernel's process tree and free of its kernel's Landlock rule. The cell of a kernel
-    the spare served hunts its own memory for every 64-hex-digit string and presents
-    each to the spare: none may be the secret the host recorded, and the spare must
-    serve none. The hunt must see the string the cell planted (the proof it looks)."""
-    start_kernel(kernels)
-    container = kernels.container()
-    spare = wait_for_spare(container)
-    assert spare, "no warm spare appeared for the second kernel"
-    _, kc = kernels.start()
-    assert interpreter_spare(kc) == spare, "the second kernel's interpreter is not the spare's"
-    assert kernels.env is not None
-    record = Store(kernels.env.config()).spare("docker", kernels.sandbox_id)
-    assert record is not None and len(record.secret) == 64, "the host recorded no spare secret"
-    hunt = json.loads(ok_cell(kc, _HUNT_SECRET, timeout=120))
-    assert hunt["planted_seen"], "the hunt did not see the string it planted (test bug)"
-    assert not [r for r in hunt["runs"] if record.secret in r], (
-        "the spare's secret is in its child's memory"
-    )
-    assert hunt["accepted"] == [], f"the spare served a cell: {hunt['accepted']}"
-    assert listener_at(container, SPARE_SOCKET) == spare, "the spare no longer waits"
-    assert in_container(container, _PRESENT, record.secret).strip() == "K", (
-        "the spare refused its own secret presented as the hunt presents one (test bug)"
-    )
-
-
-# A cell's hunt for interpreters as they start: every new process of the sandbox is
-# tried, again and again until it ends or the hunt does, for an open of its stdin
-# through /proc (what the host sends next could then be copied with tee(2), and the
-# same check guards ptrace). Its own child proves that such an open works. Only the
-# interpreters' start programs count: the host's short helpers (python3 -I -c) start
-# from python3 as it is.
-_HUNT_STARTS = r"""
-import os, subprocess, threading, time
-hunt = {"seen": {}, "opened": [], "own_child": False, "control": False}
-def _hunt(stop, hunt, known):
-    tries = {}
-    while not stop.is_set():
-        for p in os.listdir("/proc"):
-            if not p.isdigit() or p in known:
-                continue
-            tries[p] = tries.get(p, 0) + 1
-            if b"# " not in hunt["seen"].get(p, b""):  # until it is python3 running ours
-                try:
-                    hunt["seen"][p] = open("/proc/%s/cmdline" % p, "rb").read()[:200]
-                except OSError:
-                    pass
-            try:
-                fd = os.open("/proc/%s/fd/0" % p, os.O_RDONLY | os.O_NONBLOCK)
-            except FileNotFoundError:
-                known.add(p)
-                continue
-            except OSError:
-                if tries[p] > 20000:
-                    known.add(p)
-                continue
-            # Opened mid-exec, the command line may not be there yet: wait for it.
-            now = b""
-            for _ in range(200):
-                try:
-                    now = open("/proc/%s/cmdline" % p, "rb").read()[:200]
-                except OSError:
-                    break
-                if b"# " in now:
-                    break
-                time.sleep(0.001)
-            os.close(fd)
-            known.add(p)
-            if p == str(hunt.get("child")):
-                hunt["own_child"] = True
-            elif b"# Started as" in now:  # a start program of ours (boot.py)
-                hunt["opened"].append(now.decode("utf-8", "replace")[:60])
-            elif b"# control" in now:  # python3 started by the host, as ours once were
-                hunt["control"] = True
-_child = subprocess.Popen(["sleep", "3"], stdin=subprocess.PIPE)
-hunt["child"] = _child.pid
-hunt_stop = threading.Event()
-# What runs now, before the cell returns (the thread may start later than that).
-known = set(os.listdir("/proc")) - {str(hunt["child"])}
-hunt_thread = threading.Thread(target=_hunt, args=(hunt_stop, hunt, known), daemon=True)
-hunt_thread.start()
-threading.Timer(PLANT_SECONDS, hunt_stop.set).start()
-"""
-
-_HUNT_REPORT = r"""
-import json
-time.sleep(0.5)
-hunt_stop.set(); hunt_thread.join()
-boots = [c for c in hunt["seen"].values() if b"# Started as" in c]
-print(json.dumps({"boots": len(boots), "opened": hunt["opened"], "own_child": hunt["own_child"],
-                  "control": hunt["control"]}))
-"""
-
-
-def test_a_cell_cannot_open_an_interpreter_as_it_starts(kernels: Kernels) -> None:
-    """Attack: a process the host starts in the sandbox is, for its first milliseconds,
-    an ordinary process of the sandbox's uid, until it makes itself non-dumpable. A cell
-    that hunts new processes could open its stdin through /proc in that moment, and copy
-    with tee(2) (without taking it away) what the host sends next: another kernel's
-    token for its socket, the spare's secret. It could also ptrace it (the same check).
-    The host starts interpreters from an unreadable copy of python3, non-dumpable from
-    their first instruction: hunting through a warm start and a cold one, the cell
-    opens none of them, though it sees them start and opens its own child."""
-    _, kc = start_kernel(kernels)
-    container = kernels.container()
-    assert kernels.env is not None
-    store = Store(kernels.env.config())
-    deadline = time.monotonic() + 30
-    while (python := store.python_for("docker", kernels.sandbox_id, container.id)) is None:
-        assert time.monotonic() < deadline, "the host made no unreadable python3"
-        time.sleep(0.3)
-    assert python.endswith("/.sandbox-kernel-python3"), python
-    spare = wait_for_spare(container)
-    assert spare, "no warm spare appeared for the second kernel"
-
-    backend = SandboxService(kernels.env.config()).backend
-
-    def hunt_through(start: Callable[[], tuple[Any, Any]]) -> tuple[Any, dict]:
-        """Start a kernel while the cell hunts, and a plain python3 from the host
-        beside it, which the hunt must catch (the proof that it is quick enough)."""
-        ok_cell(kc, _HUNT_STARTS.replace("PLANT_SECONDS", str(PLANT_SECONDS)))
-        control = backend.open_channel(
-            kernels.sandbox_id, ["python3", "-c", "# control\nimport time; time.sleep(5)"]
-        )
-        try:
-            _, started = start()
-            return started, json.loads(ok_cell(kc, _HUNT_REPORT))
-        finally:
-            control.close()
-
-    warm, first = hunt_through(kernels.start)
-    assert interpreter_spare(warm) == spare, "the second kernel's interpreter is not the spare's"
-    time.sleep(GC_DELAY + 1)  # the warm kernel's housekeeping saw its spare alive
-    ok_cell(kc, f"import os, signal; os.kill({spare}, signal.SIGKILL)")
-    deadline = time.monotonic() + 10
-    while listener_at(container, SPARE_SOCKET):  # no spare at all: the next start is cold
-        assert time.monotonic() < deadline, "a spare still listens"
-        time.sleep(0.2)
-    cold, second = hunt_through(kernels.start)
-    assert interpreter_spare(cold) != spare, "the third kernel did not start cold"
-
-    for hunt in (first, second):
-        assert hunt["own_child"], f"the hunt could not open even its own child (test bug): {hunt}"
-        assert hunt["control"], f"the hunt missed python3 started by the host (test bug): {hunt}"
-        assert hunt["boots"] >= 1, f"the hunt saw no interpreter start (test bug): {hunt}"
-        assert hunt["opened"] == [], f"a cell opened a starting interpreter: {hunt['opened']}"
-    seen = ok_cell(
-        cold,
-        "import ctypes, os, sys\n"
-        "print(sys.executable, ctypes.CDLL(None).prctl(3, 0, 0, 0, 0), os.path.basename("
-        "open('/proc/self/cmdline', 'rb').read().split(b'\\0')[0].decode()))",
-    ).split()
-    assert seen == [python.rsplit("/", 1)[0] + "/python3", "0", ".sandbox-kernel-python3"], seen
-    # Without the race: the cell starts the copy and python3 itself, and tries each.
-    tried = json.loads(ok_cell(kc, _OPEN_OWN_START.replace("COPY", repr(python))))
-    assert tried == {"copy": "denied", "python3": "opened"}, tried
-
-
-_OPEN_OWN_START = r"""
-import json, os, subprocess, time
-tried = {}
-for name, program in (("copy", COPY), ("python3", "python3")):
-    child = subprocess.Popen([program, "-I", "-c", "import time; time.sleep(30)"], stdin=subprocess.PIPE)
-    time.sleep(0.5)
-    try:
-        os.close(os.open("/proc/%d/fd/0" % child.pid, os.O_RDONLY | os.O_NONBLOCK))
-        tried[name] = "opened"
-    except PermissionError:
-        tried[name] = "denied"
-    child.kill()
-    child.wait()
-print(json.dumps(tried))
-"""
-
-
-def test_a_frozen_spare_costs_one_cold_start_and_is_replaced(kernels: Kernels) -> None:
-    """Attack: a cell stops the warm spare (SIGSTOP: same uid), so the next kernel's
-    hand-over waits on a spare that never answers. That kernel must still start (cold,
-    once its start program gives up) and answer; it forgets the frozen spare, a new
-    spare takes its place, and the kernel after that gets a child of the new one."""
-    _, kc1 = start_kernel(kernels)
-    container = kernels.container()
-    frozen = wait_for_spare(container)
-    assert frozen, "no warm spare appeared"
-    assert kernels.env is not None
-    before = Store(kernels.env.config()).spare("docker", kernels.sandbox_id)
-    assert before is not None and before.pid == frozen, f"the host records {before}"
-    ok_cell(kc1, f"import os, signal\nos.kill({frozen}, signal.SIGSTOP)")
-    _, kc2 = kernels.start()
-    assert interpreter_spare(kc2) != frozen, "the frozen spare served a kernel"
-    assert ok_cell(kc2, "print('answers')") == "answers\n"
-    fresh = wait_for_spare(container, seconds=30, not_these=(frozen,))
-    assert fresh, "no new spare replaced the frozen one"
-    record = Store(kernels.env.config()).spare("docker", kernels.sandbox_id)
-    assert record is not None and record.pid == fresh, f"the host records {record}"
-    _, kc3 = kernels.start()
-    assert interpreter_spare(kc3) == fresh, "the next kernel did not take the new spare's child"
-    # The cold interpreter was forked from the start program that held the frozen
-    # spare's secret: no copy of it may be left there for a cell to find.
-    hunt = json.loads(ok_cell(kc2, _HUNT_SECRET, timeout=120))
-    assert hunt["planted_seen"], "the hunt did not see the string it planted (test bug)"
-    assert not [r for r in hunt["runs"] if before.secret in r], (
-        "the start program's copy of the secret is in the cold interpreter's memory"
-    )
-    assert hunt["accepted"] == [], f"the spare served a cell: {hunt['accepted']}"
 
 
 _DIE_LEAVING_A_DAEMON = """
@@ -833,7 +364,7 @@ def test_an_interpreter_that_dies_takes_its_cells_processes_along(
         assert interpreter_spare(kc) == spare, "the second kernel's interpreter is not the spare's"
     if start == "spare-killed":
         ok_cell(kc, f"import os\nos.kill({spare}, 9)")
-        assert listener_at(container, SPARE_SOCKET) != spare, "the spare was not killed"
+        assert int(in_container(container, SPARE_PID_PROBE) or 0) != spare, "the spare lives on"
     marker = f"sk-orphan-{uuid.uuid4().hex[:8]}"
     kc.execute(f"MARKER = {marker!r}\n" + _DIE_LEAVING_A_DAEMON)
     deadline = time.monotonic() + 10
@@ -847,60 +378,6 @@ def test_an_interpreter_that_dies_takes_its_cells_processes_along(
         left = marked_processes(container, marker)
     assert not left, f"the dead interpreter's daemon {left} lives on:\n{process_table(container)}"
     answers(kc, 60)
-
-
-def test_planted_spare_listener_gets_nothing(kernels: Kernels) -> None:
-    """Attack: a cell takes the warm spare's place at SPARE_SOCKET with a listener of
-    its own that records every byte and descriptor it is handed and answers as a fake
-    agent with forged output. Three rounds, each against a fresh spare: the spare is
-    killed; its socket file only unlinked (it lives on, as recorded); the spare itself
-    is handed a channel by the cell and made to run the listener (the pid and start
-    time the host recorded are then the listener's). Each time a NEW kernel on the
-    sandbox must run its first cell untouched (exactly "genuine\\n", no FORGED) and
-    the planted listener must have received nothing: no byte, no descriptor."""
-    _, kc1 = start_kernel(kernels)
-    container = kernels.container()
-    planter = kc1
-    plants: list[int] = []
-    problems = []
-    for round_no, mode in enumerate(PLANT_MODES, start=1):
-        # Each kernel leaves a warm spare for the next one a moment after it starts (a
-        # product without spares is attacked all the same: the listener is planted).
-        spare = wait_for_spare(container, not_these=tuple(plants))
-        record = f"/workspace/planted-{round_no}.jsonl"
-        planted = json.loads(ok_cell(planter, plant_cell(record, mode)))
-        assert planted["spare"] == spare, (
-            f"{mode}: the cell found {planted['spare']} at the path, not the spare {spare}"
-        )
-        if planted["refused"]:
-            assert mode == "hijack"  # the spare would not serve the cell: nothing is planted
-        else:
-            assert planted["planted"], f"{mode}: the planted listener did not start"
-            plants.append(planted["planted"])
-            # The attack is in place: the planted listener, not a spare, listens at the path.
-            assert listener_at(container, SPARE_SOCKET) == planted["planted"], (
-                f"{mode}: displaced before the kernel came"
-            )
-        _, kc_new = kernels.start()
-        reply, outputs = run(kc_new, 'print("genuine")')
-        seen = read_record(container, record)
-        pieces = [e for e in seen if e.get("ev") == "received"]  # logged as they arrive
-        received = sum(e["bytes"] for e in pieces), sum(e["fds"] for e in pieces)
-        if (
-            reply["status"] != "ok"
-            or text_of(outputs) != "genuine\n"
-            or FORGED in all_text(outputs)
-        ):
-            problems.append(
-                f"{mode}: the new kernel's first cell gave {reply['status']} {all_text(outputs)!r}"
-            )
-        if received != (0, 0):
-            problems.append(
-                f"{mode} (spare {spare}, listener {planted['planted']}): the planted listener received "
-                f"{received[0]} bytes and {received[1]} descriptors"
-            )
-        planter = kc_new  # the next round plants from the newest kernel (the older ones stay)
-    assert not problems, "\n".join(problems)
 
 
 # -- 2: an interpreter stuck in C with the GIL held --------------------------------------
@@ -979,301 +456,43 @@ while not os.path.exists(pidfile) and time.time() < deadline:
     time.sleep(0.05)
 procs['daemon'] = int(open(pidfile).read())
 procs['interpreter'] = os.getpid()
-# A pid hopper: forks and lets the parent exit, again and again, so its pid is never the
-# one a killer read a moment ago (its command line carries the marker in argv).
-hopper = 'import os, sys, time\\nwhile time.time() < float(sys.argv[1]):\\n    try:\\n        if os.fork(): os._exit(0)\\n    except OSError:\\n        time.sleep(0.01)\\n'
-subprocess.Popen([sys.executable, '-c', hopper, str(time.time() + 30), MARKER], start_new_session=True)
 time.sleep(0.3)  # the setsid child has called setsid by now
 print(json.dumps({name: [pid, _start_time(pid)] for name, pid in procs.items()}))
 """
 )
 
 
-# Freezes the processes that watch this interpreter for its kernel (WARM: whether a warm
-# spare forked it): its parent, the watcher, and for a warm one also the start program of
-# its kernel (its command line names the spare's socket and the spare's pid, the
-# watcher's parent; in these tests one kernel only takes a spare's child). The spare
-# itself is never stopped. SIGSTOP needs no privilege: same uid.
-_STOP_SUPERVISORS = f"""
-import json, os, signal
-me, parent = os.getpid(), os.getppid()
-found = {{parent}} if parent > 1 else set()
-if WARM:
-    stat = open('/proc/%d/stat' % parent).read()
-    spare = int(stat.rsplit(')', 1)[1].split()[1])
-    for p in os.listdir('/proc'):
-        if not p.isdigit() or int(p) == me:
-            continue
-        try:
-            argv = open('/proc/%s/cmdline' % p, 'rb').read().split(b'\\0')
-        except OSError:
-            continue
-        if {SPARE_SOCKET!r}.encode() in argv and str(spare).encode() in argv:
-            found.add(int(p))
-for pid in found:
-    os.kill(pid, signal.SIGSTOP)
-print(json.dumps(sorted(found)))
-"""
-
-
-def leave_behind_then_kill(kernels: Kernels, start: str, stop_supervisors: bool) -> None:
-    """A cell of a kernel (``start``: cold or a warm spare) leaves processes behind, its
-    kernel is killed hard; none of them may exist GONE_SECONDS later."""
+@pytest.mark.parametrize("start", ["cold", "spare"])
+def test_killed_kernel_leaves_no_process(kernels: Kernels, start: str) -> None:
+    """A cell starts ``sleep 1000``, a process that calls setsid() and a double-forked
+    daemon, then its kernel is killed hard (SIGKILL to the host kernel process: no
+    shutdown message ever reaches the sandbox). Within GONE_SECONDS none of them, nor
+    the interpreter, may exist in the container: a killed kernel holds none of its
+    sandbox's memory or processes. ``spare``: the kernel's interpreter was forked by
+    the warm spare; ``cold``: one it started itself."""
     km, kc = start_kernel(kernels)
     container = kernels.container()
     spare = wait_for_spare(container) if start == "spare" else 0
     if start == "spare":
         assert spare, "no warm spare appeared for the second kernel"
         km, kc = kernels.start()
-    marker = f"sk-hopper-{uuid.uuid4().hex[:8]}"
-    cell = f"MARKER = {marker!r}\n" + _LEAVE_BEHIND
-    procs = {name: (pid, when) for name, (pid, when) in json.loads(ok_cell(kc, cell)).items()}
+        assert interpreter_spare(kc) == spare, "the second kernel's interpreter is not the spare's"
+    procs = {
+        name: (pid, when) for name, (pid, when) in json.loads(ok_cell(kc, _LEAVE_BEHIND)).items()
+    }
     identities = {pid: when for pid, when in procs.values()}
     assert len(live_processes(container, identities)) == 4, "the cell's processes did not all start"
-    assert marked_processes(container, marker), "the pid hopper is not running"
-    if start == "spare":
-        assert interpreter_spare(kc) == spare, "the second kernel's interpreter is not the spare's"
-    if stop_supervisors:
-        stopped = json.loads(ok_cell(kc, f"WARM = {start == 'spare'}\n" + _STOP_SUPERVISORS))
-        assert stopped, "the cell found nothing watching its interpreter"
-        states = json.loads(in_container(container, _PROC_IDENTITY, json.dumps(stopped)))
-        assert {state for _, state in states.values()} == {"T"}, (
-            f"the supervisors were not stopped: {states}"
-        )
     km.signal_kernel(signal.SIGKILL)
-    killed = time.monotonic()
-    deadline = killed + 10
+    deadline = time.monotonic() + 10
     while km.is_alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not km.is_alive(), "the host kernel process survived SIGKILL"
-    if stop_supervisors:
-        # Nothing in the sandbox can act now: the host's reaper (run by the server every
-        # few minutes, by the next kernel's start, by `sandbox-kernel gc`) ends them.
-        assert kernels.env is not None
-        cfg = kernels.env.config()
-        gc(SandboxService(cfg).backend, cfg)
     left = wait_gone(container, identities)
     names = {pid: name for name, (pid, _) in procs.items()}
-    while True:
-        hoppers = marked_processes(container, marker)
-        if not hoppers or time.monotonic() > killed + GONE_SECONDS:
-            break
-    survivors = sorted(names[p] for p in left) + (["pid hopper"] if hoppers else [])
+    survivors = sorted(names[p] for p in left)
     assert not survivors, (
         f"{survivors} still exist {GONE_SECONDS} s after the kernel was killed:\n"
         + process_table(container)
-    )
-
-
-@pytest.mark.parametrize("start", ["cold", "spare"])
-def test_killed_kernel_leaves_no_process(kernels: Kernels, start: str) -> None:
-    """Attack: a cell starts ``sleep 1000``, a process that calls setsid(), a
-    double-forked daemon and a pid hopper (forks and exits, over and over, so no pid
-    read a moment ago is still its own), then its kernel is killed hard (SIGKILL to
-    the host kernel process: no shutdown message ever reaches the sandbox). Within
-    GONE_SECONDS none of them, nor the interpreter, may exist in the container.
-    ``spare``: the kernel's interpreter is a warm spare it took over; ``cold``: one it
-    started itself."""
-    leave_behind_then_kill(kernels, start, stop_supervisors=False)
-
-
-@pytest.mark.parametrize("start", ["cold", "spare"])
-def test_killed_kernel_leaves_no_process_even_with_its_watcher_frozen(
-    kernels: Kernels, start: str
-) -> None:
-    """Attack: as above, but first the cell SIGSTOPs whatever in the sandbox watches
-    its interpreter for the kernel (same uid: no privilege needed), so no process in
-    the sandbox is left to act when the kernel dies. Then the host's reaper must: after
-    one run, within GONE_SECONDS nothing the cell started, nor the interpreter, exists."""
-    leave_behind_then_kill(kernels, start, stop_supervisors=True)
-
-
-# A daemon of the cell (a session of its own) that waits until its interpreter is
-# stopped (whose threads come and go, freeing pids), then forks sleepers until the
-# sandbox may have no process more, and goes on taking every pid that comes free.
-_TAKE_EVERY_PID = """
-import os, time
-interpreter = os.getpid()
-daemon = os.fork()
-if daemon == 0:
-    os.setsid()
-    while open("/proc/%d/stat" % interpreter).read().rsplit(")", 1)[1].split()[0] != "T":
-        time.sleep(0.01)
-    while True:
-        try:
-            if os.fork() == 0:
-                while True:
-                    time.sleep(1000)
-        except OSError:  # the pid limit: try again at once, to win every pid freed
-            pass
-print(daemon)
-"""
-
-
-def _pids_cgroup(container_id: str) -> Path:
-    from sandbox_kernel.backends.docker.cgroups import _cgroup_dirs
-
-    found = [d for d in _cgroup_dirs(container_id, "pids") if (d / "pids.max").exists()]
-    if not found:
-        pytest.skip("this host does not show the container's pids cgroup")
-    return found[0]
-
-
-def _stat_field(host_pid: int, index: int) -> str:
-    """Field ``index`` after the command of /proc/<pid>/stat (0: state, 3: session,
-    19: start time), as this host sees it; "" when the process is gone."""
-    try:
-        stat = Path(f"/proc/{host_pid}/stat").read_bytes()
-    except OSError:
-        return ""
-    return stat[stat.rfind(b")") + 2 :].split()[index].decode()
-
-
-def _host_pid(container_id: str, inner_pid: int, start: str) -> int:
-    """The host pid of the container's process ``inner_pid`` that started at ``start``."""
-    from sandbox_kernel.backends.docker.cgroups import container_pids
-
-    for pid in container_pids(container_id) or []:
-        if _inner_of(pid) == inner_pid and _stat_field(pid, 19) == start:
-            return pid
-    raise AssertionError(f"no process {inner_pid} in the container")
-
-
-def test_killed_kernel_leaves_no_process_even_with_every_pid_taken(kernels: Kernels) -> None:
-    """Attack: the cell stops its interpreter's watcher; a daemon of it waits until the
-    interpreter is stopped too (here by the test, from the host: the daemon could as
-    well), then takes every pid the sandbox may have; the kernel is killed hard. No
-    program of ours in the sandbox can start a process now, so the host's reaper must
-    end them from outside: within GONE_SECONDS none of the daemon's processes, nor the
-    interpreter or its watcher, exists, and the sandbox answers a new kernel's cell."""
-    from sandbox_kernel.backends.docker.cgroups import container_pids
-
-    km, kc = start_kernel(kernels)
-    container = kernels.container()
-    [(inner, started)] = interpreter(kc).items()
-    interpreter_pid = _host_pid(container.id, inner, started)
-    watcher_pid = int(_stat_field(interpreter_pid, 1))
-    assert json.loads(ok_cell(kc, "WARM = False\n" + _STOP_SUPERVISORS)), "nothing watched"
-    daemon_inner = int(ok_cell(kc, _TAKE_EVERY_PID))
-    os.kill(interpreter_pid, signal.SIGSTOP)  # its reply is in: the daemon may begin
-    pids = _pids_cgroup(container.id)
-    limit = int((pids / "pids.max").read_text())
-
-    def wait_full(why: str) -> None:
-        deadline = time.monotonic() + 60
-        while int((pids / "pids.current").read_text()) < limit:
-            assert time.monotonic() < deadline, why
-            time.sleep(0.1)
-
-    wait_full("the cell's daemon did not take every pid")
-    # The point of the attack: nothing in there can start a process (an exec joins the
-    # sandbox from outside, but cannot fork once in).
-    forked = container.exec_run(["sh", "-c", "/bin/true && echo forked"], user="1000")
-    assert b"forked" not in forked.output, "a process could still fork: no attack"
-    km.signal_kernel(signal.SIGKILL)
-    killed = time.monotonic()
-    while km.is_alive() and time.monotonic() < killed + 10:
-        time.sleep(0.1)
-    assert not km.is_alive(), "the host kernel process survived SIGKILL"
-    wait_full("the cell's daemon did not keep every pid")
-    # The daemon's processes: its session (a warm spare may have started meanwhile).
-    session = next(
-        p
-        for p in container_pids(container.id) or []
-        if _stat_field(p, 3) == str(p) and daemon_inner == _inner_of(p)
-    )
-    doomed = {
-        p: _stat_field(p, 19)
-        for p in container_pids(container.id) or []
-        if _stat_field(p, 3) == str(session)
-    }
-    assert len(doomed) > 50, f"the daemon's session holds only {len(doomed)} processes"
-    doomed.update({p: _stat_field(p, 19) for p in (interpreter_pid, watcher_pid)})
-    assert kernels.env is not None
-    cfg = kernels.env.config()
-    gc(SandboxService(cfg).backend, cfg)
-    while True:  # what was there, and anything of the session forked since
-        left = [p for p, start in doomed.items() if start and _stat_field(p, 19) == start]
-        left += _session_of(container.id, session)
-        if not left or time.monotonic() > killed + GONE_SECONDS:
-            break
-        time.sleep(0.2)
-    assert not left, f"{len(set(left))} of the {len(doomed)} processes outlived the kernel"
-    _, kc2 = kernels.start()
-    assert ok_cell(kc2, "print(6 * 7)").strip() == "42"
-
-
-def _session_of(container_id: str, leader: int) -> list[int]:
-    """Host pids of the container's processes in the session of host pid ``leader``."""
-    from sandbox_kernel.backends.docker.cgroups import container_pids
-
-    return [p for p in container_pids(container_id) or [] if _stat_field(p, 3) == str(leader)]
-
-
-# A daemon of the cell (a session of its own) whose main thread exits while another
-# thread forks: the process then reads as a zombie, yet lives and forks on.
-_HEADLESS_DAEMON = """
-import ctypes, os, threading, time
-daemon = os.fork()
-if daemon == 0:
-    os.setsid()
-    def fork_on():
-        while True:
-            if os.fork() == 0:
-                time.sleep(1000)
-                os._exit(0)
-            time.sleep(0.2)
-    threading.Thread(target=fork_on).start()
-    time.sleep(0.3)
-    ctypes.CDLL(None).pthread_exit(None)
-print(daemon)
-"""
-
-
-def test_killed_kernel_leaves_no_headless_daemon(kernels: Kernels) -> None:
-    """Attack: the cell stops its interpreter's watcher and leaves a daemon whose main
-    thread exited while another thread forks on (it shows as a zombie; on cgroup v1
-    its /proc cgroup file reads "/" too); the kernel is killed hard. The host's reaper
-    must end it and all it forked: within GONE_SECONDS its session is empty."""
-    km, kc = start_kernel(kernels)
-    container = kernels.container()
-    assert json.loads(ok_cell(kc, "WARM = False\n" + _STOP_SUPERVISORS)), "nothing watched"
-    daemon_inner = int(ok_cell(kc, _HEADLESS_DAEMON))
-    time.sleep(1)  # its main thread is gone and it has forked
-    session = next(
-        p
-        for p in _container_pids(container.id)
-        if _inner_of(p) == daemon_inner and _stat_field(p, 3) == str(p)
-    )
-    assert _stat_field(session, 0) == "Z", "the daemon's main thread did not exit"
-    assert len(_session_of(container.id, session)) > 1, "the headless daemon did not fork"
-    km.signal_kernel(signal.SIGKILL)
-    killed = time.monotonic()
-    while km.is_alive() and time.monotonic() < killed + 10:
-        time.sleep(0.1)
-    assert kernels.env is not None
-    cfg = kernels.env.config()
-    gc(SandboxService(cfg).backend, cfg)
-    while _session_of(container.id, session) and time.monotonic() < killed + GONE_SECONDS:
-        time.sleep(0.2)
-    left = _session_of(container.id, session)
-    assert not left, f"{len(left)} processes of the headless daemon outlived the kernel"
-
-
-def _container_pids(container_id: str) -> list[int]:
-    from sandbox_kernel.backends.docker.cgroups import container_pids
-
-    return container_pids(container_id) or []
-
-
-def _inner_of(host_pid: int) -> int:
-    """The pid of a host process inside its own pid namespace (0 when it is gone)."""
-    try:
-        status = Path(f"/proc/{host_pid}/status").read_text()
-    except OSError:
-        return 0
-    return next(
-        (int(line.split()[-1]) for line in status.splitlines() if line.startswith("NSpid:")), 0
     )
 
 
@@ -1332,14 +551,13 @@ def test_planted_python3_and_site_code_never_run_the_hosts_programs(kernels: Ker
     """Attack: a cell plants ``~/.local/bin/python3`` (first on the user's PATH) and a
     ``.pth`` file in the user's site-packages. Then everything the host starts in the
     sandbox runs: a new kernel's interpreter (cold and from the warm spare), the file
-    helper (outside and inside the workspace), the folder walk, the process reaper,
+    helper (outside and inside the workspace), the folder walk,
     `sandbox-kernel exec` with a time limit, an agent's shell command, a terminal, and a
     full reaper round. None may run the planted python3, and only the kernels'
     interpreters (the user's own, started with ``-s -u``) may read the user's site code.
     The user keeps their PATH: cells, commands and terminals see ``~/.local/bin`` first."""
     from sandbox_kernel.agent_sessions import AgentSessions
     from sandbox_kernel.files import RemoteWorkspace
-    from sandbox_kernel.lifecycle import end_processes
     from sandbox_kernel.sync import listing
 
     km1, kc1 = start_kernel(kernels)
@@ -1363,7 +581,6 @@ def test_planted_python3_and_site_code_never_run_the_hosts_programs(kernels: Ker
     assert "planted-python3.log" not in {e.name for e in entries}
     assert "planted-site.log" in {e.name for e in entries}  # the kernels read it
     listing(backend, sid, "/workspace")
-    end_processes(backend, sid, "[]")
     ran = service.exec(info, service.as_user(info, ["sh", "-c", "echo PATH=$PATH"]), timeout=30)
     assert ran.exit_code == 0 and _first_path_entry(ran.output.decode()) == user_bin, ran
     agent = AgentSessions(service, str(kernels.root)).run_command(
@@ -1385,7 +602,7 @@ def test_planted_python3_and_site_code_never_run_the_hosts_programs(kernels: Ker
     assert logs["/workspace/planted-python3.log"] == "", f"the planted python3 ran: {logs}"
     readers = set(logs["/workspace/planted-site.log"].split())
     # Only the kernels' interpreters (`python3 -s -u`) read it: their agent adds the user's
-    # site once hardened and restricted (tests/test_work_folders.py checks that order).
+    # site once restricted (tests/test_work_folders.py checks that order).
     assert readers <= {"-s"}, f"a program of the host read the user's site code: {readers}"
 
 

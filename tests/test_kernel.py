@@ -21,7 +21,7 @@ from nbclient import NotebookClient
 from sandbox_kernel.service import SandboxService
 
 from .conftest import TEST_IMAGE, remove_user_containers, sandbox_container
-from .helpers import GRANDPARENT, make_wheel
+from .helpers import GRANDPARENT, SPARE_PID_PROBE, make_wheel
 from .kernel_env import ConformanceSuite, KernelEnv, make_kernel_env
 
 pytestmark = pytest.mark.docker
@@ -368,25 +368,11 @@ def test_restart_keeps_files_and_container(kernel: tuple[Any, Any], kenv: Kernel
     assert container_id(kenv.user) == before
 
 
-# The pid of the process listening on the spare's socket (a spare not yet taken): the
-# taken one keeps a connected socket with the same path, so only listeners count.
 def spare_pids(user: str, root: Path) -> list[int]:
-    """The spare interpreter recorded for the sandbox, if it is alive. Spares are
-    non-dumpable (their fds cannot be read from the sandbox), so the host's record,
-    checked by the product against the host's /proc, is how we find one."""
-    from sandbox_kernel.config import load_config
-    from sandbox_kernel.store import Store
-
-    record = Store(load_config(environ={}, state_dir=str(root / "state"))).spare(
-        "docker", f"sk-{user}"
-    )
-    if record is None:
-        return []
-    alive = (
-        sandbox_container(f"sk-{user}").exec_run(["test", "-d", f"/proc/{record.pid}"]).exit_code
-        == 0
-    )
-    return [record.pid] if alive else []
+    """The warm spare waiting in the user's sandbox, if one listens (see SPARE_PID_PROBE)."""
+    out = sandbox_container(f"sk-{user}").exec_run(["python3", "-c", SPARE_PID_PROBE]).output
+    pid = int(out.decode().strip() or 0)
+    return [pid] if pid else []
 
 
 def wait_for_spare(kenv: KernelEnv, other_than: int = 0) -> int:

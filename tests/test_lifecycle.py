@@ -19,9 +19,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from sandbox_kernel.agent import agent_source
 from sandbox_kernel.backends.base import (
-    Backend,
     BadRequest,
     Conflict,
     QuotaExceeded,
@@ -34,7 +32,7 @@ from sandbox_kernel.backends.base import (
 from sandbox_kernel.backends.docker import backend as docker_backend
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
-from sandbox_kernel.lifecycle import end_processes, gc, stats
+from sandbox_kernel.lifecycle import gc, stats
 from sandbox_kernel.service import SandboxService
 from sandbox_kernel.store import Store
 
@@ -187,166 +185,6 @@ def test_concurrent_reapers(make_config: Callable[..., SandboxConfig], test_user
     for run in runs:
         assert all(not a.error for a in run)
     assert all(backend.get(i).state == "stopped" for i in ids)
-
-
-_STATES = (
-    "for p in /proc/[0-9]*; do s=$(cat $p/stat 2>/dev/null) || continue; "
-    'echo "${p#/proc/} $(echo "${s##*) }" | cut -d" " -f1)"; done'
-)
-_REAPERS_AT_ONCE = (
-    "for round in $(seq 30); do for i in 1 2 3; do "
-    'python3 -c "$SK_AGENT" --end-processes "$SK_TARGETS" & done; wait; done'
-)
-
-
-@pytest.mark.parametrize("host_path", ["from the host", "in the sandbox"])
-def test_reapers_at_once_take_turns(
-    make_config: Callable[..., SandboxConfig],
-    test_user: str,
-    host_path: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Reapers ending processes in one sandbox at the same moment (the server's reaper,
-    a kernel's start and an agent session's end can coincide) once stopped each other
-    for good, freezing every process of the sandbox: a kernel's next cell hung forever.
-    Each round, three start together 30 times over (in one shell, for the closest
-    overlap: two froze each other within about 15 tries) and three go through the
-    host's path (from the host, as on a local engine, or by the agent run in the
-    sandbox, as where the host cannot see its processes); every target dies and no
-    process is left stopped."""
-    service = SandboxService(make_config())
-    backend = service.backend
-    info = service.ensure(ScopeKey(test_user)).info
-    # Which way the host's reaper went (a spy: the real function runs).
-    from_host: list[bool] = []
-    real = docker_backend.end_process_trees_apart
-    monkeypatch.setattr(
-        docker_backend,
-        "end_process_trees_apart",
-        lambda *args: from_host.append(real(*args)) or from_host[-1],
-    )
-
-    def spawn() -> list[object]:
-        out = backend.exec(info.id, ["sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"])
-        pid = int(out.output.split()[-1])
-        stat = backend.exec(info.id, ["cat", f"/proc/{pid}/stat"]).output.decode()
-        return [pid, stat[stat.rfind(")") + 2 :].split()[19]]
-
-    def states() -> dict[str, str]:
-        listing = backend.exec(info.id, ["sh", "-c", _STATES]).output.decode()
-        return dict(line.split() for line in listing.splitlines())
-
-    bystander = spawn()
-    for _ in range(3):
-        targets = [spawn() for _ in range(6)]
-        try:
-            backend.exec(
-                info.id,
-                ["sh", "-c", _REAPERS_AT_ONCE],
-                env={"SK_AGENT": agent_source().decode(), "SK_TARGETS": json.dumps(targets[:3])},
-                timeout=30,
-            )
-        except SandboxError:
-            pass  # a frozen sandbox: the states say so
-        stopped = [pid for pid, state in states().items() if state == "T"]
-        assert not stopped, f"reapers left processes stopped: {stopped}"
-        with ThreadPoolExecutor(3) as pool:
-            if host_path == "from the host":
-                list(
-                    pool.map(
-                        lambda t: end_processes(backend, info.id, json.dumps([t])), targets[3:]
-                    )
-                )
-            else:  # the engine-neutral way, which a local engine does not need
-                list(
-                    pool.map(
-                        lambda t: Backend.end_processes(backend, info.id, [tuple(t)]), targets[3:]
-                    )
-                )
-        now = states()
-        assert not [pid for pid, state in now.items() if state == "T"], now
-        assert not [t for t in targets if str(t[0]) in now], (targets, now)
-        assert str(bystander[0]) in now
-    if host_path == "from the host":
-        assert from_host and all(from_host), "the host's reaper fell back to the sandbox"
-    else:
-        assert not from_host
-
-
-def test_a_freeze_left_by_a_killed_reaper_is_thawed_by_the_next(
-    make_config: Callable[..., SandboxConfig], test_user: str
-) -> None:
-    """The host's reaper freezes a sandbox for milliseconds; killed in them, it would
-    leave every process of the sandbox frozen for good. The next reaper (any sandbox)
-    thaws what the mark names before it does anything."""
-    from sandbox_kernel.backends.docker import cgroups
-
-    cfg = make_config()
-    service = SandboxService(cfg)
-    backend = service.backend
-    info = service.ensure(ScopeKey(test_user)).info
-    freezer = cgroups._freezer(info.engine_id)
-    if freezer is None:
-        pytest.skip("this host shows no freezer of the container")
-    out = backend.exec(info.id, ["sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"])
-    pid = int(out.output.split()[-1])
-    stat = backend.exec(info.id, ["cat", f"/proc/{pid}/stat"]).output.decode()
-    target = [pid, stat[stat.rfind(")") + 2 :].split()[19]]
-    lock = Path(cfg.state_dir) / "reaper.lock"
-    lock.with_name(lock.name + ".frozen").write_text(info.engine_id)
-    freezer.set(frozen=True)  # as a reaper killed mid-freeze leaves it
-    try:
-        deadline = time.monotonic() + 5
-        while not freezer.frozen():
-            assert time.monotonic() < deadline, "the container did not freeze"
-            time.sleep(0.01)
-        end_processes(backend, info.id, json.dumps([target]))
-        assert freezer.thawed(), "the sandbox was left frozen"
-        left = backend.exec(info.id, ["sh", "-c", f"test -e /proc/{pid} && echo left"], timeout=10)
-        assert left.exit_code in (0, 1) and b"left" not in left.output, left
-    finally:
-        freezer.set(frozen=False)
-
-
-@pytest.mark.parametrize("process", ["command", "terminal"])
-def test_a_process_started_during_a_reapers_freeze_starts_after_it(
-    make_config: Callable[..., SandboxConfig], test_user: str, process: str
-) -> None:
-    """The host's reaper freezes a sandbox for milliseconds, and the engine will not
-    start a process in a frozen container: a command or a terminal asked for in those
-    milliseconds waits for the thaw instead of failing."""
-    from sandbox_kernel.backends.docker import cgroups
-
-    service = SandboxService(make_config())
-    backend = service.backend
-    info = service.ensure(ScopeKey(test_user)).info
-    freezer = cgroups._freezer(info.engine_id)
-    if freezer is None:
-        pytest.skip("this host shows no freezer of the container")
-    freezer.set(frozen=True)
-    thaw = threading.Timer(0.5, freezer.set, kwargs={"frozen": False})
-    try:
-        deadline = time.monotonic() + 5
-        while not freezer.frozen():
-            assert time.monotonic() < deadline, "the container did not freeze"
-            time.sleep(0.01)
-        thaw.start()
-        if process == "command":
-            result = backend.exec(info.id, ["echo", "started"], timeout=20)
-            assert result.exit_code == 0 and b"started" in result.output, result
-        else:
-            pty = backend.open_pty(info.id, ["sh", "-c", "echo started; sleep 5"])
-            try:
-                seen = b""
-                end = time.monotonic() + 20
-                while b"started" not in seen and time.monotonic() < end:
-                    seen += pty.read()
-                assert b"started" in seen, seen
-            finally:
-                pty.close()
-    finally:
-        thaw.cancel()
-        freezer.set(frozen=False)
 
 
 def test_a_frozen_sandbox_cannot_hang_the_hosts_exec(

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_kernel.backends.base import Spare
 from sandbox_kernel.config import load_config
 from sandbox_kernel.store import Store
 
@@ -73,31 +72,3 @@ def _store(tmp_path: Path) -> Store:
             workspace_root=str(tmp_path / "ws"),
         )
     )
-
-
-def test_a_spare_stays_recorded_for_every_kernel_of_its_sandbox_incarnation(
-    tmp_path: Path,
-) -> None:
-    """A warm spare forks an interpreter for each kernel: taking it leaves the record; a
-    record of an earlier incarnation of the sandbox (another engine id) is dropped."""
-    store = _store(tmp_path)
-    spare = Spare(engine_id="e1", pid=40, start_time="7", host_pid=900, secret="s" * 64)
-    store.put_spare("docker", "sk-x", spare)
-    assert store.spare_for("docker", "sk-x", "e1") == spare
-    assert store.spare_for("docker", "sk-x", "e1") == spare  # the next kernel's too
-    assert store.spare_for("docker", "sk-y", "e1") is None
-    assert store.spare_for("docker", "sk-x", "e2") is None  # the container was made again
-    assert store.spare("docker", "sk-x") is None
-
-
-def test_forgetting_a_spare_keeps_a_newer_one(tmp_path: Path) -> None:
-    """A kernel the spare did not serve forgets that spare only: one recorded meanwhile
-    by another kernel's housekeeping (another pid) stays."""
-    store = _store(tmp_path)
-    old = Spare(engine_id="e1", pid=40, start_time="7", host_pid=900, secret="a" * 64)
-    new = Spare(engine_id="e1", pid=41, start_time="8", host_pid=901, secret="b" * 64)
-    store.put_spare("docker", "sk-x", new)
-    store.forget_spare("docker", "sk-x", old.pid)
-    assert store.spare("docker", "sk-x") == new
-    store.forget_spare("docker", "sk-x", new.pid)
-    assert store.spare("docker", "sk-x") is None

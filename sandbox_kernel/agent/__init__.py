@@ -1,104 +1,119 @@
-"""The program that runs inside the sandbox, and how to start it there.
+"""The programs that run inside a sandbox, and how the host starts them there.
 
-Nothing is installed in the image: :func:`bootstrap_command` starts ``python3`` with a
-few lines that read the agent's source from stdin and run it, so any image with
-``python3`` works and an upgrade of sandbox-kernel reaches every sandbox at the next
-kernel start.
+Nothing is installed in the image: the host starts ``python3 -c BOOT`` (:mod:`.boot`)
+with a *bundle* of this package's modules, which become the package ``sandbox_agent``
+in the sandbox, and runs one module's ``main()``. So any image with ``python3`` >= 3.8
+works, and an upgrade of sandbox-kernel reaches every sandbox at the next start. The
+modules run there are standard library only (IPython is used when the image has it):
+
+* ``start``: a kernel's start program; the warm spare takes the channel
+  (:mod:`.spare`), else a cold interpreter (:mod:`.interpreter`, with :mod:`.wire`,
+  :mod:`.output`, :mod:`.shell`, :mod:`.processes`, :mod:`.restrict`);
+* ``spare``: the warm interpreter that waits for the next kernel;
+* ``restrict``: a user's command under the rules of host folders (no links, FIFOs);
+* ``user_command``, ``command`` (an agent's shell command), ``fs_helper`` (files the
+  host cannot reach directly), ``hangup`` (a terminal's end), ``timeout_runner``.
+
+Programs the host runs for itself start isolated (``-I``): the user's site-packages
+and any working folder are the sandbox user's to write. The kernel's interpreter is the
+user's own (their site-packages come on ``sys.path`` once it has restricted itself).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+import hashlib
+import json
+from functools import cache
 from pathlib import Path
 
-# Where the warm spare interpreter of a sandbox (started by the host) waits for a kernel.
-SPARE_SOCKET = "@sandbox-kernel-spare"  # "@": an abstract unix socket, no file
-# The sandbox's python3, copied beside itself as a file its user can execute but not
-# read: a process started from it is non-dumpable from its first instruction (see
-# backends/docker_python.py). agent.py knows the name too.
-UNREADABLE_PYTHON = ".sandbox-kernel-python3"
+__all__ = [
+    "as_user",
+    "bootstrap_command",
+    "bundle",
+    "inline",
+    "program",
+    "source",
+    "version",
+]
+
+_INTERPRETER = ("processes", "wire", "output", "shell", "restrict", "interpreter", "spare", "start")
+#: The modules each program needs (its own last); they are imported in the sandbox on use.
+PROGRAMS: dict[str, tuple[str, ...]] = {
+    "start": _INTERPRETER,
+    "spare": _INTERPRETER,
+    "restrict": ("processes", "restrict"),
+    "user_command": ("user_command",),
+    "command": ("command",),
+    "fs_helper": ("fs_helper",),
+    "hangup": ("hangup",),
+    "timeout_runner": ("timeout_runner",),
+}
 
 
-@lru_cache(maxsize=1)
-def agent_source() -> bytes:
-    """The agent's source, sent on the channel right after start."""
-    return (Path(__file__).parent / "agent.py").read_bytes()
+@cache
+def source(name: str) -> str:
+    """The source of module ``name`` of this package."""
+    return (Path(__file__).parent / f"{name}.py").read_text(encoding="utf-8")
 
 
-# The first lines of every program of ours: non-dumpable at once, so that other processes
-# of the sandbox (same uid, no capabilities) can neither ptrace it nor write its
-# /proc/<pid>/mem to run their code in it (the kernel's interpreter does so in boot.py).
-_HARDEN = "try:\n    import ctypes\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\nexcept Exception:\n    pass\n"
+@cache
+def version() -> str:
+    """A digest of every module sent into sandboxes: a warm spare serves only kernels of
+    its own version."""
+    digest = hashlib.sha256()
+    for name in sorted({n for modules in PROGRAMS.values() for n in modules} | {"boot"}):
+        digest.update(name.encode() + b"\0" + source(name).encode() + b"\0")
+    return digest.hexdigest()[:16]
 
 
-def program(source: str, *args: str) -> list[str]:
-    """How the host runs a program of ours in the sandbox (``python3 -c SOURCE ARGS``).
+@cache
+def bundle(main: str) -> bytes:
+    """What :mod:`.boot` reads to run program ``main``: its modules, as JSON."""
+    modules = [[name, source(name)] for name in PROGRAMS[main]]
+    return json.dumps({"version": version(), "main": main, "modules": modules}).encode()
 
-    Cells can write the user's site-packages (a ``.pth`` file there runs in every
-    interpreter that reads it) and leave modules in any working folder: ``-I`` makes
-    the interpreter read neither (nor ``PYTHON*`` variables). ``python3`` itself is
-    found through the sandbox's own PATH, which the backends keep free of folders a
-    cell can write (:func:`as_user` gives the user's commands their own PATH back).
-    It makes itself non-dumpable first (:data:`_HARDEN`).
+
+def bootstrap_command(main: str = "start", python: str = "python3") -> list[str]:
+    """The command that starts program ``main`` reading its bundle from stdin: send
+    :func:`bundle` first, then whatever the program reads (the kernel's protocol).
+
+    Not ``-I``: the kernel's interpreter is the user's, with their ``PYTHON*``
+    variables. Their site-packages come on ``sys.path`` (``-s`` leaves them out at
+    start) only once it has restricted itself; the working folder is taken off before
+    the first import (see boot.py).
     """
-    return ["python3", "-I", "-c", _HARDEN + source, *args]
+    return [python, "-s", "-u", "-c", source("boot"), str(len(bundle(main)))]
+
+
+def program(main: str, *args: str) -> list[str]:
+    """How the host runs program ``main`` of this package in a sandbox, for a command
+    that has no stdin to read a bundle from: the bundle is part of ``-c``'s code.
+
+    ``-I`` makes the interpreter read no user site-packages (a ``.pth`` file there runs
+    in every interpreter that reads it), no ``PYTHON*`` variable and no module of the
+    working folder. ``python3`` is found through the sandbox's own PATH, which the
+    backends keep free of folders a cell can write.
+    """
+    return ["python3", "-I", "-c", _embedded(main), *args]
+
+
+@cache
+def _embedded(main: str) -> str:
+    """The start program with program ``main``'s bundle written into it."""
+    return f"BUNDLE = {json.loads(bundle(main))!r}\n{source('boot')}"
+
+
+def inline(code: str, *args: str) -> list[str]:
+    """A few lines of Python run as the host's own program in the sandbox (``-I``)."""
+    return ["python3", "-I", "-c", code, *args]
 
 
 def as_user(command: list[str], folders: list[str]) -> list[str]:
     """``command`` run as the user's own: their ``~/.local/bin`` first on PATH (see
     :mod:`.user_command`), and unable to make links, FIFOs, sockets or devices beneath
-    ``folders`` (host folders mounted in the sandbox; see agent.restrict_special_files),
-    which the agent restricts before the PATH is the user's."""
-    mine = program(user_command_source(), *command)
+    ``folders`` (host folders mounted in the sandbox; see :mod:`.restrict`), which is
+    applied before the PATH is the user's."""
+    mine = program("user_command", *command)
     if not folders:
         return mine
-    import json
-
-    return program(agent_source().decode(), "--restricted", json.dumps(folders), "--", *mine)
-
-
-@lru_cache(maxsize=None)
-def source(name: str) -> str:
-    """The source of the in-sandbox program ``name`` (a module of this package), for
-    ``python3 -c``: nothing is installed in the image."""
-    return (Path(__file__).parent / f"{name}.py").read_text(encoding="utf-8")
-
-
-@lru_cache(maxsize=1)
-def user_command_source() -> str:
-    """The in-sandbox start of a user's command (:mod:`.user_command`), for ``python3 -c``."""
-    return (Path(__file__).parent / "user_command.py").read_text()
-
-
-@lru_cache(maxsize=1)
-def boot_source() -> str:
-    """The start program (:mod:`.boot`), passed with ``python3 -c``."""
-    return (Path(__file__).parent / "boot.py").read_text()
-
-
-@lru_cache(maxsize=1)
-def command_source() -> str:
-    """The in-sandbox runner of an agent's shell command (:mod:`.command`), for ``python3 -c``."""
-    return (Path(__file__).parent / "command.py").read_text()
-
-
-@lru_cache(maxsize=1)
-def fs_helper_source() -> str:
-    """The in-sandbox file helper (:mod:`.fs_helper`), passed with ``python3 -c``."""
-    return (Path(__file__).parent / "fs_helper.py").read_text()
-
-
-def bootstrap_command(
-    python: str = "python3", spare: tuple[str, int, str] | None = None
-) -> list[str]:
-    """The command that starts the agent; send :func:`agent_source` on its stdin next.
-
-    ``spare`` is (socket path, pid, start time) of a warm interpreter the host started
-    and recorded: the agent hands the channel to it only if the listener at that path
-    is that very process, else it starts cold.
-    """
-    # Not -I: the kernel's interpreter is the user's, with their PYTHON* variables. Their
-    # site-packages and the notebook's folder come on sys.path as ipykernel has them, but
-    # only once the agent has hardened and restricted itself (see boot.py).
-    cmd = [python, "-s", "-u", "-c", boot_source(), str(len(agent_source()))]
-    return [*cmd, spare[0], str(spare[1]), spare[2]] if spare else cmd
+    return program("restrict", json.dumps(folders), "--", *mine)

@@ -1,29 +1,64 @@
-# Started as `python3 -s -u -c <this file> N [spare socket, pid, start time]`: small
-# enough for argv. A cell can write the working folder and the user's site-packages,
-# so nothing is imported from either before the agent has hardened and restricted
-# itself: `-s` leaves the user's site out (the agent adds it later), and the working
-# folder, which `-c` puts first on sys.path, goes before the first import (os and sys
-# are loaded already). Then this process is made non-dumpable (other processes of the
-# sandbox, same uid, can then neither ptrace it nor open its /proc/<pid>/fd and mem;
-# started from the host's unreadable copy of python3, it is so from its exec on), and
-# the agent's source (N bytes) is read from stdin and run. The agent decides between
-# taking a warm spare and a cold start (see agent.main). Python 3.8 syntax, stdlib only.
+# The start program of every program of ours in a sandbox, passed with `python3 -c`:
+#   python3 -s -u -c <this file> N [ARG...]   the N bytes of a bundle follow on stdin
+#   python3 -I -c "BUNDLE = {...}" + <this file> [ARG...]   the bundle is written in
+# A bundle is {"version", "main", "modules": [[name, source], ...]}: the modules become
+# the package `sandbox_agent` (each imported when first asked for) and MAIN's main()
+# runs. A cell can write the working folder, which `-c` puts first on sys.path: it goes
+# before the first import (os and sys are loaded already). Python 3.8 syntax, stdlib only.
 import os
 import sys
 
 if sys.path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
-try:
-    import ctypes
 
-    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-except Exception:
-    pass
-size = int(sys.argv[1])
-source = b""
-while len(source) < size:
-    chunk = os.read(0, size - len(source))
-    if not chunk:
-        sys.exit("sandbox agent: source cut short")
-    source += chunk
-exec(compile(source, "sandbox_agent.py", "exec"), {"__name__": "__main__"})
+
+def read_bundle(size):
+    """The bundle: exactly ``size`` bytes of stdin (what follows is the program's)."""
+    import json
+
+    data = b""
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            sys.exit("sandbox agent: its source was cut short")
+        data += chunk
+    return json.loads(data.decode("utf-8"))
+
+
+def install(bundle):
+    """Make the bundle's modules importable as the package ``sandbox_agent``."""
+    import importlib.util
+    import types
+
+    sources = dict(bundle["modules"])
+    package = types.ModuleType("sandbox_agent")
+    package.__path__ = []
+    package.VERSION = bundle["version"]
+    sys.modules["sandbox_agent"] = package
+
+    class Loader:
+        @staticmethod
+        def create_module(spec):
+            return None
+
+        @staticmethod
+        def exec_module(module):
+            name = module.__name__.rpartition(".")[2]
+            code = compile(sources[name], "sandbox_agent/%s.py" % name, "exec")
+            exec(code, module.__dict__)
+
+    class Finder:
+        @staticmethod
+        def find_spec(fullname, path=None, target=None):
+            parent, _, name = fullname.rpartition(".")
+            if parent == "sandbox_agent" and name in sources:
+                return importlib.util.spec_from_loader(fullname, Loader)
+            return None
+
+    sys.meta_path.insert(0, Finder)
+    return importlib.import_module("sandbox_agent." + bundle["main"])
+
+
+if __name__ == "__main__":
+    main_module = install(globals().get("BUNDLE") or read_bundle(int(sys.argv.pop(1))))
+    sys.exit(main_module.main())

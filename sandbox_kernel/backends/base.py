@@ -122,19 +122,6 @@ class AgentListener(Protocol):
 
 
 @dataclass(frozen=True)
-class Spare:
-    """A warm interpreter the host started in a sandbox, known by what the engine's host
-    says about it (its pid there and its start time), never by what a process in the
-    sandbox claims."""
-
-    engine_id: str
-    pid: int  # in the sandbox's pid namespace
-    start_time: str
-    host_pid: int = 0  # the same process as the engine's host numbers it
-    secret: str = ""  # given to it by the host; a kernel must show it to be served
-
-
-@dataclass(frozen=True)
 class EngineSettings:
     """The little of an installation's settings an engine adapter needs."""
 
@@ -361,14 +348,12 @@ class Backend(abc.ABC):
     # Whether SandboxInfo.workspace is a folder on this host (Docker, local); when not
     # (Daytona's volumes), file routes go through the sandbox itself.
     workspace_on_host: bool = True
-    # Whether a kernel may hand its channel to a warm spare the host started.
+    # Whether a warm spare interpreter can wait in a sandbox for the next kernel.
     keeps_spares: bool = False
     # Whether get/destroy also accept an engine id (to reach an older incarnation of an id).
     finds_engine_ids: bool = False
     # Whether resize() changes a sandbox's CPUs, memory and processes in place.
     resizes: bool = False
-    # Whether exec() runs where the interpreters' processes are visible (one pid space).
-    shares_processes: bool = True
     # Whether sandboxes are made from the image or snapshot of the Spec (not so for the
     # local backend: the host's own Python).
     uses_images: bool = True
@@ -435,22 +420,6 @@ class Backend(abc.ABC):
         timeout: float | None = None,
     ) -> ExecResult:
         """Run a command to completion; stdout and stderr merged."""
-
-    def end_processes(self, sandbox_id: str, targets: builtins.list[tuple[int, str]]) -> None:
-        """Kill the process trees whose roots ``targets`` names ((pid, start time) in the
-        sandbox) for a kernel or agent session that died, or whose code would not let
-        its interpreter leave. Here by the agent's ``--end-processes``, run in the
-        sandbox (several may run at once there: they take turns); engines whose
-        processes this host sees do it from outside, beyond a cell's reach."""
-        if not self.shares_processes or not targets:
-            return  # processes the engine does not show us end with their sandbox
-        from ..agent import agent_source, program
-
-        self.exec(
-            sandbox_id,
-            program(agent_source().decode(), "--end-processes", json.dumps(targets)),
-            timeout=30,
-        )
 
     @abc.abstractmethod
     def open_channel(
@@ -525,24 +494,12 @@ class Backend(abc.ABC):
         a process did not start in time. Engines that cannot wedge so need nothing."""
         return None
 
-    # -- an interpreter that starts hardened: optional --------------------------------------
-    def unreadable_python(self, sandbox_id: str) -> tuple[str, str]:
-        """Make the sandbox's python3 start non-dumpable from its first instruction (see
-        docker_python.py), so no process of the sandbox can open its
-        stdin or ptrace it before it hardens itself: (engine id, the copy's path to
-        start instead of python3), or ("", "") where that cannot be made."""
-        return "", ""
-
-    # -- warm spares: optional ------------------------------------------------------------
-    def start_spare(self, sandbox_id: str, python: str = "python3") -> Spare | None:
-        """Start a warm interpreter in the sandbox for its next kernel (with ``python``),
-        and say how to know it (pid and start time as the engine's host sees them); None
-        when the engine cannot vouch for a process (the kernel then always starts cold)."""
+    # -- a warm spare: optional ---------------------------------------------------------
+    def start_spare(self, sandbox_id: str) -> None:
+        """Start the sandbox's warm interpreter for its next kernels (see agent/spare.py),
+        where the engine lets a process outlive the call that started it; one that
+        finds a spare waiting ends at once."""
         return None
-
-    def spare_alive(self, spare: Spare) -> bool:
-        """Whether a spare recorded by :meth:`start_spare` still waits."""
-        return False
 
     # -- activity, usage and snapshots: optional ------------------------------------------
     @property

@@ -202,7 +202,6 @@ class LocalBackend(Backend):
 
     name = "local"
     resizes = True
-    shares_processes = False  # every bubblewrap has its own pid namespace
 
     def __init__(self, settings: EngineSettings) -> None:
         super().__init__(settings)

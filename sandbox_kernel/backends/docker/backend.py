@@ -33,20 +33,12 @@ import builtins
 import logging
 import os
 import re
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from ...agent import (
-    SPARE_SOCKET,
-    UNREADABLE_PYTHON,
-    agent_source,
-    bootstrap_command,
-    program,
-    source,
-)
+from ...agent import bootstrap_command, bundle, inline, program
 from ...identity import ScopeKey
 from .. import idmap
 from ..base import (
@@ -71,20 +63,12 @@ from ..base import (
     SandboxInfo,
     SandboxNotFound,
     SnapshotInfo,
-    Spare,
     Spec,
     engine_name,
     not_found,
     sandbox_id_of,
 )
-from . import python as docker_python
-from .cgroups import (
-    cgroup_usage,
-    end_process_trees_apart,
-    end_stuck_starts,
-    process_identity,
-    wait_thawed,
-)
+from .cgroups import cgroup_usage, end_stuck_starts
 from .channel import DockerChannel, DockerPty
 from .errors import engine_errors, engine_reason, exec_failure, unreachable
 from .files import HelperOpener, home_archive, home_in_layer, read_file, write_file
@@ -114,9 +98,8 @@ from .wire import ENGINE_TIMEOUT, EngineCalls, EngineWire, SdkCalls
 HOME = "/home/sandbox"
 # The container's PID 1 (under docker-init) only waits; python3 is the one thing every
 # image we support has, so we do not depend on `sleep` or a shell.
-IDLE_COMMAND = program("import signal; signal.pause()")
+IDLE_COMMAND = inline("import signal; signal.pause()")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-NOBODY = "65534:65534"  # a uid no sandbox user has: its processes are out of a cell's reach
 # Folders of a sandbox that its processes can write: never on the PATH that finds the
 # host's programs (a cell could plant a `python3` there; see agent.program).
 WRITABLE = (HOME, WORKSPACE, "/tmp", "/var/tmp", "/dev/shm")
@@ -142,7 +125,6 @@ class DockerBackend(Backend):
         self._client: Any = None
         self._installation = settings.installation
         self._network_checked = False
-        self._proc_visible: bool | None = None
         self._layers_writable: bool | None = None  # see _prepare
         self._mounts = WorkspaceMounts(settings)
         self._sockets = AgentSocketFolders(settings.state_dir)
@@ -570,14 +552,6 @@ class DockerBackend(Backend):
             )
         return container
 
-    def _ready_for_process(self, sandbox_id: str) -> Inspected:
-        """The running container, once no reaper's freeze holds it: the engine refuses
-        to start a process in a frozen container, and a reaper of ours freezes it for
-        milliseconds (see end_processes). Every exec (channels, terminals) starts here."""
-        container = self._running(sandbox_id)
-        wait_thawed(container.id)
-        return container
-
     def open_channel(
         self,
         sandbox_id: str,
@@ -586,11 +560,10 @@ class DockerBackend(Backend):
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
         merge_stderr: bool = False,
-        user: str = "",
     ) -> DockerChannel:
-        container = self._ready_for_process(sandbox_id)
+        container = self._running(sandbox_id)
         config = {
-            "User": user,
+            "User": "",
             "Privileged": False,
             "Tty": False,
             "AttachStdin": True,
@@ -631,7 +604,7 @@ class DockerBackend(Backend):
         """``docker exec`` with a TTY, as the container's (non-root) user; the engine makes
         the terminal and its session. ``cmd`` is started by a two-line python3 prelude
         that first writes its pid (see :class:`DockerPty`), then becomes ``cmd``."""
-        container = self._ready_for_process(sandbox_id)
+        container = self._running(sandbox_id)
         sid = self._id(container)
         api = self.client.api
         announce = (
@@ -641,7 +614,7 @@ class DockerBackend(Backend):
         with engine_errors("open a terminal in", sid):
             exec_id = api.exec_create(
                 container.id,
-                program(announce, *cmd),
+                inline(announce, *cmd),
                 stdin=True,
                 stdout=True,
                 stderr=True,
@@ -665,17 +638,15 @@ class DockerBackend(Backend):
         cwd: str = WORKSPACE,
         env: dict[str, str] | None = None,
         timeout: float | None = None,
-        user: str = "",
     ) -> ExecResult:
-        """``user``: another uid than the sandbox user's, for the host's own checks."""
         deadline = None
         if timeout:
-            cmd = program(source("timeout_runner"), str(timeout), *cmd)
+            cmd = program("timeout_runner", str(timeout), *cmd)
             # The runner kills the command in the sandbox at the limit, but it is a
             # process of the sandbox's user: a cell can freeze it (SIGSTOP to all its
             # processes). The host keeps its own deadline, a little later.
             deadline = time.monotonic() + timeout + EXEC_GRACE
-        channel = self.open_channel(sandbox_id, cmd, cwd=cwd, env=env, merge_stderr=True, user=user)
+        channel = self.open_channel(sandbox_id, cmd, cwd=cwd, env=env, merge_stderr=True)
         out = bytearray()
         try:
             # stdin is not used: closing our half tells the process so.
@@ -702,136 +673,26 @@ class DockerBackend(Backend):
             return exec_failure(cmd[0], code, bytes(out))
         return ExecResult(code, bytes(out))
 
-    def end_processes(self, sandbox_id: str, targets: builtins.list[tuple[int, str]]) -> None:
-        """From this host when it sees the sandbox's processes (a local engine): a cell
-        can stop any program of ours in the sandbox, or leave it no pid to start with."""
-        container = self._lookup(sandbox_id)
-        if container is None or container.status != "running" or not targets:
-            return  # a stopped sandbox's processes are gone with it
-        # Under another runtime (gVisor, even as the engine's default) this host sees the
-        # runtime's processes, not the sandbox's: only runc's are the sandbox's own.
-        runc = (container.attrs.get("HostConfig") or {}).get("Runtime", "runc") == "runc"
-        lock = Path(self.settings.state_dir) / "reaper.lock"  # one host reaper at a time
-        if (
-            runc
-            and self._host_sees_processes(container)
-            and end_process_trees_apart(container.id, targets, lock)
-        ):
-            return
-        super().end_processes(sandbox_id, targets)
-
     def _exec_state(self, sandbox_id: str, exec_id: str) -> dict[str, Any]:
         """What the engine knows of one ``docker exec`` (exit code, host pid)."""
         with engine_errors("read the state of a process in", sandbox_id):
             return self._engine.exec_inspect(exec_id)
 
-    # -- an interpreter that starts hardened ---------------------------------------------
-    def unreadable_python(self, sandbox_id: str) -> tuple[str, str]:
-        """Put a copy of the sandbox's python3 beside it that its user may execute but
-        not read (see :mod:`.python`), once per container (it keeps it across
-        stops); then start it once, since not every build runs under another name.
-        "" where that cannot be: another runtime than runc (gVisor reads what it
-        executes), a python3 the user could change, a script, a copy that does not
-        run. That try runs as a uid that is not the sandbox user's (nobody), so no
-        cell can signal it or write its output: nothing a cell does is taken for
-        "cannot be". What failed on the way (the engine, a full disk, no pid left)
-        raises, so the next kernel tries again."""
-        container = self._running(sandbox_id)
-        if (container.attrs.get("HostConfig") or {}).get("Runtime", "runc") != "runc":
-            return container.id, ""
-        path = sandbox_path(_env_of(container.attrs).get("PATH", DEFAULT_PATH))
-        for folder in path.split(":"):
-            try:
-                with engine_errors("look for python3 in", sandbox_id):
-                    docker_python.first_entry(self._engine, container.id, f"{folder}/python3")
-            except SandboxNotFound:
-                continue  # not in this folder
-            break
-        else:
-            return container.id, ""
-        with engine_errors("copy python3 in", sandbox_id):
-            found = docker_python.program_of(self._engine, container.id, f"{folder}/python3")
-            tar = (
-                docker_python.unreadable_copy(self._engine, container.id, found, UNREADABLE_PYTHON)
-                if found
-                else b""
-            )
-            if not tar:
-                log.info("%s: python3 starts as it is (no copy can be made of it)", sandbox_id)
-                return container.id, ""
-        copy = f"{folder}/{UNREADABLE_PYTHON}"
+    # -- the warm spare ------------------------------------------------------------------
+    def start_spare(self, sandbox_id: str) -> None:
+        """Start the sandbox's warm interpreter (agent/spare.py): it says "listening" once
+        it waits (or ends at once when another one does), then leaves the exec's stdio,
+        so the exec can end while it lives on."""
+        channel = self.open_channel(sandbox_id, bootstrap_command("spare"), cwd=WORKSPACE)
         try:
-            with engine_errors("look for the copy of python3 in", sandbox_id):
-                made = docker_python.first_entry(self._engine, container.id, copy)
-        except SandboxNotFound:
-            made = None
-        if not docker_python.is_copy(made, tar):
-            with engine_errors("copy python3 in", sandbox_id):
-                self._engine.put_archive(container.id, folder, tar)
-        ran = self._runs(sandbox_id, copy)
-        if ran.exit_code == 0:
-            return container.id, copy
-        # It cannot find its own files from there, if python3 itself runs meanwhile (a
-        # cell that fills the sandbox's memory can make both fail: try again later).
-        if b"Fatal Python error" in ran.output and self._runs(sandbox_id, "python3").exit_code == 0:
-            log.info("%s: python3 starts as it is (its copy does not run)", sandbox_id)
-            return container.id, ""
-        text = ran.output.decode("utf-8", "replace").strip()[-300:]
-        raise SandboxError(f"could not try the copy of python3 in {sandbox_id}: {text}")
-
-    def _runs(self, sandbox_id: str, python: str) -> ExecResult:
-        """``python`` started once in the sandbox as nobody (no cell can touch that)."""
-        return self.exec(sandbox_id, [python, "-I", "-c", "pass"], cwd="/", timeout=30, user=NOBODY)
-
-    # -- warm spares -------------------------------------------------------------------
-    def start_spare(self, sandbox_id: str, python: str = "python3") -> Spare | None:
-        """Start a warm interpreter for the sandbox's next kernel, and identify it as the
-        host sees it: pid in the container and start time, read from this host's /proc
-        for the exec's own process. Nothing a process in the sandbox says is trusted,
-        so a listener planted by a cell at the same path is never mistaken for it."""
-        container = self._running(sandbox_id)
-        if not self._host_sees_processes(container):
-            return None
-        channel = self.open_channel(
-            sandbox_id,
-            bootstrap_command(python),
-            cwd=WORKSPACE,
-            env={"SANDBOX_AGENT_SPARE_LISTEN": SPARE_SOCKET},
-        )
-        secret = secrets.token_hex(32)
-        try:
-            channel.write(agent_source() + secret.encode() + b"\n")
+            channel.write(bundle("spare"))
             channel.set_timeout(30)
             if channel.read_line() != b"listening":
                 self.unwedge(sandbox_id)  # its start may be frozen, holding the engine
-                return None  # another spare already waits there, or it failed
-            host_pid = self._exec_state(sandbox_id, channel.exec_id).get("Pid") or 0
-            identity = process_identity(host_pid)
         except OSError:
-            return None
+            pass
         finally:
-            channel.close()  # the spare no longer uses the exec's stdio
-        if identity is None:
-            return None
-        return Spare(
-            engine_id=container.id,
-            pid=identity[0],
-            start_time=identity[1],
-            host_pid=host_pid,
-            secret=secret,
-        )
-
-    def spare_alive(self, spare: Spare) -> bool:
-        """Whether a recorded spare still runs (the same process: pid and start time)."""
-        identity = process_identity(spare.host_pid)
-        return identity == (spare.pid, spare.start_time)
-
-    def _host_sees_processes(self, container: Any) -> bool:
-        """Whether this host's /proc shows the engine's processes (a local engine)."""
-        if self._proc_visible is None:
-            pid = (container.attrs.get("State") or {}).get("Pid") or 0
-            self._proc_visible = process_identity(pid) is not None
-        return self._proc_visible
+            channel.close()
 
     # -- usage -----------------------------------------------------------------------
     def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:

@@ -260,7 +260,7 @@ def hang_up_when_gone() -> None:
     (see programs/hangup.py)."""
     import docker
 
-    from ...agent import program, source
+    from ...agent import program
     from .backend import exec_env
 
     exec_id, container_id, session = sys.argv[1:4]
@@ -269,7 +269,7 @@ def hang_up_when_gone() -> None:
     if client.api.exec_inspect(exec_id).get("Running"):
         container = client.containers.get(container_id)
         container.exec_run(
-            program(source("hangup"), session),
+            program("hangup", session),
             stdin=False,
             environment=exec_env(container.attrs),
         )

@@ -22,7 +22,7 @@ from contextlib import suppress
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-from ...agent import fs_helper_source, program
+from ...agent import program
 from ..base import WORKSPACE, SandboxError
 from .channel import DockerChannel
 
@@ -36,7 +36,7 @@ def helper_command(op: str, path: str, *extra: str) -> list[str]:
     target = PurePosixPath(path)
     if not target.is_absolute():
         target = PurePosixPath(WORKSPACE) / target
-    return program(fs_helper_source(), op, "/", str(target).lstrip("/"), *extra)
+    return program("fs_helper", op, "/", str(target).lstrip("/"), *extra)
 
 
 def write_file(

@@ -5,21 +5,14 @@ Every byte of an interpreter's ``docker exec`` stream is copied twice in the eng
 10 MB output costs beyond ipykernel. A local engine shares this host's filesystem, so a
 sandbox gets one more mount: a folder of ours (``<state dir>/sockets/<name>``), read-only
 at :data:`AGENT_SOCKETS`. A kernel listens there (:class:`AgentListener`), the
-interpreter connects and proves it is the one the kernel started with a one-time token.
-The socket's random name and the token reach it on its stdin, never in argv or the
-environment, which other processes of the sandbox may read. Its stdin is out of their
-reach too once the interpreter is non-dumpable: from its first instruction when it
-starts from the sandbox's unreadable python3 (Backend.unreadable_python), else from its
-first line. The folder cannot be listed from inside, whatever uid the sandbox runs as, and
-the listener is bound in the host's network namespace, so no ``/proc/net/unix`` of the
-sandbox shows it (the host's does, to host users, who would still need the token). From then
-on the protocol runs over that socket (:class:`SocketChannel`) and the exec only tells
-when the interpreter ends, as it did before.
+interpreter connects and sends a one-time token (its socket's random name and the token
+reach it on its stdin), so a connection that is not the kernel's own interpreter is
+turned away rather than taken for it. From then on the protocol runs over that socket
+(:class:`SocketChannel`) and the exec only tells when the interpreter ends, as before.
 
-The sandbox cannot write the folder, so nothing it plants there is ever met by the host;
-any of its processes may connect to a kernel's listener while it waits, and is turned
-away without the token. Sandboxes made before this existed, remote engines and other
-backends keep the exec stream.
+The sandbox cannot write the folder, so nothing it plants there is ever met by the host,
+and the host reads nothing from a connection but bounded protocol lines. Sandboxes made
+before this existed, remote engines and other backends keep the exec stream.
 """
 
 from __future__ import annotations
