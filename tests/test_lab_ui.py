@@ -4,8 +4,12 @@ the wheel, a real Docker sandbox, Debian's chromium driven by Playwright.
 Skipped with a reason when chromium, Playwright or the built extension is missing;
 with ``SANDBOX_KERNEL_REQUIRE_BROWSER=1`` (set by .ci/run) that is a failure instead.
 Runs at two window sizes (1000x700 and 1600x1000), clicking every action of the panel
-with real mouse clicks at each. Screenshots of the panel (light, dark, files, WebDAV URL
-copied, server gone; one set per size) go to tests/output/lab-ui/.
+with real mouse clicks at each. The panel keeps JupyterLab's default sidebar width
+throughout, and at it the facts a user must read (the folder cells run in, the image,
+the sandbox id, the Next line, the WebDAV URL) are checked to show whole: no ellipsis,
+nothing clipped by its box, every line inside its card. Screenshots of the panel
+(light, dark, files, WebDAV URL copied, server gone; one set per size) go to
+tests/output/lab-ui/; the pictures of the docs are made by tests/panel_screenshots.py.
 """
 
 from __future__ import annotations
@@ -79,13 +83,19 @@ def _free_port() -> int:
 
 
 class Lab:
-    def __init__(self, root: Path, user: str) -> None:
+    """A JupyterLab server of its own for one user, on Docker sandboxes of the test image,
+    with its settings, state and workspaces under ``root`` and its notebooks in
+    ``notebooks`` (default ``root/notebooks``)."""
+
+    def __init__(
+        self, root: Path, user: str, notebooks: Path | None = None, port: int | None = None
+    ) -> None:
         self.root = root
         self.user = user
         self.token = uuid.uuid4().hex
-        self.port = _free_port()
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.notebooks = root / "notebooks"
+        self.notebooks = notebooks or root / "notebooks"
         self.workspace = root / "workspaces" / user
         self.log = root / "lab.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -224,7 +234,7 @@ _ONE_LINE = """els => els.map(e => {
 
 def _assert_sizes_unbroken(scope: Any) -> None:
     sizes = scope.locator(
-        ".jp-SandboxPanel-size, .jp-SandboxPanel-memory, .jp-SandboxPanel-snapshot .jp-SandboxPanel-sub"
+        ".jp-SandboxPanel-size, .jp-SandboxPanel-memory, .jp-SandboxPanel-disk, .jp-SandboxPanel-snapshot .jp-SandboxPanel-sub"
     )
     found = sizes.evaluate_all(_ONE_LINE)
     assert found, "no sizes shown"
@@ -319,17 +329,29 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
             expect(card).to_be_visible(timeout=15_000)
             expect(card).to_have_class(lambda_class("jp-SandboxPanel-revealed"))
             expect(card.locator(".jp-SandboxPanel-dot-running")).to_be_visible()
-            expect(card.locator(".jp-SandboxPanel-kernels")).to_have_text("1")
+            expect(card.locator(".jp-SandboxPanel-kernels")).to_have_text("1 kernel")
             # An agent's interpreter (MCP over HTTP) shows beside the kernel, and goes.
             expect(card.locator(".jp-SandboxPanel-agents")).to_have_count(0)
             _agent_call(lab, "execute_code", code="x = 1", session="ui-agent")
             agents = card.locator(".jp-SandboxPanel-agents")
             expect(agents).to_have_text("ui-agent", timeout=20_000)
-            expect(card.locator(".jp-SandboxPanel-kernels")).to_have_text("1")
+            expect(card.locator(".jp-SandboxPanel-kernels")).to_have_text("1 kernel")
             _agent_call(lab, "stop_session", session="ui-agent")
             expect(agents).to_have_count(0, timeout=20_000)
-            expect(card).to_contain_text("user")
-            expect(card).to_contain_text(TEST_IMAGE)
+            expect(card.locator(".jp-SandboxPanel-scope")).to_have_text("user")
+            # At the default sidebar width every fact a user must read is there whole:
+            # the folder the cells run in, the image, the WebDAV URL, the id, the CPUs.
+            default_width = _assert_default_sidebar(page)
+            listed = lab.api(f"sandboxes/{sid}")
+            assert listed["work_folder"], listed  # the notebook's folder is mounted
+            _assert_readable(card, ".jp-SandboxPanel-folder", listed["work_folder"])
+            _assert_readable(card, ".jp-SandboxPanel-origin", TEST_IMAGE)
+            _assert_readable(
+                card, ".jp-SandboxPanel-davUrl", f"{lab.url}/sandbox-kernel/dav/{sid}/"
+            )
+            _assert_readable(card, ".jp-SandboxPanel-name", sid)
+            _assert_readable(card, ".jp-SandboxPanel-cpu", "of 1 CPU", exact=False)
+            _assert_disk_line(card, listed)
             expect(card.locator(".jp-SandboxPanel-memory")).to_contain_text(
                 "/ 1.00 GiB", timeout=20_000
             )
@@ -485,6 +507,25 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
             expect(fresh.locator(".jp-SandboxPanel-dot-running")).to_be_visible(timeout=60_000)
             _click_in_view(fresh.get_by_role("button", name=f"Stop {fresh_id}", exact=True))
             expect(fresh.locator(".jp-SandboxPanel-dot-stopped")).to_be_visible(timeout=60_000)
+            # Stopped, it is removed after a while: the Next line (the longest fact) reads
+            # whole at the default width, and so does its folder (none mounted: /workspace).
+            assert _assert_default_sidebar(page) == default_width
+            expect(fresh.locator(".jp-SandboxPanel-next")).to_contain_text(
+                "removed (workspace kept) in", timeout=30_000
+            )
+            _assert_readable(
+                fresh, ".jp-SandboxPanel-next", "removed (workspace kept) in", exact=False
+            )
+            fresh_listed = lab.api(f"sandboxes/{fresh_id}")
+            _assert_readable(
+                fresh, ".jp-SandboxPanel-folder", fresh_listed.get("work_folder") or "/workspace"
+            )
+            _assert_readable(fresh, ".jp-SandboxPanel-origin", f"snapshot {snap}")
+            _assert_readable(fresh, ".jp-SandboxPanel-name", fresh_id)
+            _assert_readable(
+                fresh, ".jp-SandboxPanel-davUrl", f"{lab.url}/sandbox-kernel/dav/{fresh_id}/"
+            )
+            expect(fresh.locator(".jp-SandboxPanel-kernels")).to_have_text("0 kernels")
             # Sizes read whole, with both cards and the snapshot listed.
             _assert_sizes_unbroken(panel)
             page.locator(".jp-SandboxPanel").screenshot(
@@ -585,6 +626,73 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
             context.close()
             browser.close()
     print(f"\nscreenshots in {OUTPUT}; console errors seen: {errors}")
+
+
+def _assert_default_sidebar(page: Any) -> int:
+    """The panel is at JupyterLab's default sidebar width (nothing in the test resizes
+    it): the width a new user sees. Returns it in CSS pixels."""
+    found = page.locator(".jp-SandboxPanel").evaluate("""panel => ({
+        width: panel.getBoundingClientRect().width,
+        min: parseFloat(getComputedStyle(document.body).getPropertyValue('--jp-sidebar-min-width')),
+    })""")
+    print(f"panel width {found['width']}px (--jp-sidebar-min-width {found['min']}px)")
+    assert found["min"] > 0 and abs(found["width"] - found["min"]) <= 1, found
+    return round(found["width"])
+
+
+# What a text element shows and where: its whole text, whether its box cuts it (an
+# ellipsis or hidden overflow shows as scrollWidth > clientWidth), and the left and
+# right edges of its lines against its card's (or section's) box.
+_SHOWN = """e => {
+    const box = (e.closest('.jp-SandboxPanel-card') || e.closest('.jp-SandboxPanel-body'))
+        .getBoundingClientRect();
+    const range = document.createRange();
+    range.selectNodeContents(e);
+    const lines = Array.from(range.getClientRects()).filter(r => r.width > 0);
+    const style = getComputedStyle(e);
+    return {
+        text: e.textContent,
+        scrollWidth: e.scrollWidth, clientWidth: e.clientWidth,
+        scrollHeight: e.scrollHeight, clientHeight: e.clientHeight,
+        left: Math.min(...lines.map(r => r.left)), right: Math.max(...lines.map(r => r.right)),
+        boxLeft: box.left, boxRight: box.right,
+        lines: new Set(lines.map(r => Math.round(r.top))).size,
+        textOverflow: style.textOverflow, visible: lines.length > 0,
+    };
+}"""
+
+
+def _assert_readable(scope: Any, selector: str, expected: str, exact: bool = True) -> None:
+    """The one element ``selector`` in ``scope`` shows ``expected`` whole (or, not
+    ``exact``, a text containing it): no part cut by an ellipsis or its box, every line
+    inside its card, so it is read without a tooltip at the width the panel has."""
+    element = scope.locator(selector)
+    shown = element.evaluate(_SHOWN)
+    text = shown["text"]
+    assert (text == expected) if exact else (expected in text), (selector, shown)
+    assert shown["visible"], (selector, shown)
+    assert shown["scrollWidth"] <= shown["clientWidth"], f"{selector} is cut: {shown}"
+    assert shown["scrollHeight"] <= shown["clientHeight"] + 1, f"{selector} is cut: {shown}"
+    assert shown["left"] >= shown["boxLeft"] - 0.5, f"{selector} sticks out left: {shown}"
+    assert shown["right"] <= shown["boxRight"] + 0.5, f"{selector} sticks out right: {shown}"
+    print(f"{selector}: {text!r} on {shown['lines']} line(s), {shown['clientWidth']}px wide")
+
+
+def _assert_disk_line(card: Any, listed: dict[str, Any]) -> None:
+    """A Disk line where the server gives disk use or size, with the figures it gives,
+    and none where it gives neither."""
+    from playwright.sync_api import expect
+
+    disk = card.locator(".jp-SandboxPanel-disk")
+    limit = (listed.get("limits") or {}).get("disk")
+    used = (listed.get("usage") or {}).get("disk")
+    if limit is None and used is None:
+        expect(disk).to_have_count(0)
+        return
+    expect(disk).to_have_count(1)
+    if limit:
+        expect(disk).to_contain_text(" / ")
+    _assert_readable(card, ".jp-SandboxPanel-disk", "B", exact=False)
 
 
 def _check_webdav(page: Any, card: Any, expected: str, sid: str, shot: Path) -> None:

@@ -1,4 +1,5 @@
-"""The lab extension's data layer unit tests (vitest, labextension/test/), run by pytest.
+"""The lab extension's unit tests (vitest, labextension/test/), run by pytest: the data
+layer in node, and each React component of the panel in jsdom (test/components/).
 
 They need labextension/node_modules, which `pip install .` (the wheel build) installs.
 Without it they are skipped with the reason, or fail with SANDBOX_KERNEL_REQUIRE_BROWSER=1.
@@ -16,7 +17,7 @@ import pytest
 LABEXTENSION = Path(__file__).resolve().parent.parent / "labextension"
 
 
-def test_data_layer_vitest() -> None:
+def test_labextension_vitest() -> None:
     jlpm = shutil.which("jlpm")
     problem = None
     if jlpm is None:

@@ -36,10 +36,20 @@ export interface ISandbox {
   outdated?: string;
   /** What the lifecycle policies will do to it next, and when (epoch seconds). */
   next?: { action: '' | 'stop' | 'destroy'; at: number; reason: string };
-  limits: { cpus?: number; memory?: number; pids?: number; network?: boolean };
-  usage: { cpu?: number; memory?: number };
+  /** What it may use: CPUs, memory and disk in bytes (disk: the flavor's size, when the backend gives it). */
+  limits: {
+    cpus?: number;
+    memory?: number;
+    disk?: number;
+    pids?: number;
+    network?: boolean;
+  };
+  /** What it uses now: CPU as a fraction of one CPU, memory and disk in bytes. */
+  usage: { cpu?: number; memory?: number; disk?: number };
   isolation?: string;
   workspace?: string;
+  /** The host folder mounted at the same path inside, where its cells run ("" or absent: none, cells run in /workspace). */
+  work_folder?: string;
   snapshot?: string;
   exit_reason?: string;
 }

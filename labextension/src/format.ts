@@ -72,7 +72,7 @@ export function formatAgo(
     : trans.__('%1 ago', formatDuration(delta, trans));
 }
 
-/** CPU use as a percentage of one CPU, with the limit ("12% of 1 CPU"). */
+/** CPU use as a percentage of one CPU, with the limit ("12% of 1 CPU", "40% of 2 CPUs"). */
 export function formatCpu(
   sandbox: ISandbox,
   trans: TranslationBundle = NULL_TRANS
@@ -85,24 +85,90 @@ export function formatCpu(
         ? '…'
         : '–'
       : `${Math.round(cpu * 100)}%`;
-  return limit ? trans.__('%1 of %2 CPU', used, limit) : used;
+  return limit ? trans._n('%2 of %1 CPU', '%2 of %1 CPUs', limit, used) : used;
+}
+
+/** A use against a limit in bytes ("256 MiB / 1.00 GiB"), the use alone without a limit. */
+export function formatAgainst(
+  used: number | undefined | null,
+  limit: number | undefined | null
+): string {
+  const usedText =
+    used === undefined || used === null ? '–' : formatBytes(used);
+  return limit ? `${usedText} / ${formatBytes(limit)}` : usedText;
+}
+
+/** A use as a fraction of its limit (0..1), or null when either is unknown. */
+export function fractionOf(
+  used: number | undefined | null,
+  limit: number | undefined | null
+): number | null {
+  if (!isSize(used) || !isSize(limit) || limit === 0) {
+    return null;
+  }
+  return Math.min(1, used / limit);
 }
 
 export function formatMemory(sandbox: ISandbox): string {
-  const used = sandbox.usage?.memory;
-  const limit = sandbox.limits?.memory;
-  const usedText = used === undefined ? '–' : formatBytes(used);
-  return limit ? `${usedText} / ${formatBytes(limit)}` : usedText;
+  return formatAgainst(sandbox.usage?.memory, sandbox.limits?.memory);
 }
 
 /** Memory use as a fraction of the limit (0..1), or null when unknown. */
 export function memoryFraction(sandbox: ISandbox): number | null {
-  const used = sandbox.usage?.memory;
-  const limit = sandbox.limits?.memory;
-  if (!used || !limit) {
-    return null;
+  return fractionOf(sandbox.usage?.memory, sandbox.limits?.memory);
+}
+
+/**
+ * Disk use against the flavor's disk size ("1.20 GiB / 10.0 GiB"), or "" when the
+ * server gives neither (a backend or server version that does not measure it).
+ */
+export function formatDisk(sandbox: ISandbox): string {
+  const used = sandbox.usage?.disk;
+  const limit = sandbox.limits?.disk;
+  if (!isSize(used) && !isSize(limit)) {
+    return '';
   }
-  return Math.min(1, used / limit);
+  return formatAgainst(
+    isSize(used) ? used : null,
+    isSize(limit) ? limit : null
+  );
+}
+
+/** Disk use as a fraction of the flavor's disk size (0..1), or null when unknown. */
+export function diskFraction(sandbox: ISandbox): number | null {
+  return fractionOf(sandbox.usage?.disk, sandbox.limits?.disk);
+}
+
+/** A number of bytes the panel can show (a field the server left out is not one). */
+function isSize(value: unknown): value is number {
+  return typeof value === 'number' && isFinite(value) && value >= 0;
+}
+
+/**
+ * The folder a sandbox's cells run in: its work folder (a host folder mounted at the
+ * same path inside), else /workspace. It tells two sandboxes of one user apart.
+ */
+export function folderLabel(sandbox: ISandbox): string {
+  return sandbox.work_folder || '/workspace';
+}
+
+/** The words for a sandbox state (the state itself stays the CSS class). */
+export function stateLabel(
+  state: string,
+  trans: TranslationBundle = NULL_TRANS
+): string {
+  switch (state) {
+    case 'running':
+      return trans.__('running');
+    case 'stopped':
+      return trans.__('stopped');
+    case 'creating':
+      return trans.__('creating');
+    case 'error':
+      return trans.__('error');
+    default:
+      return state;
+  }
 }
 
 /** The last part of a path, for a notebook's name. */
@@ -170,15 +236,15 @@ export function lifetime(
   return trans.__('age %1', age(sandbox, nowMs, trans));
 }
 
-/** Kernels using a sandbox, and how many run a cell ("2 (1 busy)"). */
+/** Kernels using a sandbox, and how many run a cell ("1 kernel", "2 kernels (1 busy)"). */
 export function kernelsLabel(
   sandbox: ISandbox,
   trans: TranslationBundle = NULL_TRANS
 ): string {
+  const count = sandbox.kernels ?? 0;
+  const kernels = trans._n('%1 kernel', '%1 kernels', count);
   const busy = sandbox.busy_kernel_ids?.length ?? 0;
-  return busy
-    ? trans.__('%1 (%2 busy)', sandbox.kernels, busy)
-    : `${sandbox.kernels}`;
+  return busy ? trans.__('%1 (%2 busy)', kernels, busy) : kernels;
 }
 
 /**

@@ -23,17 +23,14 @@ import { Message } from '@lumino/messaging';
 import { AccordionPanel } from '@lumino/widgets';
 
 import { SandboxAPI } from './api';
-import {
-  askSnapshot,
-  confirmDestroy,
-  FilesView,
-  notifyError,
-  SandboxesView,
-  SnapshotsView
-} from './components';
+import { FilesView } from './components/FilesView';
+import { SandboxesView } from './components/SandboxesView';
+import { SnapshotsView } from './components/SnapshotsView';
+import { askSnapshot, confirmDestroy } from './dialogs';
 import { TRANSLATION_DOMAIN } from './format';
 import { sandboxIcon } from './icons';
 import { FilesModel, SandboxesModel } from './model';
+import { notifyError } from './notify';
 import { DEFAULT_SETTINGS, readSettings, refreshIntervalMs } from './settings';
 import { SandboxStatus } from './status';
 

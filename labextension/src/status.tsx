@@ -5,7 +5,7 @@ import { ReactWidget, UseSignal } from '@jupyterlab/ui-components';
 import { ISignal, Signal } from '@lumino/signaling';
 import * as React from 'react';
 
-import { stateLabel } from './components';
+import { stateLabel } from './format';
 import { sandboxIcon } from './icons';
 import { SandboxesModel } from './model';
 
@@ -103,7 +103,7 @@ export class SandboxStatus extends ReactWidget {
                   ? trans.__(
                       'This notebook runs in sandbox %1 (%2); click to show it',
                       sandbox.id,
-                      stateLabel(trans, sandbox.state)
+                      stateLabel(sandbox.state, trans)
                     )
                   : trans.__(
                       'The sandbox is made by the first cell; click to open the Sandboxes panel'

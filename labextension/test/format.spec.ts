@@ -7,9 +7,13 @@ import {
   age,
   agentsLabel,
   davUrl,
+  diskFraction,
+  folderLabel,
+  formatAgainst,
   formatAgo,
   formatBytes,
   formatCpu,
+  formatDisk,
   formatDuration,
   formatMemory,
   kernelsLabel,
@@ -17,8 +21,10 @@ import {
   memoryFraction,
   NBSP,
   nextLabel,
+  fractionOf,
   originLabel,
-  scopeLabel
+  scopeLabel,
+  stateLabel
 } from '../src/format';
 import { sandbox } from './server';
 
@@ -62,6 +68,11 @@ describe('format', () => {
     expect(formatCpu(sandbox({ usage: {}, state: 'running' }))).toBe(
       '… of 1 CPU'
     );
+    expect(formatCpu(sandbox({ limits: { cpus: 2 } }))).toBe('25% of 2 CPUs');
+    expect(formatCpu(sandbox({ limits: { cpus: 0.5 } }))).toBe(
+      '25% of 0.5 CPUs'
+    );
+    expect(formatCpu(sandbox({ limits: {} }))).toBe('25%');
     expect(age(sandbox({ created: 100 }), 3700 * 1000)).toBe(nb('1h_00m'));
     // Uptime counts from the last start while running; otherwise the age is shown.
     expect(
@@ -76,6 +87,44 @@ describe('format', () => {
     expect(lifetime(sandbox({ created: 100, started: 0 }), 3700 * 1000)).toBe(
       nb('age 1h_00m')
     );
+  });
+
+  it('gives disk use against the disk size only when the server gives them', () => {
+    expect(formatDisk(sandbox())).toBe('');
+    expect(diskFraction(sandbox())).toBeNull();
+    const both = sandbox({
+      limits: { disk: 10 * 2 ** 30 },
+      usage: { disk: 2.5 * 2 ** 30 }
+    });
+    expect(formatDisk(both)).toBe(nb('2.50_GiB / 10.0_GiB'));
+    expect(diskFraction(both)).toBe(0.25);
+    expect(formatDisk(sandbox({ usage: { disk: 0 } }))).toBe(nb('0_B'));
+    expect(formatDisk(sandbox({ limits: { disk: 2 ** 30 }, usage: {} }))).toBe(
+      nb('– / 1.00_GiB')
+    );
+    expect(
+      diskFraction(sandbox({ limits: { disk: 2 ** 30 }, usage: {} }))
+    ).toBe(null);
+    // Over the size (a filesystem that counts differently) fills the bar, no more.
+    expect(
+      diskFraction(sandbox({ limits: { disk: 100 }, usage: { disk: 250 } }))
+    ).toBe(1);
+    // Figures of the wrong kind are not figures.
+    expect(
+      formatDisk(sandbox({ limits: { disk: 'big' }, usage: { disk: -1 } }))
+    ).toBe('');
+    expect(fractionOf(5, 0)).toBeNull();
+    expect(formatAgainst(undefined, 2 ** 20)).toBe(nb('– / 1.00_MiB'));
+  });
+
+  it('names the folder cells run in and the state', () => {
+    expect(folderLabel(sandbox())).toBe('/workspace');
+    expect(folderLabel(sandbox({ work_folder: '' }))).toBe('/workspace');
+    expect(folderLabel(sandbox({ work_folder: '/home/alice/a' }))).toBe(
+      '/home/alice/a'
+    );
+    expect(stateLabel('running')).toBe('running');
+    expect(stateLabel('paused')).toBe('paused');
   });
 
   it('names scopes and origins', () => {
@@ -99,8 +148,14 @@ describe('format', () => {
   it('says what the lifecycle does next and which kernels are busy', () => {
     const now = 1_000_000 * 1000;
     const base = { kernels: 2, busy_kernel_ids: ['k1'] } as unknown as ISandbox;
-    expect(kernelsLabel(base)).toBe('2 (1 busy)');
-    expect(kernelsLabel({ ...base, busy_kernel_ids: [] })).toBe('2');
+    expect(kernelsLabel(base)).toBe('2 kernels (1 busy)');
+    expect(kernelsLabel({ ...base, busy_kernel_ids: [] })).toBe('2 kernels');
+    expect(kernelsLabel({ ...base, kernels: 1, busy_kernel_ids: ['k1'] })).toBe(
+      '1 kernel (1 busy)'
+    );
+    expect(kernelsLabel({ ...base, kernels: 0, busy_kernel_ids: [] })).toBe(
+      '0 kernels'
+    );
     expect(agentsLabel(base)).toBe('');
     expect(
       agentsLabel({
@@ -144,7 +199,9 @@ describe('format', () => {
     const marked = {
       ...plain,
       __: (msgid: string, ...args: unknown[]) =>
-        `«${plain.__(msgid, ...(args as string[]))}»`
+        `«${plain.__(msgid, ...(args as string[]))}»`,
+      _n: (msgid: string, plural: string, n: number, ...args: unknown[]) =>
+        `«${plain._n(msgid, plural, n, ...(args as string[]))}»`
     } as TranslationBundle;
     const now = 3700 * 1000;
     expect(formatDuration(42, marked)).toBe('«42s»');
@@ -159,7 +216,7 @@ describe('format', () => {
         { kernels: 2, busy_kernel_ids: ['k'] } as unknown as ISandbox,
         marked
       )
-    ).toBe('«2 (1 busy)»');
+    ).toBe('««2 kernels» (1 busy)»');
   });
 
   it.each([
