@@ -46,6 +46,10 @@ PERSONAL = frozenset(
 # sandbox cannot run a cell (and says only "can't start new thread").
 MIN_PIDS = 64
 CONFIG_FILE_BASENAME = "sandbox_kernel_config"
+#: The engines this package brings (see backends/__init__.py), and the entry-point group
+#: through which other packages add theirs.
+ENGINES = ("docker", "local", "daytona")
+ENGINE_ENTRY_POINTS = "sandbox_kernel.backends"
 
 # Flavors fix CPU and memory together so a quota can count them (issue: small/medium/large).
 FLAVORS: dict[str, dict[str, float | int]] = {
@@ -120,10 +124,13 @@ def setting_names(trait_name: str) -> str:
 class SandboxConfig(Configurable):
     """The shared settings. Trait names map 1:1 to ``SANDBOX_KERNEL_<NAME>`` variables."""
 
-    backend = Enum(
-        ["auto", "docker", "daytona", "local"],
-        default_value="auto",
-        help="Engine for sandboxes. auto: docker when an engine answers, else local.",
+    backend = Unicode(
+        "auto",
+        help=(
+            "Engine for sandboxes: docker, local, daytona, or an engine another package "
+            f"registers (entry-point group {ENGINE_ENTRY_POINTS!r}). auto: docker when an "
+            "engine answers, else local."
+        ),
     ).tag(config=True)
     scope = Enum(
         ["user", "thread"],
@@ -332,6 +339,19 @@ class SandboxConfig(Configurable):
         if not path.is_dir():
             raise TraitError(f"folder {value!r} does not exist; create it, or use auto or none")
         return str(path.resolve())
+
+    @validate("backend")
+    def _backend_name(self, proposal: Any) -> str:
+        value = proposal["value"].strip().lower() or "auto"
+        if value == "auto" or value in ENGINES:
+            return value
+        from importlib.metadata import entry_points  # only for a name not built in
+
+        others = sorted(ep.name for ep in entry_points(group=ENGINE_ENTRY_POINTS))
+        if value in others:
+            return value
+        known = ", ".join(["auto", *ENGINES, *[o for o in others if o not in ENGINES]])
+        raise TraitError(f"{value!r} is not an engine: use one of {known}")
 
     @validate("runtime")
     def _runtime_name(self, proposal: Any) -> str:

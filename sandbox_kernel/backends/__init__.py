@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 
-from ..config import SandboxConfig
+from ..config import ENGINE_ENTRY_POINTS, ENGINES, SandboxConfig
 from .base import (
     Backend,
     Channel,
@@ -39,6 +39,8 @@ __all__ = [
     "SandboxInfo",
     "SandboxNotFound",
     "engine_settings",
+    "backend_class",
+    "engine_names",
     "load_adapter",
     "make_backend",
 ]
@@ -57,41 +59,69 @@ def engine_settings(config: SandboxConfig) -> EngineSettings:
     )
 
 
+#: The engines this package brings (config.ENGINES), by the name ``backend`` takes.
+BUILTIN = {
+    "docker": "sandbox_kernel.backends.docker:DockerBackend",
+    "local": "sandbox_kernel.backends.local:LocalBackend",
+    "daytona": "sandbox_kernel.backends.daytona:DaytonaBackend",
+}
+assert tuple(BUILTIN) == ENGINES
+#: The entry-point group through which another package adds an engine: a name and a
+#: :class:`~.base.Backend` subclass (``mypkg.engine:MyBackend``), made with an
+#: :class:`~.base.EngineSettings`.
+ENTRY_POINTS = ENGINE_ENTRY_POINTS
+#: What an engine's missing SDK should say to install.
+_EXTRAS = {"daytona": "pip install 'sandbox-kernel[daytona]'"}
+
+
+def engine_names() -> list[str]:
+    """Every engine ``backend`` may name: ours, then those other packages register."""
+    from importlib.metadata import entry_points
+
+    others = sorted(ep.name for ep in entry_points(group=ENTRY_POINTS) if ep.name not in BUILTIN)
+    return [*BUILTIN, *others]
+
+
+def _target(name: str) -> str:
+    """ "module:class" of engine ``name`` (ours without reading package metadata, which
+    costs a kernel's start 10-20 ms)."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINTS, name=name):
+        return str(ep.value)
+    raise SandboxError(
+        f"unknown backend {name!r}: use auto or one of {', '.join(engine_names())} "
+        f"(other packages add engines through the {ENTRY_POINTS!r} entry points)"
+    )
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The adapter class of engine ``name``; a missing SDK is one line saying what to install."""
+    module_name, _, class_name = _target(name).partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = _EXTRAS.get(name, f"install the package that provides the {name} engine")
+        raise EngineUnavailable(f"the {name} backend cannot be loaded ({exc}): {hint}") from exc
+    found = getattr(module, class_name, None)
+    if not (isinstance(found, type) and issubclass(found, Backend)):
+        raise SandboxError(f"the {name} engine ({_target(name)}) is not a sandbox-kernel Backend")
+    return found
+
+
 def make_backend(config: SandboxConfig) -> Backend:
     """The backend ``config.backend`` names; ``auto`` is docker when an engine answers, else local."""
-    choice = config.backend
     settings = engine_settings(config)
-    if choice == "auto":
-        from .docker import DockerBackend
-
-        docker_backend = DockerBackend(settings)
-        try:
-            docker_backend.client  # noqa: B018 - connects and pings: one round trip, not health()'s two
-            return docker_backend
-        except SandboxError:
-            choice = "local"
-    if choice == "docker":
-        from .docker import DockerBackend
-
-        return DockerBackend(settings)
-    if choice == "local":
-        from .local import LocalBackend
-
-        return LocalBackend(settings)
-    if choice == "daytona":
-        try:
-            from .daytona import DaytonaBackend
-        except ImportError as exc:
-            raise EngineUnavailable(
-                "the daytona backend needs the daytona SDK: pip install 'sandbox-kernel[daytona]'"
-                f" ({exc})"
-            ) from exc
-        return DaytonaBackend(settings)
-    raise SandboxError(f"unknown backend {choice!r}")
-
-
-#: The module of each engine adapter, by the setting that names it (auto tries docker first).
-_ADAPTERS = {"auto": "docker", "docker": "docker", "local": "local", "daytona": "daytona"}
+    if config.backend != "auto":
+        return backend_class(config.backend)(settings)
+    docker_backend = backend_class("docker")(settings)
+    try:
+        docker_backend.client  # type: ignore[attr-defined]  # noqa: B018 - connects and pings once
+        return docker_backend
+    except SandboxError:
+        return backend_class("local")(settings)
 
 
 def load_adapter(config: SandboxConfig) -> None:
@@ -100,12 +130,8 @@ def load_adapter(config: SandboxConfig) -> None:
     A kernel's start imports ipykernel in its main thread while another thread reaches
     the sandbox; the engine's own work (a container start) overlaps the first, but
     importing the adapter in that thread competes with it for the interpreter's lock,
-    and that delays every engine call after it. Imported first, before the thread, it
-    took 30 to 50 ms off a start with no sandbox yet (``benchmarks/run.py``). Whatever
-    fails here (a missing or broken SDK) is left for :func:`make_backend` to report,
-    where the first cell says it.
+    and that delays every engine call after it. Whatever fails here (a missing or
+    broken SDK) is left for :func:`make_backend` to report, where the first cell says it.
     """
-    module = _ADAPTERS.get(config.backend)
-    if module is not None:
-        with contextlib.suppress(Exception):
-            importlib.import_module(f"{__name__}.{module}")
+    with contextlib.suppress(Exception):
+        backend_class("docker" if config.backend == "auto" else config.backend)
