@@ -58,7 +58,7 @@ class SandboxExtension(ExtensionApp):
         assert self.serverapp is not None  # set before extensions initialize
         os.environ["SANDBOX_KERNEL_SERVER_ROOT"] = str(Path(self.serverapp.root_dir).resolve())
         # With several users, whose sandbox a kernel uses is the server's to say (see
-        # request_user.py); what it starts must never fall back to the server's own user.
+        # provisioner.requesting_user); what it starts must never fall back to the server's own user.
         if self.owner_from == "request":
             os.environ[OWNER_FROM_ENV] = "request"
         else:

@@ -17,7 +17,7 @@ in the kernelspec's provisioner entry.
 
 On a server with several users (``owner_from = "request"``) the provisioner also says
 whose sandbox the kernel uses: the user of the request that started it (see
-``jupyter_ext/request_user.py``), passed on as ``KERNEL_USERNAME`` the way Enterprise
+:func:`requesting_user`), passed on as ``KERNEL_USERNAME`` the way Enterprise
 Gateway does, over anything the kernelspec's environment says.
 """
 
@@ -121,8 +121,6 @@ class SandboxProvisioner(LocalProvisioner):
         merged it by now). A restart keeps the first owner: restarting someone else's
         kernel must not move their notebook into the restarter's sandbox, and the
         automatic restart after a crash has no request at all."""
-        from jupyter_ext.request_user import requesting_user  # a server is running
-
         owner = self._owner or requesting_user()
         if not owner:
             raise RuntimeError(
@@ -165,3 +163,28 @@ class SandboxProvisioner(LocalProvisioner):
 
 def _is_loopback(ip: str) -> bool:
     return ip in ("localhost", "::1") or ip.startswith("127.")
+
+
+def requesting_user() -> str | None:
+    """The authenticated user of the request being served, on a server with several
+    users (the extension's ``owner_from = "request"``); else None (no request, or a
+    server that acts for its own user).
+
+    jupyter_server keeps the handler of the request being served in a context variable
+    (``CallContext``), which follows the request into the kernel manager and this
+    provisioner, even into the task that finishes a kernel's start: that is how the
+    request's user is known without a hook in every handler that starts kernels
+    (sessions, kernels, restarts).
+    """
+    from jupyter_server.base.call_context import CallContext  # a server is running
+
+    handler = CallContext.get(CallContext.JUPYTER_HANDLER)
+    settings = getattr(handler, "settings", None) or {}
+    if (
+        handler is None
+        or "sandbox_service" not in settings
+        or settings.get("sandbox_owner") is not None
+    ):
+        return None
+    name = getattr(getattr(handler, "current_user", None), "username", None)
+    return name if isinstance(name, str) and name else None
