@@ -38,7 +38,7 @@ log = logging.getLogger("sandbox_kernel")
 ENV_PREFIX = "SANDBOX_KERNEL_"
 # Settings the person at the keyboard decides (environment, kernelspec, notebook
 # metadata win); every other setting is policy, which the administrator's
-# configuration files fix when they set it (see DESIGN.md, "Who decides").
+# configuration files fix when they set it (see docs/operators/settings.md).
 PERSONAL = frozenset(
     {"scope", "thread", "flavor", "image", "snapshot", "user", "variant", "work_root"}
 )

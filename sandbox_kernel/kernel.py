@@ -539,11 +539,15 @@ def main() -> None:
     if sys.argv[1:2] == ["install"]:
         sys.exit("use `sandbox-kernel install` to install the kernelspec")
     early_start.log_to_stderr()
-    if not getattr(sys.flags, "safe_path", False):
+    if not getattr(sys.flags, "safe_path", False) and os.getcwd() != "/":
+        # Started without the kernelspec's provisioner (which starts it in "/") by a
+        # Python that has no PYTHONSAFEPATH: `-m` put this folder on its import path.
         log.warning(
-            "Python %s puts the notebook's folder first on this kernel's import path, and "
-            "code in the sandbox can write there: run the kernel with Python 3.11 or newer",
+            "Python %s put the notebook's folder %s on this kernel's import path, and code "
+            "in the sandbox can write there: start the kernel through the sandbox "
+            "kernelspec's provisioner, or with Python 3.11 or newer",
             platform.python_version(),
+            os.getcwd(),
         )
     # Cells run in the sandbox: what this host process prints, warns or logs is never a
     # cell's output. ipykernel would turn its stdout/stderr (and fds 1/2) into streams of

@@ -1,6 +1,6 @@
 """An attacker's test of the REST file routes (``/api/sandboxes/{id}/files...``).
 
-The code inside the sandbox is hostile (DESIGN.md, REST contract): it can change any
+The code inside the sandbox is hostile (docs/operators/security.md): it can change any
 path under the workspace at any moment, including while the server is in the middle
 of a request. Every test here runs a real Jupyter server (pytest-jupyter's
 ``jp_fetch``) and a real Docker sandbox, and most of them start an attack loop INSIDE

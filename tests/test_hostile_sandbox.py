@@ -1,6 +1,6 @@
 """An attacker's test of the sandbox boundary, from code running INSIDE the sandbox.
 
-The code in a sandbox is hostile (DESIGN.md): it runs as the sandbox user in the same
+The code in a sandbox is hostile (docs/operators/security.md): it runs as the sandbox user in the same
 container as the interpreters the kernel talks to, it can start processes that outlive
 its cell, write to any file descriptor its process holds, flood output, open sockets
 to anything its network reaches, and change file modes in the workspace, which is a

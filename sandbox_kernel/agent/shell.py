@@ -109,9 +109,8 @@ def import_ipython_core():
     (its terminal: prompt_toolkit, the embed machinery, a third of IPython's import
     time) waits until something asks the package for a name it has not got.
 
-    Why: after a cold start says it is ready, the client's first cell waits for this
-    import, which took longer than the client's own settling (270 ms against 200 ms
-    here). Nothing changes for the user but when: ``get_ipython``, which IPython's own
+    Why: after a cold start says it is ready, the client's first cell would wait for
+    the whole import, longer than the client's own settling. Nothing changes for the user but when: ``get_ipython``, which IPython's own
     modules take from the package as they load, is served from where it lives; any
     other name (``IPython.__version__``, ``IPython.embed``, ``from IPython import
     display``, ``dir(IPython)``) first runs the real ``__init__``, once, so every name is
