@@ -135,6 +135,9 @@ def _epoch(stamp: str | None) -> float:
         return 0.0
 
 
+PTY_RETRY_DELAYS = (1.0, 3.0)  # seconds between tries of a PTY session's handshake
+
+
 def _bash_word(arg: str) -> str:
     """Quote one word for a line typed into bash: ANSI-C quoting when it holds newlines,
     so the whole command stays on one terminal line."""
@@ -617,6 +620,28 @@ class DaytonaBackend(Backend):
             raise not_found(sandbox_id) from None
         return ExecResult(int(response.exit_code), (response.result or "").encode())
 
+    def _new_pty(
+        self, sandbox: Any, prefix: str, sandbox_id: str, **options: Any
+    ) -> tuple[Any, str]:
+        """(a PTY session of the sandbox's daemon, its id). A daemon that only just started
+        (the sandbox was started a moment ago) can drop or time out the session's
+        handshake: tried up to three times, each under a new id, before that is the error."""
+        for delay in (*PTY_RETRY_DELAYS, None):
+            pty_id = f"{prefix}-{uuid.uuid4().hex[:12]}"
+            try:
+                handle = self._call(
+                    sandbox.process.create_pty_session,
+                    pty_id,
+                    what=f"open a terminal in {sandbox_id}",
+                    **options,
+                )
+                return handle, pty_id
+            except EngineUnavailable:
+                if delay is None:
+                    raise
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
     def open_channel(
         self,
         sandbox_id: str,
@@ -628,13 +653,8 @@ class DaytonaBackend(Backend):
         from daytona.common.pty import PtySize
 
         sandbox = self._running(sandbox_id)
-        pty_id = f"sk-agent-{uuid.uuid4().hex[:12]}"
-        handle = self._call(
-            sandbox.process.create_pty_session,
-            pty_id,
-            cwd=cwd,
-            pty_size=PtySize(rows=24, cols=200),
-            what=f"open a terminal in {sandbox_id}",
+        handle, pty_id = self._new_pty(
+            sandbox, "sk-agent", sandbox_id, cwd=cwd, pty_size=PtySize(rows=24, cols=200)
         )
         channel = PtyChannel(
             handle,
@@ -675,14 +695,13 @@ class DaytonaBackend(Backend):
         from daytona.common.pty import PtySize
 
         sandbox = self._running(sandbox_id)
-        pty_id = f"sk-shell-{uuid.uuid4().hex[:12]}"
-        handle = self._call(
-            sandbox.process.create_pty_session,
-            pty_id,
+        handle, pty_id = self._new_pty(
+            sandbox,
+            "sk-shell",
+            sandbox_id,
             cwd=cwd,
             envs=env or None,
             pty_size=PtySize(rows=rows, cols=cols),
-            what=f"open a terminal in {sandbox_id}",
         )
         pty = DaytonaPty(
             handle,
