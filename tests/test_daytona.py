@@ -239,22 +239,26 @@ def test_bad_gateway_mid_session_is_retried_by_the_next_cell(
         km.shutdown_kernel(now=True)
 
 
-def test_a_dropped_pty_handshake_is_tried_again(fake: FakeDaytona, dkenv: KernelEnv) -> None:
+def test_a_dropped_pty_handshake_is_tried_again(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService], test_user: str
+) -> None:
     """A daemon that only just started can drop a PTY session's handshake (the SDK says
-    "Failed to create PTY session"): the kernel tries again under a new session id, so
-    the first cell after a start runs instead of failing."""
+    "Failed to create PTY session"): the backend tries again under a new session id, so
+    an interpreter starts instead of the first cell failing."""
+    from sandbox_kernel.agent import bootstrap_command, bundle
+
+    service = service_for()
+    info = service.ensure(user_key(test_user)).info
     fake.fail(r"GET .*/process/pty/create-connect", 502, times=2)
-    km, kc = start_new_kernel(kernel_name="sandbox", startup_timeout=120)
     try:
-        reply, outputs = run(kc, "print('through')")
-        assert reply["status"] == "ok", reply
-        assert "through" in text_of(outputs)
-        tried = [p for m, p in fake.requests if p.endswith("/process/pty/create-connect")]
-        assert len(tried) >= 3, tried
+        channel = service.backend.open_channel(info.id, bootstrap_command())
+        channel.write(bundle("start"))
+        assert b"python_version" in channel.read()
+        channel.close()
     finally:
         fake.clear_faults()
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
+    tried = [p for m, p in fake.requests if p.endswith("/process/pty/create-connect")]
+    assert len(tried) >= 3, tried
 
 
 def test_long_silent_cell_is_not_auto_stopped(
