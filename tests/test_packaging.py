@@ -104,7 +104,6 @@ def _pip_wheel(source: Path, out: Path, env: dict[str, str]) -> subprocess.Compl
     )
 
 
-@pytest.mark.fast
 def test_pip_install_without_node_says_so_in_one_line(tmp_path: Path) -> None:
     """The real build (pip, hatchling, the jupyter-builder hook) on a clean copy of the
     sources, with no `node` on PATH: the failure names Node.js and no traceback shows."""

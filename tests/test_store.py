@@ -1,17 +1,14 @@
 """The state file under concurrency: many processes (kernels starting at once, the
-server, the CLI) opening one brand-new state file. Part of the fast layer."""
+server, the CLI) opening one brand-new state file (150 processes: in the full run, not
+the fast layer)."""
 
 from __future__ import annotations
 
 import multiprocessing
 from pathlib import Path
 
-import pytest
-
 from sandbox_kernel.config import load_config
 from sandbox_kernel.store import Store
-
-pytestmark = pytest.mark.fast
 
 ROUNDS = 15
 PROCESSES = 10
