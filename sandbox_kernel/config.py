@@ -40,7 +40,34 @@ ENV_PREFIX = "SANDBOX_KERNEL_"
 # metadata win); every other setting is policy, which the administrator's
 # configuration files fix when they set it (see docs/operators/settings.md).
 PERSONAL = frozenset(
-    {"scope", "thread", "flavor", "image", "snapshot", "user", "variant", "work_root"}
+    {"scope", "thread", "flavor", "image", "snapshot", "user", "variant", "work_root", "work_mount"}
+)
+#: Paths a sandbox may never change inside a host folder it can write, at any depth (a
+#: name, or a path of names; the last may hold * and ? as in shell patterns): what host
+#: tools run or trust when the host user works in that folder (git, shells, editors,
+#: Jupyter, pre-commit).
+PROTECTED_PATHS = (
+    ".git/config",
+    ".git/hooks",
+    ".git/modules",
+    ".gitmodules",
+    ".pre-commit-config.yaml",
+    ".envrc",
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".profile",
+    ".zshrc",
+    ".zprofile",
+    ".zshenv",
+    ".vscode",
+    ".idea",
+    ".devcontainer",
+    ".jupyter",
+    ".ipython",
+    "jupyter_*_config.py",
+    "jupyter_*_config.json",
+    "ipython_config.py",
 )
 # An interpreter with IPython needs a few dozen threads and processes; fewer and the
 # sandbox cannot run a cell (and says only "can't start new thread").
@@ -154,6 +181,25 @@ class SandboxConfig(Configurable):
             "run beside the notebook. auto: the root folder of the Jupyter server that started "
             "the kernel, else the notebook's git repository or folder; none: only /workspace; "
             "or a folder."
+        ),
+    ).tag(config=True)
+    work_mount = Enum(
+        ["rw", "ro"],
+        default_value="rw",
+        help=(
+            "How the work folder is mounted: rw (cells write beside the notebook; the "
+            "protected paths stay read-only) or ro (for code you do not trust: cells read "
+            "it and write only /workspace)."
+        ),
+    ).tag(config=True)
+    protected_paths = List(
+        Unicode(),
+        default_value=list(PROTECTED_PATHS),
+        help=(
+            "Paths a sandbox may not change inside a host folder it can write, at any depth "
+            "(a name or a path of names; the last may hold * and ?): the files host tools "
+            "run or trust there (git's config and hooks, shell and editor settings, "
+            "Jupyter's config). Policy: read-only in the sandbox."
         ),
     ).tag(config=True)
     flavor = Enum(
@@ -339,6 +385,19 @@ class SandboxConfig(Configurable):
         if not path.is_dir():
             raise TraitError(f"folder {value!r} does not exist; create it, or use auto or none")
         return str(path.resolve())
+
+    @validate("protected_paths")
+    def _protected(self, proposal: Any) -> list[str]:
+        found = []
+        for raw in proposal["value"]:
+            value = str(raw).strip().strip("/")
+            parts = value.split("/")
+            if not value or any(p in ("", ".", "..") for p in parts):
+                raise TraitError(f"{raw!r} is not a relative path of names (like .git/config)")
+            if any(c in part for part in parts[:-1] for c in "*?["):
+                raise TraitError(f"{raw!r}: only its last name may hold * or ?")
+            found.append(value)
+        return found
 
     @validate("backend")
     def _backend_name(self, proposal: Any) -> str:

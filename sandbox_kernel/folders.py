@@ -16,16 +16,20 @@ gets a sandbox of its own, ``sk-<user>--w<hash>``, sharing the user's workspace.
 
 The work folder is hostile ground afterwards (every host tool that reads it: the
 contents API, ``jupyter execute --inplace``, git): folders that are never shown
-(the state folder, the workspaces, the home's dot-folders) are masked, a project's
-own dot-entries (``.git`` and its hooks, ``.envrc``, CI files) are mounted read-only,
-and the agent forbids making links, FIFOs, sockets and devices beneath it (Landlock).
+(the state folder, the workspaces, the home's dot-folders, this installation's own
+Python) are masked, what host tools run or trust there (``protected_paths``: git's
+config and hooks, shell and editor settings, at any depth) is mounted read-only with
+the folders on its way pinned, and the agent forbids making links, FIFOs, sockets and
+devices beneath it (Landlock).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Folders that are never a work folder: the system's, and the parents of homes.
@@ -58,7 +62,104 @@ class Mask:
     """One path inside a work folder that the sandbox sees differently."""
 
     path: str
-    how: str  # "hide" (an empty folder / an empty file in its place) | "read-only"
+    # "hide" (an empty folder / an empty file in its place), "read-only", or "pin" (the
+    # folder mounted onto itself: it cannot be renamed, removed or swapped, so what is
+    # protected inside it stays where host tools look for it)
+    how: str
+
+
+# Bounds of a scan for protected paths: a work folder may hold millions of files.
+SCAN_ENTRIES = 200_000
+SCAN_SECONDS = 3.0
+MAX_PROTECTED = 200  # masks at most (each is a mount)
+
+
+@dataclass
+class Protection:
+    """What of a work folder's protected paths (``protected_paths``) a sandbox gets
+    read-only, with the folders on their way pinned; ``complete`` is False when the scan
+    stopped at its bounds (a huge folder): deeper matches are then not protected."""
+
+    masks: list[Mask] = field(default_factory=list)
+    complete: bool = True
+    why: str = ""
+
+
+def protect(folder: str, patterns: list[str], skip: list[str] | None = None) -> Protection:
+    """Find ``patterns`` (see config.PROTECTED_PATHS) at any depth of ``folder`` as it is
+    now: each match becomes a read-only mask, and every folder between ``folder`` and it
+    a pin (so a match cannot be moved away and replaced). Links are never followed;
+    ``skip`` (hidden masks) is not walked; a folder named ``.git`` is entered only along
+    the patterns (its objects are not host tools' business)."""
+    split = [p.split("/") for p in patterns]
+    found: list[str] = []
+    protection = Protection()
+    skipped = {os.path.normpath(s) for s in skip or []}
+    deadline = time.monotonic() + SCAN_SECONDS
+    seen = 0
+    # (folder, the patterns' states there: (pattern index, names of it matched so far))
+    todo: list[tuple[str, frozenset[tuple[int, int]]]] = [(os.path.normpath(folder), frozenset())]
+    while todo:
+        where, states = todo.pop()
+        try:
+            entries = list(os.scandir(where))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if seen > SCAN_ENTRIES or time.monotonic() > deadline:
+                protection.complete = False
+                protection.why = f"stopped after {seen - 1} entries"
+                todo.clear()
+                break
+            path = os.path.join(where, entry.name)
+            matched, next_states = _step(split, states, entry.name)
+            if matched:
+                found.append(path)
+                continue
+            if path in skipped or not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.name == ".git" and not next_states:
+                continue
+            todo.append((path, next_states))
+    found.sort()
+    pins = sorted({a for path in found for a in _between(folder, path)})
+    masks = [Mask(p, "pin") for p in pins] + [Mask(p, "read-only") for p in found]
+    masks.sort(key=lambda m: m.path)
+    if len(masks) > MAX_PROTECTED:
+        protection.complete = False
+        protection.why = f"more than {MAX_PROTECTED} protected paths"
+        masks = masks[:MAX_PROTECTED]
+    protection.masks = masks
+    return protection
+
+
+def _step(
+    patterns: list[list[str]], states: frozenset[tuple[int, int]], name: str
+) -> tuple[bool, frozenset[tuple[int, int]]]:
+    """Whether ``name`` completes a pattern here, and the patterns' states beneath it."""
+    matched = False
+    after: set[tuple[int, int]] = set()
+    candidates = {(i, 0) for i in range(len(patterns))} | set(states)
+    for index, done in candidates:
+        parts = patterns[index]
+        if done == len(parts) - 1:
+            if fnmatch.fnmatchcase(name, parts[-1]):
+                matched = True
+        elif name == parts[done]:
+            after.add((index, done + 1))
+    return matched, frozenset(after)
+
+
+def _between(folder: str, path: str) -> list[str]:
+    """The folders strictly between ``folder`` and ``path``."""
+    root = os.path.normpath(folder)
+    found = []
+    parent = os.path.dirname(path)
+    while parent != root and parent.startswith(root + "/"):
+        found.append(parent)
+        parent = os.path.dirname(parent)
+    return found
 
 
 def resolve_work_folder(setting: str, cwd: str, server_root: str = "") -> str:
@@ -112,14 +213,11 @@ def folder_tag(folder: str) -> str:
 
 
 def masks(folder: str, never_shown: list[str]) -> list[Mask]:
-    """What of ``folder`` the sandbox must not see, or not change.
-
-    * ``never_shown`` (the state folder, the workspaces root, Jupyter's data and
-      runtime folders) and, when the folder is a home or holds one, the home's
-      dot-entries (``~/.ssh``, ``~/.bashrc`` ...): hidden;
-    * the folder's own dot-entries otherwise (``.git`` with its hooks, ``.envrc``,
-      ``.github``): read-only, since host tools act on what they say.
-    """
+    """What of ``folder`` the sandbox must not see: ``never_shown`` (the state folder,
+    the workspaces root, Jupyter's own folders, this installation's Python and package)
+    and, when the folder is a home or holds one, the home's dot-entries (``~/.ssh``,
+    ``~/.bashrc`` ...): hidden. What it may see but not change (``protected_paths``) is
+    found when the sandbox starts (:func:`protect`)."""
     root = Path(folder)
     home = Path.home().resolve()
     found: list[Mask] = []
@@ -127,15 +225,10 @@ def masks(folder: str, never_shown: list[str]) -> list[Mask]:
         p = Path(path).resolve()
         if p.exists() and root in p.parents:
             found.append(Mask(str(p), "hide"))
-    homes = [home] if (home == root or root in home.parents) else []
-    for base in homes:
-        for entry in _entries(base):
+    if home == root or root in home.parents:
+        for entry in _entries(home):
             if entry.name.startswith("."):
                 found.append(Mask(str(entry), "hide"))
-    if not homes:
-        for entry in _entries(root):
-            if entry.name.startswith(".") and not entry.is_symlink():
-                found.append(Mask(str(entry), "read-only"))
     # Outer masks first; a path inside one already hidden needs nothing more.
     found.sort(key=lambda m: m.path)
     kept: list[Mask] = []
@@ -143,6 +236,22 @@ def masks(folder: str, never_shown: list[str]) -> list[Mask]:
         if not any(mask.path.startswith(k.path + "/") and k.how == "hide" for k in kept):
             kept.append(mask)
     return kept
+
+
+def installation_folders() -> list[str]:
+    """This installation's own Python environment and packages: the server and its
+    kernels run them, so a sandbox must never change them (they are hidden when a work
+    folder holds them, as a checkout with its own .venv or an editable install does)."""
+    import sys
+    from importlib.util import find_spec
+
+    import sandbox_kernel
+
+    found = [sys.prefix, os.path.dirname(os.path.abspath(sandbox_kernel.__file__))]
+    extension = find_spec("jupyter_ext")  # where it is, without importing it (a layer above)
+    if extension is not None and extension.submodule_search_locations:
+        found.extend(extension.submodule_search_locations)
+    return found
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -203,13 +312,16 @@ def server_root_dir() -> str:
 __all__ = [
     "NOTEBOOK_DIR_ENV",
     "Mask",
+    "Protection",
     "folder_tag",
     "door_folder",
     "git_top",
+    "installation_folders",
     "jupyter_folders",
     "masks",
     "notebook_folder",
     "primary_folder",
+    "protect",
     "resolve_work_folder",
     "server_root_dir",
     "under",

@@ -59,6 +59,7 @@ from .files import RemoteWorkspace, Workspace
 from .folders import (
     door_folder,
     folder_tag,
+    installation_folders,
     jupyter_folders,
     masks,
     primary_folder,
@@ -135,6 +136,7 @@ class SandboxService:
             shared_folder=cfg.shared_folder,
             runtime=cfg.runtime,
             work_folder=work_folder,
+            work_read_only=bool(work_folder) and cfg.work_mount == "ro",
             masks=tuple((m.path, m.how) for m in masks(work_folder, self._never_shown()))
             if work_folder
             else (),
@@ -142,7 +144,12 @@ class SandboxService:
 
     def _never_shown(self) -> list[str]:
         """Host folders no sandbox sees, even inside a work folder that holds them."""
-        return [self.config.state_dir, self.config.workspace_root, *jupyter_folders()]
+        return [
+            self.config.state_dir,
+            self.config.workspace_root,
+            *jupyter_folders(),
+            *installation_folders(),
+        ]
 
     def work_folder(self, cwd: str, config: SandboxConfig | None = None) -> str:
         """The host folder a kernel whose notebook lies in ``cwd`` works in ("" for none)."""
@@ -175,7 +182,11 @@ class SandboxService:
         sid = key.name
         if cfg.variant:
             sid += f"{VARIANT}{hashlib.sha256(cfg.variant.encode()).hexdigest()[:8]}"
-        if (
+        if work_folder and cfg.work_mount == "ro":
+            # Another mount of the folder is another sandbox: one made with it writable
+            # must never serve code meant to see it read-only.
+            sid += f"{WORK}{folder_tag(work_folder + chr(0) + 'ro')}"
+        elif (
             key.scope == "user"
             and work_folder
             and work_folder != primary_folder(cfg.work_root, server_root_dir())

@@ -56,6 +56,7 @@ def engine_settings(config: SandboxConfig) -> EngineSettings:
         idle_stop=config.idle_stop,
         idle_delete=config.idle_delete,
         files_idle_stop=config.files_idle_stop,
+        protected_paths=tuple(config.protected_paths),
     )
 
 

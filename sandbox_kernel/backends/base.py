@@ -55,6 +55,7 @@ LABEL_INSTALLATION = LABEL_PREFIX + "installation"
 LABEL_IMAGE = LABEL_PREFIX + "image"  # what it was made from, as shown to users
 LABEL_SNAPSHOT_OF = LABEL_PREFIX + "from-snapshot"  # the user's snapshot it started from
 LABEL_WORK_FOLDER = LABEL_PREFIX + "work-folder"  # host folder mounted at the same path
+LABEL_WORK_MODE = LABEL_PREFIX + "work-mode"  # "ro" when it is mounted read-only
 # Host folder mounted read-only where its interpreters reach their kernels (agent_sockets).
 LABEL_AGENT_SOCKETS = LABEL_PREFIX + "agent-sockets"
 # "files" on a user's files sandbox (see Backend.files_sandbox); code sandboxes have none.
@@ -87,7 +88,8 @@ class Spec:
     shared_folder: str = ""
     runtime: str = ""
     work_folder: str = ""  # host folder mounted at the same path ("": none)
-    masks: tuple[tuple[str, str], ...] = ()  # (path, "hide" | "read-only") inside it
+    work_read_only: bool = False  # mounted read-only (work_mount = "ro")
+    masks: tuple[tuple[str, str], ...] = ()  # (path, "hide") inside it
 
     def fingerprint(self, work: bool = True) -> str:
         """A short hash of what cannot change without making the sandbox anew (``work``:
@@ -101,6 +103,8 @@ class Spec:
         }
         if work and self.work_folder:
             fixed["work"] = self.work_folder
+            if self.work_read_only:
+                fixed["work_mode"] = "ro"
         return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -132,6 +136,9 @@ class EngineSettings:
     idle_stop: float = 15.0  # minutes: Daytona applies them natively
     idle_delete: float = 120.0
     files_idle_stop: float = 60.0  # minutes: a files sandbox's own auto-stop
+    # What a sandbox may not change in a writable work folder (policy, found at each start:
+    # see folders.protect)
+    protected_paths: tuple[str, ...] = ()
 
 
 def installation_id(state_dir: str) -> str:
@@ -174,6 +181,7 @@ def sandbox_labels(key: ScopeKey, spec: Spec, installation: str, workspace: str)
         LABEL_IMAGE: spec.source,
         LABEL_SNAPSHOT_OF: spec.snapshot,
         LABEL_WORK_FOLDER: spec.work_folder,
+        LABEL_WORK_MODE: "ro" if spec.work_read_only else "",
     }
 
 

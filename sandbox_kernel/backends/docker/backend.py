@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...agent import bootstrap_command, bundle, inline, program
+from ...folders import protect
 from ...identity import ScopeKey
 from .. import idmap
 from ..base import (
@@ -46,6 +47,8 @@ from ..base import (
     LABEL_INSTALLATION,
     LABEL_MANAGED,
     LABEL_USER_ID,
+    LABEL_WORK_FOLDER,
+    LABEL_WORK_MODE,
     LABEL_WORKSPACE,
     SHARED,
     WORKSPACE,
@@ -90,6 +93,7 @@ from .info import (
     summary_info,
 )
 from .mounts import DEFAULT_UID, WorkspaceMounts, bind_mount
+from .protect import apply as apply_protection
 from .security import NETWORK, seccomp_profile, shared_network
 from .snapshots import DockerSnapshots
 from .sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
@@ -435,7 +439,39 @@ class DockerBackend(Backend):
             raise SandboxFailed(
                 f"sandbox {self._id(container)} stopped right after start{hint}: {logs[-300:]}"
             )
+        self._protect(started)
         return container_info(self._installation, started)
+
+    def _protect(self, container: Inspected) -> None:
+        """Make what host tools trust in the writable work folder read-only inside the
+        container, found afresh, before any process of the user's runs (see protect.py):
+        a root server on a local engine with runc, whose namespaces it may enter. Other
+        servers got the same mounts when the container was made (mounts.py)."""
+        labels = container.labels
+        work = labels.get(LABEL_WORK_FOLDER, "")
+        runtime = (container.attrs.get("HostConfig") or {}).get("Runtime") or "runc"
+        if (
+            not work
+            or labels.get(LABEL_WORK_MODE) == "ro"
+            or not self.settings.protected_paths
+            or os.geteuid() != 0
+            or self._wire is None
+            or runtime != "runc"
+        ):
+            return
+        hidden = [
+            m.get("Destination", "")
+            for m in container.attrs.get("Mounts") or []
+            if str(m.get("Destination", "")).startswith(work.rstrip("/") + "/")
+        ]
+        found = protect(work, list(self.settings.protected_paths), hidden)
+        pid = int((container.attrs.get("State") or {}).get("Pid") or 0)
+        skipped = apply_protection(pid, [(m.path, m.how) for m in found.masks]) if pid else []
+        sid = self._id(container)
+        if not found.complete:
+            log.warning("sandbox %s: protected paths %s; deeper ones stay writable", sid, found.why)
+        for line in skipped[:5]:
+            log.warning("sandbox %s: a protected path was not mounted: %s", sid, line)
 
     def _reinspect(self, container: Inspected) -> Inspected:
         with engine_errors("read the state of", self._id(container)):

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from ...folders import protect
 from ...identity import ScopeKey
 from ...safefs import make_folder
 from .. import idmap
@@ -130,7 +131,7 @@ class WorkspaceMounts:
             point = str(self._point(name, "work"))
             self._idmap(Path(spec.work_folder), Path(point), uid, gid)
             source = point
-        mounts = [bind_mount(spec.work_folder, source)]
+        mounts = [bind_mount(spec.work_folder, source, read_only=spec.work_read_only)]
         for path, kind in spec.masks:
             inside = source + path[len(spec.work_folder) :]
             if kind == "read-only":
@@ -141,6 +142,14 @@ class WorkspaceMounts:
                 )
             else:
                 mounts.append(bind_mount(path, "/dev/null", read_only=True))
+        if not spec.work_read_only and os.geteuid() != 0:
+            # A root server mounts them at every start, in the container's own namespace
+            # (see protect.py); this server cannot: they are those of the folder as it is now.
+            hidden = [path for path, _ in spec.masks]
+            found = protect(spec.work_folder, list(self.settings.protected_paths), hidden)
+            for mask in found.masks:
+                inside = source + mask.path[len(spec.work_folder) :]
+                mounts.append(bind_mount(mask.path, inside, read_only=mask.how == "read-only"))
         return mounts, point
 
     def _idmap(self, folder: Path, point: Path, uid: int, gid: int, expect: str = "") -> None:
