@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Enum, Float, Int
+from traitlets import Bool, Enum, Float, Int
 
 from sandbox_kernel.config import ConfigError, load_config
 from sandbox_kernel.identity import OWNER_FROM_ENV, resolve_user
@@ -17,6 +17,8 @@ from sandbox_kernel.service import SandboxService
 
 from .handlers import handlers
 from .mcp import McpService, mcp_handlers
+from .metrics import LISTING_INTERVAL, register
+from .proxy import Grants, proxy_handlers
 from .webdav import DavService, dav_handlers
 
 
@@ -52,6 +54,18 @@ class SandboxExtension(ExtensionApp):
         ),
     ).tag(config=True)
 
+    preview_isolation = Bool(
+        True,
+        help=(
+            "Whether a browser opens a sandbox's preview (sandbox-kernel/proxy/...) in an "
+            "origin of its own: sent to a signed preview path and served with "
+            "Content-Security-Policy: sandbox, so the app's pages cannot use the user's "
+            "Jupyter session (the sandbox's code is not trusted). False serves previews on "
+            "the server's own origin, as jupyter-server-proxy does, and allows absolute/ "
+            "previews: only for servers whose sandboxes run trusted code."
+        ),
+    ).tag(config=True)
+
     def initialize_settings(self) -> None:
         # Kernels and terminals this server starts inherit its environment: tell them the
         # server's root folder, the primary work folder mounted into sandboxes.
@@ -73,7 +87,10 @@ class SandboxExtension(ExtensionApp):
             sandbox_owner=None if self.owner_from == "request" else resolve_user(config),
             sandbox_max_upload=self.max_upload_size,
             sandbox_dav=DavService(self.serverapp.base_url),
+            sandbox_preview_isolation=self.preview_isolation,
+            sandbox_preview_grants=Grants(),
         )
+        self._metrics = register(self.settings["sandbox_service"])
         from .terminals import install as install_terminals
 
         self.log.info(
@@ -89,10 +106,21 @@ class SandboxExtension(ExtensionApp):
         self.handlers.extend(handlers())
         self.handlers.extend(dav_handlers())
         self.handlers.extend(mcp_handlers())
+        self.handlers.extend(proxy_handlers())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         if self.gc_interval > 0:
             self._reaper = asyncio.ensure_future(self._reap_forever())
+        self._lister = asyncio.ensure_future(self._list_forever())
+
+    async def _list_forever(self) -> None:
+        """Keep the listing behind the sandboxes gauge fresh, off the event loop."""
+        while True:
+            try:
+                await asyncio.to_thread(self._metrics.refresh)
+            except Exception as exc:  # never takes the server down
+                self.log.debug("sandbox listing for metrics failed: %s", exc)
+            await asyncio.sleep(LISTING_INTERVAL)
 
     async def _reap_forever(self) -> None:
         service: SandboxService = self.settings["sandbox_service"]
@@ -111,9 +139,9 @@ class SandboxExtension(ExtensionApp):
                 self.log.warning("sandbox lifecycle run failed: %s", exc)
 
     async def stop_extension(self) -> None:
-        reaper = getattr(self, "_reaper", None)
-        if reaper is not None:
-            reaper.cancel()
+        for task in (getattr(self, "_reaper", None), getattr(self, "_lister", None)):
+            if task is not None:
+                task.cancel()
         dav = self.settings.get("sandbox_dav")
         if dav is not None:
             dav.close()
