@@ -222,7 +222,7 @@ class ProxyHandler(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
         return url
 
     def _request_headers(self, websocket_request: bool = False) -> dict[str, str]:
-        own_cookie = self.cookie_name
+        own_cookie = self.identity_provider.get_cookie_name(self)
         drop = HOP_BY_HOP | {"x-xsrftoken", "x-xsrf-token"}
         drop |= {
             part.strip().lower()
@@ -297,14 +297,17 @@ class ProxyHandler(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
         client = SimpleAsyncHTTPClient(force_instance=True, max_body_size=1 << 62)
         try:
             response = await client.fetch(request, raise_error=False)
+            error: BaseException | None = response.error if response.code == 599 else None
+        except (OSError, httpclient.HTTPClientError) as exc:  # refused, reset, timed out
+            error = exc
         finally:
             client.close()
-        if response.code == 599:
-            error = response.error
+        if error is not None and not self._started:
             raise web.HTTPError(
                 502,
                 log_message=f"nothing answered on port {self.path_kwargs.get('port') or ''} of "
-                f"the sandbox ({shorten(str(error), 120)}); is the app listening on 0.0.0.0?",
+                f"the sandbox ({shorten(str(error) or type(error).__name__, 120)}); is the app "
+                "running, and listening on 0.0.0.0 rather than 127.0.0.1?",
             )
         self._start_response(head)
 
@@ -329,7 +332,7 @@ class ProxyHandler(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
                 continue
             if low == "set-cookie":
                 cookie = value.split("=", 1)[0].strip()
-                if _jupyter_cookie(cookie, self.cookie_name):
+                if _jupyter_cookie(cookie, self.identity_provider.get_cookie_name(self)):
                     continue
             if low == "location":
                 value = self._location(value)
@@ -354,7 +357,7 @@ class ProxyHandler(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
         self.write(chunk)
         await self.flush()
 
-    async def _relay(self) -> None:
+    async def _relay(self, *args: Any, **kwargs: Any) -> None:
         """Called once the client's body has come: end it, wait for the response."""
         if self._body is None or self._fetch is None:
             return
@@ -475,7 +478,7 @@ class AddSlashHandler(JupyterHandler):
         await super().prepare(_redirect_to_login=False)  # 403, as the proxy answers
 
     @web.authenticated
-    def get(self, *args: Any) -> None:
+    def get(self, *args: Any, **kwargs: Any) -> None:
         uri = urllib.parse.urlsplit(self.request.uri or "")
         self.redirect(uri.path + "/" + (f"?{uri.query}" if uri.query else ""))
 
