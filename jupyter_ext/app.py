@@ -17,7 +17,7 @@ from sandbox_kernel.service import SandboxService
 
 from .handlers import handlers
 from .mcp import McpService, mcp_handlers
-from .metrics import LISTING_INTERVAL, register
+from .metrics import register
 from .proxy import Grants, proxy_handlers
 from .webdav import DavService, dav_handlers
 
@@ -66,6 +66,15 @@ class SandboxExtension(ExtensionApp):
         ),
     ).tag(config=True)
 
+    metrics_interval = Float(
+        15.0,
+        help=(
+            "Seconds a listing of sandboxes behind the sandbox_kernel_sandboxes gauge in "
+            "/metrics is used before a scrape starts the next one in the background (a "
+            "scrape never waits for the engine)."
+        ),
+    ).tag(config=True)
+
     def initialize_settings(self) -> None:
         # Kernels and terminals this server starts inherit its environment: tell them the
         # server's root folder, the primary work folder mounted into sandboxes.
@@ -90,7 +99,7 @@ class SandboxExtension(ExtensionApp):
             sandbox_preview_isolation=self.preview_isolation,
             sandbox_preview_grants=Grants(),
         )
-        self._metrics = register(self.settings["sandbox_service"])
+        register(self.settings["sandbox_service"], self.metrics_interval)
         from .terminals import install as install_terminals
 
         self.log.info(
@@ -111,16 +120,6 @@ class SandboxExtension(ExtensionApp):
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         if self.gc_interval > 0:
             self._reaper = asyncio.ensure_future(self._reap_forever())
-        self._lister = asyncio.ensure_future(self._list_forever())
-
-    async def _list_forever(self) -> None:
-        """Keep the listing behind the sandboxes gauge fresh, off the event loop."""
-        while True:
-            try:
-                await asyncio.to_thread(self._metrics.refresh)
-            except Exception as exc:  # never takes the server down
-                self.log.debug("sandbox listing for metrics failed: %s", exc)
-            await asyncio.sleep(LISTING_INTERVAL)
 
     async def _reap_forever(self) -> None:
         service: SandboxService = self.settings["sandbox_service"]
@@ -139,9 +138,9 @@ class SandboxExtension(ExtensionApp):
                 self.log.warning("sandbox lifecycle run failed: %s", exc)
 
     async def stop_extension(self) -> None:
-        for task in (getattr(self, "_reaper", None), getattr(self, "_lister", None)):
-            if task is not None:
-                task.cancel()
+        reaper = getattr(self, "_reaper", None)
+        if reaper is not None:
+            reaper.cancel()
         dav = self.settings.get("sandbox_dav")
         if dav is not None:
             dav.close()

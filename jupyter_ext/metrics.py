@@ -10,15 +10,18 @@ Three sources, by where things happen:
   file (:mod:`sandbox_kernel.events`) and this collector exports that table when
   scraped, as ``sandbox_kernel_<name>_total`` (a histogram as its buckets);
 * **sandboxes now** by state, backend and flavor: a gauge from a listing the
-  extension refreshes in the background every :data:`LISTING_INTERVAL` seconds (a
+  extension refreshes in the background every ``metrics_interval`` seconds (a
   scrape never waits for the engine), with ``sandbox_kernel_engine_up`` saying whether
   the last listing worked and ``sandbox_kernel_listing_age_seconds`` how old it is.
+  A scrape that finds the listing older than that starts the next one in a thread and
+  answers with the one it has.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -36,7 +39,6 @@ from sandbox_kernel import events
 from sandbox_kernel.service import SandboxService
 
 PREFIX = "sandbox_kernel_"
-LISTING_INTERVAL = 15.0  # seconds between the background listings behind the gauges
 log = logging.getLogger("sandbox_kernel")
 
 FILE_BYTES = Counter(
@@ -70,12 +72,26 @@ class SandboxCollector(Collector):
 
     def __init__(self) -> None:
         self.service: SandboxService | None = None
+        self.interval = 15.0
+        self._listing = threading.Lock()
+        self._tried = 0.0
         self.listing: list[tuple[str, str, str]] = []  # (state, backend, flavor) per sandbox
         self.listed_at = 0.0
         self.engine_up = False
 
+    def refresh_soon(self) -> None:
+        """Start a listing in a thread when the last one is older than ``interval``."""
+        if time.monotonic() - self._tried < self.interval or self._listing.locked():
+            return
+        self._tried = time.monotonic()
+        threading.Thread(target=self.refresh, name="sandbox-metrics", daemon=True).start()
+
     def refresh(self) -> None:
         """List the sandboxes (blocking: call it from a thread)."""
+        with self._listing:
+            self._refresh()
+
+    def _refresh(self) -> None:
         service = self.service
         if service is None:
             return
@@ -95,6 +111,7 @@ class SandboxCollector(Collector):
         service = self.service
         if service is None:
             return
+        self.refresh_soon()
         yield from self._now(service.backend.name)
         try:
             rows = service.store.counters()
@@ -173,10 +190,14 @@ COLLECTOR = SandboxCollector()
 _registered = False
 
 
-def register(service: SandboxService) -> SandboxCollector:
-    """Export ``service``'s installation in the server's /metrics (once per process)."""
+def register(service: SandboxService, interval: float) -> SandboxCollector:
+    """Export ``service``'s installation in the server's /metrics (once per process),
+    its sandboxes listed at most every ``interval`` seconds."""
     global _registered
     COLLECTOR.service = service
+    COLLECTOR.interval = interval
+    COLLECTOR.listing, COLLECTOR.listed_at, COLLECTOR.engine_up = [], 0.0, False
+    COLLECTOR._tried = 0.0
     if not _registered:
         REGISTRY.register(COLLECTOR)
         _registered = True
