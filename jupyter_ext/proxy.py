@@ -477,8 +477,9 @@ class AddSlashHandler(JupyterHandler):
     async def prepare(self) -> None:  # type: ignore[override]
         await super().prepare(_redirect_to_login=False)  # 403, as the proxy answers
 
-    @web.authenticated
     def get(self, *args: Any, **kwargs: Any) -> None:
+        if not self.current_user:
+            raise web.HTTPError(403, log_message="authentication required")
         uri = urllib.parse.urlsplit(self.request.uri or "")
         self.redirect(uri.path + "/" + (f"?{uri.query}" if uri.query else ""))
 

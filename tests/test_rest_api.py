@@ -665,7 +665,12 @@ async def test_every_route_refuses_a_request_without_login(
     routes = served_routes()
     assert len(routes) >= 10
     for path, method in sorted(routes):
-        url = path.replace("{id}", sandbox["id"]).replace("{path}", "x.txt")
+        url = (
+            path.replace("{id}", sandbox["id"])
+            .replace("{path}", "x.txt")
+            .replace("{port}", "8000")
+            .replace("{grant}", "e30.00")
+        )
         done = await asyncio.to_thread(
             subprocess.run,
             [
