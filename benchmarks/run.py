@@ -5,6 +5,7 @@
     python benchmarks/run.py --scale 1000   # adds 10, 100 and 1,000 idle sandboxes, each
                                             # answering a cell through a kernel
     python benchmarks/run.py --only-starts   # the three starts to first result, alone
+    python benchmarks/run.py --only-preview  # a port's preview against the port reached directly
     python benchmarks/run.py --only-batch --rounds 50   # CI: nbmake of 10 notebooks, 20 notebooks
                                             # in parallel (nbclient) and in sequence, parallel starts
 
@@ -306,6 +307,67 @@ class Bench:
                 against="docker cp",
             )
             self.listings(url, token, runs * 10)
+        finally:
+            proc.terminate()
+            proc.wait()
+
+    def preview(self, runs: int, size_mb: int) -> None:
+        """A port's preview (sandbox-kernel/proxy/...) against reaching the container's
+        port directly from the host, interleaved: the latency of a small GET (Python's
+        client, one process) and the throughput of a large download (curl for both)."""
+        self.first_result("sandbox")
+        proc, url, token = self.with_server()
+        container = docker.from_env().containers.get(self.container_name)
+        try:
+            container.exec_run(
+                ["python3", "-c", f"open('/tmp/big.bin', 'wb').write(b'x' * ({size_mb} << 20))"]
+            )
+            container.exec_run(
+                ["python3", "-m", "http.server", "8765", "--directory", "/tmp"], detach=True
+            )
+            address = next(iter(container.attrs["NetworkSettings"]["Networks"].values()))[
+                "IPAddress"
+            ]
+            direct = f"http://{address}:8765"
+            proxied = f"{url}/sandbox-kernel/proxy/{self.sandbox_id}/8765"
+            deadline = time.monotonic() + 60  # the app, and the server (slow on a busy host)
+            while True:
+                try:
+                    urllib.request.urlopen(direct + "/", timeout=5).close()
+                    request(url + "/api/status", token)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            small_p, small_d, big_p, big_d = [], [], [], []
+            for _ in range(runs):
+                for _ in range(20):
+                    t = time.perf_counter()
+                    request(proxied + "/", token)
+                    small_p.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    urllib.request.urlopen(direct + "/", timeout=60).read()
+                    small_d.append(time.perf_counter() - t)
+                for target, into in ((proxied, big_p), (direct, big_d)):
+                    t = time.perf_counter()
+                    subprocess.run(
+                        [
+                            "curl",
+                            "-sf",
+                            "-o",
+                            "/dev/null",
+                            "-H",
+                            f"Authorization: token {token}",
+                            target + "/big.bin",
+                        ],
+                        check=True,
+                    )
+                    into.append(time.perf_counter() - t)
+            self.record("preview: small GET", small_p, small_d, against="direct")
+            self.record(f"preview: {size_mb} MB download", big_p, big_d, against="direct")
+            for label, times in (("preview", big_p), ("direct", big_d)):
+                print(f"    {label}: {size_mb / statistics.median(times):.0f} MB/s", flush=True)
         finally:
             proc.terminate()
             proc.wait()
@@ -753,6 +815,11 @@ def main() -> int:
         help="run only the file transfers (REST, WebDAV, docker cp)",
     )
     parser.add_argument(
+        "--only-preview",
+        action="store_true",
+        help="run only the preview proxy against the container's port reached directly",
+    )
+    parser.add_argument(
         "--only-starts",
         action="store_true",
         help="run only the starts to first result (sandbox exists, none yet, stopped)",
@@ -769,13 +836,21 @@ def main() -> int:
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, image {bench.image}"
     print(f"machine: {machine}", flush=True)
     try:
-        only = args.only_scale or args.only_batch or args.only_files or args.only_starts
+        only = (
+            args.only_scale
+            or args.only_batch
+            or args.only_files
+            or args.only_starts
+            or args.only_preview
+        )
         if not only:
             bench.cells(30 if args.smoke else 300)
         if not only or args.only_starts:
             bench.starts(1 if args.smoke else 9)
         if not only or args.only_files:
             bench.files(1 if args.smoke else 3, 10 if args.smoke else 100)
+        if not only or args.only_preview:
+            bench.preview(1 if args.smoke else 5, 10 if args.smoke else 100)
         top = args.only_scale or args.scale
         if top:
             bench.scale(sorted({n for n in (10, 100) if n < top} | {top}))

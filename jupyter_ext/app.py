@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Enum, Float, Int
+from traitlets import Bool, Enum, Float, Int
 
 from sandbox_kernel.config import ConfigError, load_config
 from sandbox_kernel.identity import OWNER_FROM_ENV, resolve_user
@@ -17,6 +17,8 @@ from sandbox_kernel.service import SandboxService
 
 from .handlers import handlers
 from .mcp import McpService, mcp_handlers
+from .metrics import register
+from .proxy import Grants, proxy_handlers
 from .webdav import DavService, dav_handlers
 
 
@@ -52,6 +54,27 @@ class SandboxExtension(ExtensionApp):
         ),
     ).tag(config=True)
 
+    preview_isolation = Bool(
+        True,
+        help=(
+            "Whether a browser opens a sandbox's preview (sandbox-kernel/proxy/...) in an "
+            "origin of its own: sent to a signed preview path and served with "
+            "Content-Security-Policy: sandbox, so the app's pages cannot use the user's "
+            "Jupyter session (the sandbox's code is not trusted). False serves previews on "
+            "the server's own origin, as jupyter-server-proxy does, and allows absolute/ "
+            "previews: only for servers whose sandboxes run trusted code."
+        ),
+    ).tag(config=True)
+
+    metrics_interval = Float(
+        15.0,
+        help=(
+            "Seconds a listing of sandboxes behind the sandbox_kernel_sandboxes gauge in "
+            "/metrics is used before a scrape starts the next one in the background (a "
+            "scrape never waits for the engine)."
+        ),
+    ).tag(config=True)
+
     def initialize_settings(self) -> None:
         # Kernels and terminals this server starts inherit its environment: tell them the
         # server's root folder, the primary work folder mounted into sandboxes.
@@ -73,7 +96,10 @@ class SandboxExtension(ExtensionApp):
             sandbox_owner=None if self.owner_from == "request" else resolve_user(config),
             sandbox_max_upload=self.max_upload_size,
             sandbox_dav=DavService(self.serverapp.base_url),
+            sandbox_preview_isolation=self.preview_isolation,
+            sandbox_preview_grants=Grants(),
         )
+        register(self.settings["sandbox_service"], self.metrics_interval)
         from .terminals import install as install_terminals
 
         self.log.info(
@@ -89,6 +115,7 @@ class SandboxExtension(ExtensionApp):
         self.handlers.extend(handlers())
         self.handlers.extend(dav_handlers())
         self.handlers.extend(mcp_handlers())
+        self.handlers.extend(proxy_handlers())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         if self.gc_interval > 0:

@@ -21,7 +21,10 @@ from tornado.http1connection import HTTP1Connection
 
 from sandbox_kernel.errors import SandboxError, http_status, shorten
 from sandbox_kernel.files import RemoteUpload, Upload
+from sandbox_kernel.preview import proxy_path
 from sandbox_kernel.service import SandboxService
+
+from .metrics import FILE_BYTES
 
 AUTH_RESOURCE = "sandboxes"
 DISCARD_SLACK = 64 << 20  # bytes past the upload limit read and dropped to answer 413 cleanly
@@ -233,6 +236,7 @@ class FileHandler(BaseHandler):
             size = await self.call(upload.commit)
         finally:
             upload.abort()  # no-op after a commit; removes the temporary after a failure
+        FILE_BYTES.labels(door="rest", direction="upload").inc(size)
         self.reply({"path": path, "size": size}, status=201)
 
     @web.authenticated
@@ -252,6 +256,7 @@ class FileHandler(BaseHandler):
                 chunk = await asyncio.to_thread(next, chunks, None)
                 if chunk is None:
                     break
+                FILE_BYTES.labels(door="rest", direction="download").inc(len(chunk))
                 self.write(chunk)
                 await self.flush()
         except SandboxError as exc:
@@ -299,6 +304,18 @@ class SnapshotHandler(BaseHandler):
         self.finish()
 
 
+class PortsHandler(BaseHandler):
+    """The ports listening in a sandbox, each with its preview URL (never wakes it)."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, sandbox_id: str) -> None:
+        found = await self.call(self.service.ports, self.owner, sandbox_id)
+        for entry in found["ports"]:
+            entry["url"] = proxy_path(self.base_url, found["sandbox_id"], entry["port"])
+        self.reply(found)
+
+
 class StatsHandler(BaseHandler):
     @web.authenticated
     @authorized
@@ -319,6 +336,7 @@ def handlers() -> list[tuple[str, type[BaseHandler]]]:
         (rf"/api/sandboxes/{_ID}/files", FolderHandler),
         (rf"/api/sandboxes/{_ID}/files/(?P<path>.+)", FileHandler),
         (rf"/api/sandboxes/{_ID}/snapshots", SandboxSnapshotsHandler),
+        (rf"/api/sandboxes/{_ID}/ports", PortsHandler),
         (r"/api/snapshots", SnapshotsHandler),
         (r"/api/snapshots/(?P<name>[^/]+)", SnapshotHandler),
     ]

@@ -49,6 +49,7 @@ BODY_LIMIT = 16 << 20  # bytes of one MCP request (write_file takes up to 8 MiB,
 SESSION_IDLE = 4 * 3600.0  # seconds an MCP session may go unused before the SDK ends it
 MAX_MCP_SESSIONS = 1000
 OWNER_KEY = "sandbox_kernel.owner"
+SERVER_URL_KEY = "sandbox_kernel.server_url"
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 HIDDEN_HEADERS = {"authorization", "cookie"}  # never handed on to the SDK or the tools
 
@@ -63,6 +64,13 @@ def owner_of(ctx: Context) -> str:
     return owner
 
 
+def server_url_of(ctx: Context) -> str:
+    """This server's URL as the request that carried the call reached it."""
+    request = ctx.request_context.request
+    url = getattr(request, "scope", {}).get(SERVER_URL_KEY) if request is not None else None
+    return url if isinstance(url, str) else ""
+
+
 class McpService:
     """The MCP server of this Jupyter server: the tools, the SDK's session manager, and
     which Jupyter user opened which MCP session."""
@@ -70,7 +78,7 @@ class McpService:
     def __init__(self, service: SandboxService, home: str | None = None) -> None:
         root = home or os.environ.get("SANDBOX_KERNEL_SERVER_ROOT") or os.getcwd()
         self.sessions = AgentSessions(service, str(Path(root).resolve()))
-        self.server = build_server(self.sessions, owner_of)
+        self.server = build_server(self.sessions, owner_of, server_url_of)
         self.server.streamable_http_app(
             streamable_http_path="/" + MOUNT,
             max_request_body_size=BODY_LIMIT,
@@ -250,6 +258,7 @@ class McpHandler(APIHandler):
                 AccessToken(token="", client_id=f"jupyter:{user}", scopes=[], subject=user)
             ),
             OWNER_KEY: request_owner(self),
+            SERVER_URL_KEY: f"{request.protocol}://{request.host}{self.base_url}",
         }
 
     async def _receive(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from sandbox_kernel.errors import SandboxError, shorten
 from sandbox_kernel.webdav import ENV_SANDBOX, ENV_WORKSPACE, make_app
 
 from .handlers import AUTH_RESOURCE, DISCARD_SLACK, http_error, request_owner
+from .metrics import FILE_BYTES
 
 MOUNT = "sandbox-kernel/dav"
 METHODS = (
@@ -340,6 +341,7 @@ class DavHandler(JupyterHandler):
             limit = self.settings["sandbox_max_upload"]
             self._body.end(DAVError(413, context_info=f"the upload passed {limit} bytes"))
             return
+        FILE_BYTES.labels(door="webdav", direction="upload").inc(len(chunk))
         room = self._body.feed(chunk)
         if room is not None:
             await room
@@ -396,6 +398,7 @@ class DavHandler(JupyterHandler):
                 if chunk:
                     self.write(chunk)
                     sent += len(chunk)
+                    FILE_BYTES.labels(door="webdav", direction="download").inc(len(chunk))
                     await self.flush()
                 chunk = await loop.run_in_executor(self.dav.executor, _next, rest)
         except (SandboxError, OSError, DAVError) as exc:

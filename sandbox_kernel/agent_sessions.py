@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from . import events
 from .agent import program
 from .backends.base import WORKSPACE, SandboxInfo
 from .connection import OVERFLOW, AgentConnection, AgentGone
@@ -360,6 +361,10 @@ class AgentSession:
             agent.attach(asyncio.get_running_loop())
             self.agent = agent
             self._first = True
+            service = self.sandbox.service
+            await asyncio.to_thread(
+                events.count, service.store, events.AGENT_SESSIONS, backend=service.backend.name
+            )
         return self.agent
 
     async def _run(self, code: str, timeout: float, outcome: Outcome) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import events
 from .backends.base import Backend, SandboxInfo, is_files_sandbox
 from .config import SandboxConfig, setting_names
 from .errors import QuotaExceeded, SandboxNotFound
@@ -202,8 +203,22 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
             _apply(backend, store, action)
         except SandboxNotFound:
             action.done = True  # another reaper (or the user) got there first
+            continue
         except Exception as exc:  # one sandbox's trouble must not stop the run
             action.error = str(exc) or type(exc).__name__
+            kind = events.error_kind(exc)
+            if kind:
+                events.count(
+                    store, events.ENGINE_ERRORS, backend=backend.name, operation="reap", kind=kind
+                )
+        if action.done:
+            events.count(
+                store,
+                events.STOPS,
+                backend=backend.name,
+                action=action.action,
+                reason=events.reap_reason(action.reason),
+            )
     return actions
 
 

@@ -34,11 +34,14 @@ from .errors import (
     error_label,
     shorten,
 )
+from .preview import proxy_path
 from .service import SandboxService
 
 log = logging.getLogger("sandbox_kernel")
 
 OwnerOf = Callable[[Context], str]
+# The URL of the Jupyter server that serves previews, ending in "/" ("" when none runs).
+ServerUrlOf = Callable[[Context], str]
 READ_DEFAULT = 1 << 20  # bytes read_file returns unless asked for more
 READ_MAX = 8 << 20
 WRITE_MAX = 8 << 20  # bytes write_file accepts (the HTTP body limit is above this)
@@ -167,8 +170,26 @@ def decode_text(data: bytes, at_end: bool) -> str | None:
         return None
 
 
-def build_server(sessions: AgentSessions, owner_of: OwnerOf) -> MCPServer:
-    """The MCP server with every tool, acting for ``owner_of(ctx)`` on each call."""
+def running_server_url(_ctx: Context | None = None) -> str:
+    """The URL of a Jupyter server running on this host for this user (its base URL
+    included), for preview URLs offered over stdio; "" when none runs."""
+    try:
+        from jupyter_server.serverapp import list_running_servers
+
+        for info in list_running_servers():
+            url = str(info.get("url") or "")
+            if url:
+                return url if url.endswith("/") else url + "/"
+    except Exception as exc:  # no server, unreadable runtime files: say there is none
+        log.debug("no running Jupyter server found: %s", exc)
+    return ""
+
+
+def build_server(
+    sessions: AgentSessions, owner_of: OwnerOf, server_url_of: ServerUrlOf = running_server_url
+) -> MCPServer:
+    """The MCP server with every tool, acting for ``owner_of(ctx)`` on each call;
+    ``server_url_of`` says where previews are served."""
     server: MCPServer = MCPServer(
         "sandbox-kernel",
         instructions=INSTRUCTIONS,
@@ -423,6 +444,52 @@ def build_server(sessions: AgentSessions, owner_of: OwnerOf) -> MCPServer:
             return CallToolResult(
                 content=[text("\n".join(lines) or "no sandboxes yet: execute_code makes yours")],
                 structured_content={"sandboxes": [{k: i.get(k) for k in keep} for i in items]},
+            )
+
+        return await guarded(work)
+
+    @tool(
+        "The URL at which you (in a browser, logged in to Jupyter) open a web app listening on "
+        "a port of your sandbox: Streamlit, Dash, Gradio, FastAPI, `python -m http.server`... "
+        "The app must listen on 0.0.0.0 (not 127.0.0.1). Says whether something listens there now.",
+        True,
+    )
+    async def get_preview_url(
+        ctx: Context,
+        port: Annotated[int, Field(ge=1, le=65535, description="The TCP port the app listens on.")],
+        sandbox_id: SandboxArg = "",
+    ) -> CallToolResult:
+        owner = owner_of(ctx)
+
+        async def work() -> CallToolResult:
+            sid = sandbox_id or sessions.own_sandbox_id(owner)
+            found = await asyncio.to_thread(service.ports, owner, sid)
+            base = server_url_of(ctx)
+            if not base:
+                raise BadRequest(
+                    "no Jupyter server is running for you on this host, and previews are "
+                    "served by one: start `jupyter lab` (with sandbox-kernel installed) and ask again"
+                )
+            url = proxy_path(base, found["sandbox_id"], port)
+            listening = [p for p in found["ports"] if p["port"] == port]
+            if found["state"] != "running":
+                note = f"sandbox {sid} is {found['state']}: start it (`sandbox-kernel start {sid}`) and the app first"
+            elif not listening:
+                note = f"nothing listens on port {port} in the sandbox yet"
+            elif not listening[0]["reachable"]:
+                note = (
+                    f"the app listens on {listening[0]['address']} only: make it listen on 0.0.0.0"
+                )
+            else:
+                note = "the app is listening"
+            return CallToolResult(
+                content=[text(f"{url}\n({note})")],
+                structured_content={
+                    "url": url,
+                    "sandbox_id": found["sandbox_id"],
+                    "port": port,
+                    "listening": bool(listening and listening[0]["reachable"]),
+                },
             )
 
         return await guarded(work)

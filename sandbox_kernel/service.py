@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from . import events
 from .agent import as_user
 from .backends import Backend, make_backend
 from .backends.base import (
@@ -43,6 +44,7 @@ from .backends.base import (
     LOST_NOTICE,
     WORKSPACE,
     Ensured,
+    PortTarget,
     Progress,
     SandboxInfo,
     SnapshotInfo,
@@ -54,7 +56,17 @@ from .backends.base import (
     snapshot_ref,
 )
 from .config import FLAVORS, SandboxConfig
-from .errors import AlreadyExists, BadRequest, Forbidden, SandboxFailed, SandboxNotFound, shorten
+from .errors import (
+    AlreadyExists,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    QuotaExceeded,
+    SandboxError,
+    SandboxFailed,
+    SandboxNotFound,
+    shorten,
+)
 from .files import RemoteWorkspace, Workspace
 from .folders import (
     door_folder,
@@ -69,10 +81,12 @@ from .folders import (
 )
 from .identity import ScopeKey
 from .lifecycle import decide, quota_check, stats
+from .preview import READ_TABLES, ListeningPort, check_port, listening_ports
 from .store import AGENT, Store
 from .units import format_size
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+PORTS_TIMEOUT = 10.0  # seconds reading a sandbox's listening ports may take
 VARIANT = "--v"
 WORK = "--w"
 
@@ -207,7 +221,41 @@ class SandboxService:
         line what the user should know.
 
         Safe to call from many processes at once: they all end up with one sandbox.
+        Its outcome and, when a sandbox was made or started, how long that took are
+        counted for the server's metrics (:mod:`.events`).
         """
+        began = time.monotonic()
+        try:
+            ensured = self._ensure(key, progress, config, work_folder)
+        except SandboxError as exc:
+            self._count_start("quota" if isinstance(exc, QuotaExceeded) else "failed", exc)
+            raise
+        self._count_start(ensured.event, None, time.monotonic() - began)
+        return ensured
+
+    def _count_start(
+        self, outcome: str, error: SandboxError | None, seconds: float | None = None
+    ) -> None:
+        name = self.backend.name
+        events.count(self.store, events.STARTS, backend=name, outcome=outcome)
+        if seconds is not None and outcome != "existing":
+            events.observe(self.store, events.START_SECONDS, seconds, backend=name)
+        if error is not None and events.error_kind(error):
+            events.count(
+                self.store,
+                events.ENGINE_ERRORS,
+                backend=name,
+                operation="start",
+                kind=events.error_kind(error),
+            )
+
+    def _ensure(
+        self,
+        key: ScopeKey,
+        progress: Progress | None,
+        config: SandboxConfig | None,
+        work_folder: str,
+    ) -> Ensured:
         say = progress or (lambda _msg: None)
         spec = self.spec(key.user, config, work_folder)
         sid = self.sandbox_id(key, config, spec.work_folder)
@@ -326,9 +374,18 @@ class SandboxService:
     def _reservation(self, sid: str, memory: int, new: bool) -> Iterator[None]:
         """Hold a quota reservation while a sandbox is made, started or resized."""
         check = quota_check(self.backend, self.config, sid, memory, new)
-        self.store.reserve(
-            self.backend.name, sid, memory, new, check, ttl=self.config.start_timeout + 60
-        )
+        try:
+            self.store.reserve(
+                self.backend.name, sid, memory, new, check, ttl=self.config.start_timeout + 60
+            )
+        except QuotaExceeded as exc:
+            events.count(
+                self.store,
+                events.QUOTA_REFUSALS,
+                backend=self.backend.name,
+                quota=events.quota_name(exc),
+            )
+            raise
         try:
             yield
         finally:
@@ -414,13 +471,21 @@ class SandboxService:
 
     def destroy(self, user: str | None, sandbox_id: str) -> bool:
         self.owned(user, sandbox_id)
-        gone = self.backend.destroy(sandbox_id)
+        with events.engine_call(self.store, self.backend.name, "destroy"):
+            gone = self.backend.destroy(sandbox_id)
         self.store.delete(self.backend.name, sandbox_id)
+        events.count(
+            self.store, events.STOPS, backend=self.backend.name, action="destroy", reason="user"
+        )
         return gone
 
     def stop(self, user: str | None, sandbox_id: str) -> dict[str, Any]:
         self.owned(user, sandbox_id)
-        self.backend.stop(sandbox_id)
+        with events.engine_call(self.store, self.backend.name, "stop"):
+            self.backend.stop(sandbox_id)
+        events.count(
+            self.store, events.STOPS, backend=self.backend.name, action="stop", reason="user"
+        )
         return self.get(user, sandbox_id)
 
     def start(
@@ -428,8 +493,14 @@ class SandboxService:
     ) -> dict[str, Any]:
         info = self.owned(user, sandbox_id)
         if info.state != "running":
-            with self._reservation(sandbox_id, int(info.limits.get("memory") or 0), new=False):
-                self.backend.start(sandbox_id, progress)
+            began = time.monotonic()
+            try:
+                with self._reservation(sandbox_id, int(info.limits.get("memory") or 0), new=False):
+                    self.backend.start(sandbox_id, progress)
+            except SandboxError as exc:
+                self._count_start("quota" if isinstance(exc, QuotaExceeded) else "failed", exc)
+                raise
+            self._count_start("started", None, time.monotonic() - began)
         self.store.touch(self.backend.name, sandbox_id)
         return self.get(user, sandbox_id)
 
@@ -471,6 +542,44 @@ class SandboxService:
         :meth:`as_user` first), counting as its use."""
         self.store.touch(self.backend.name, info.id)
         return self.backend.exec(info.id, argv, timeout=timeout, cwd=cwd or WORKSPACE)
+
+    # -- ports (preview URLs) -----------------------------------------------------------
+    def port_target(self, user: str | None, sandbox_id: str, port: Any) -> PortTarget:
+        """Where the preview proxy reaches ``port`` of ``user``'s sandbox ``sandbox_id``.
+
+        Owner rules as for every route; the address comes from the engine for that very
+        sandbox, never from the request. A sandbox that is not running stays so: the
+        proxy never wakes it (409, saying how to start it)."""
+        number = check_port(port)
+        info = self.owned(user, sandbox_id)
+        if info.state != "running":
+            raise Conflict(
+                f"sandbox {sandbox_id} is {info.state}; previews never start it: start it with "
+                f"`sandbox-kernel start {sandbox_id}` or the panel's Start button, then reload"
+            )
+        with events.engine_call(self.store, self.backend.name, "port"):
+            return self.backend.port_target(info, number)
+
+    def ports(self, user: str | None, sandbox_id: str) -> dict[str, Any]:
+        """The TCP ports processes of the sandbox listen on, read from inside it (its
+        own TCP tables, by a short program of the host's, bounded in time). A sandbox
+        that is not running is never woken for it: it has none. Not its activity."""
+        info = self.owned(user, sandbox_id)
+        found: builtins.list[ListeningPort] = []
+        if info.state == "running":
+            with events.engine_call(self.store, self.backend.name, "ports"):
+                result = self.backend.exec(info.id, READ_TABLES, timeout=PORTS_TIMEOUT, cwd="/")
+            if result.exit_code != 0:
+                raise SandboxFailed(
+                    f"could not read the listening ports of {sandbox_id} "
+                    f"(exit {result.exit_code}): {shorten(result.output.decode(errors='replace'), 200)}"
+                )
+            found = listening_ports(result.output.decode("ascii", "replace"))
+        return {
+            "sandbox_id": info.id,
+            "state": info.state,
+            "ports": [p.to_dict() for p in found],
+        }
 
     # -- files ----------------------------------------------------------------------
     def workspace(self, user: str | None, sandbox_id: str) -> Workspace | RemoteWorkspace:

@@ -48,6 +48,12 @@ CREATE TABLE IF NOT EXISTS reservations (
     new INTEGER NOT NULL,
     expires REAL NOT NULL,
     PRIMARY KEY (backend, sandbox_id)
+);
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    value REAL NOT NULL,
+    PRIMARY KEY (name, labels)
 )
 """
 # A kernel beats every HEARTBEAT seconds; one silent for STALE_AFTER is taken as dead.
@@ -378,6 +384,31 @@ class Store:
                 "DELETE FROM reservations WHERE backend = ? AND sandbox_id = ?",
                 (backend, sandbox_id),
             )
+
+    # -- counters: what happened, in any process, for the server's /metrics (events.py) --
+    def add(self, rows: list[tuple[str, str, float]]) -> None:
+        """Add ``value`` to each counter ``(name, labels, value)`` (labels as JSON), in one
+        transaction."""
+        with closing(self._connect()) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(
+                    "INSERT INTO counters (name, labels, value) VALUES (?, ?, ?)"
+                    " ON CONFLICT (name, labels) DO UPDATE SET value = value + excluded.value",
+                    rows,
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def counters(self) -> list[tuple[str, str, float]]:
+        """Every counter: (name, labels as JSON, value)."""
+        with closing(self._connect()) as conn:
+            return [
+                (str(n), str(labels), float(v))
+                for n, labels, v in conn.execute("SELECT name, labels, value FROM counters")
+            ]
 
 
 def _touch(conn: sqlite3.Connection, backend: str, sandbox_id: str, when: float) -> None:

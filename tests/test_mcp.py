@@ -25,6 +25,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import CallToolResult, ImageContent, TextContent
+from tornado.httpclient import AsyncHTTPClient
 
 from sandbox_kernel.service import SandboxService
 
@@ -46,6 +47,7 @@ TOOLS = {
     "list_snapshots",
     "create_snapshot",
     "delete_snapshot",
+    "get_preview_url",
 }
 OUTPUT_LIMIT = 1_000_000
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -466,6 +468,29 @@ async def test_http_same_tools_with_jupyters_authentication(
         assert not (await call(session, "stop_session", session="web")).is_error
         listed = json.loads((await jp_fetch("api", "sandboxes", f"sk-{kenv.user}")).body)
         assert "web" not in [a["name"] for a in listed["agent_sessions"]]
+        # A web app started by the agent, and the URL it gives the user for it.
+        started = await call(
+            session,
+            "execute_command",
+            command="nohup python3 -m http.server 8123 >/dev/null 2>&1 &",
+        )
+        assert not started.is_error
+        deadline = time.monotonic() + 60
+        while True:
+            preview = await call(session, "get_preview_url", port=8123)
+            assert not preview.is_error and preview.structured_content
+            if preview.structured_content["listening"] or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.3)
+        url = preview.structured_content["url"]
+        assert url == (
+            f"http://127.0.0.1:{jp_serverapp.port}{jp_serverapp.base_url}"
+            f"sandbox-kernel/proxy/sk-{kenv.user}/8123/"
+        )
+        page = await AsyncHTTPClient().fetch(url, headers=jp_auth_header)
+        assert b"Directory listing" in page.body
+        bad = await call(session, "get_preview_url", port=70000)
+        assert bad.is_error
 
 
 def _rpc(method: str, id_: int | None = None, **params: Any) -> dict[str, Any]:

@@ -627,9 +627,10 @@ def served_routes() -> set[tuple[str, str]]:
     """(path with {id}-style parameters, method) of every route the extension serves."""
     from jupyter_ext.handlers import handlers
     from jupyter_ext.mcp import mcp_handlers
+    from jupyter_ext.proxy import proxy_handlers
 
     served = set()
-    for pattern, handler in [*handlers(), *mcp_handlers()]:
+    for pattern, handler in [*handlers(), *mcp_handlers(), *proxy_handlers()]:
         path = re.sub(
             r"\(\?P<(\w+)>[^)]*\)",
             lambda m: "{id}" if m.group(1) in ("sandbox_id", "name") else f"{{{m.group(1)}}}",
@@ -639,8 +640,9 @@ def served_routes() -> set[tuple[str, str]]:
             for action in ("stop", "start"):
                 served |= {(path.replace("{action}", action), "POST")}
             continue
+        ours = [k for k in handler.__mro__ if k.__module__.startswith("jupyter_ext.")]
         for method in ("GET", "POST", "PUT", "DELETE"):
-            if method.lower() in handler.__dict__:
+            if any(method.lower() in k.__dict__ for k in ours):
                 served.add((path, method))
     return served
 
@@ -663,7 +665,12 @@ async def test_every_route_refuses_a_request_without_login(
     routes = served_routes()
     assert len(routes) >= 10
     for path, method in sorted(routes):
-        url = path.replace("{id}", sandbox["id"]).replace("{path}", "x.txt")
+        url = (
+            path.replace("{id}", sandbox["id"])
+            .replace("{path}", "x.txt")
+            .replace("{port}", "8000")
+            .replace("{grant}", "e30.00")
+        )
         done = await asyncio.to_thread(
             subprocess.run,
             [

@@ -217,3 +217,29 @@ async def test_kernels_use_the_request_users_sandbox(
     assert reply["status"] == "ok" and out.strip() == "written by the first kernel", out
     assert service.backend.list(bob) == []
     await call(jp_fetch, alice, "api", "sessions", session["id"], method="DELETE")
+
+
+async def test_previews_keep_users_apart(
+    jp_fetch: Any, users: tuple[str, str], make_config: Callable[..., SandboxConfig], tmp_path: Path
+) -> None:
+    """Alice cannot open, list or be granted a preview of Bob's sandbox; Bob can."""
+    alice, bob = users
+    cfg = make_config(workspace_root=str(tmp_path / "ws"), state_dir=str(tmp_path / "st"))
+    service = SandboxService(cfg)
+    b = service.ensure(ScopeKey(bob)).info
+    for parts, headers in (
+        (("sandbox-kernel", "proxy", b.id, "8000", "x"), {}),
+        (("sandbox-kernel", "proxy", b.id, "8000", "x"), {"Sec-Fetch-Dest": "document"}),
+        (("api", "sandboxes", b.id, "ports"), {}),
+    ):
+        try:
+            await jp_fetch(
+                *parts,
+                headers={"X-Test-User": alice, "Authorization": "", **headers},
+                follow_redirects=False,
+            )
+            raise AssertionError(f"{parts} answered alice")
+        except HTTPClientError as err:
+            assert err.code == 403, (parts, err.code)
+    code, listed = await call(jp_fetch, bob, "api", "sandboxes", b.id, "ports")
+    assert code == 200 and listed["state"] == "running"

@@ -282,6 +282,23 @@ def check_snapshot_name(name: str) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class PortTarget:
+    """Where this host reaches one port of a sandbox (see :meth:`Backend.port_target`).
+
+    ``url`` is ``http://HOST:PORT`` (or an engine's own https preview origin) with no
+    path; ``headers`` go with every request to it (an engine's preview token), and never
+    back to the client.
+    """
+
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+MIN_PORT = 1
+MAX_PORT = 65535
+
+
 @dataclass
 class Ensured:
     """The answer of the orchestrator's ``ensure``: the sandbox and what had to happen to it."""
@@ -463,6 +480,14 @@ class Backend(abc.ABC):
         as its session leader with that terminal as its controlling one (job control and
         Ctrl-C work); closing the :class:`Pty` hangs the terminal up."""
         raise NotSupported(f"the {self.name} backend cannot open a terminal")
+
+    # -- ports: optional ------------------------------------------------------------------
+    def port_target(self, info: SandboxInfo, port: int) -> PortTarget:
+        """Where this host reaches TCP port ``port`` of the running sandbox ``info``, for
+        the preview proxy: an address only that sandbox holds (never this host's own
+        loopback, never another sandbox's), or :class:`NotSupported`. The port is
+        checked by the caller; this only says where it is."""
+        raise NotSupported(f"the {self.name} backend cannot reach a sandbox's ports")
 
     # -- files (paths relative to the workspace, or absolute inside the sandbox) --
     @abc.abstractmethod

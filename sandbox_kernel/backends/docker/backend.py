@@ -60,6 +60,7 @@ from ..base import (
     EngineUnavailable,
     ExecResult,
     Health,
+    PortTarget,
     Progress,
     SandboxError,
     SandboxFailed,
@@ -729,6 +730,27 @@ class DockerBackend(Backend):
             pass
         finally:
             channel.close()
+
+    # -- ports ---------------------------------------------------------------------------
+    def port_target(self, info: SandboxInfo, port: int) -> PortTarget:
+        """The container's own address on our network: the host reaches it there (other
+        sandboxes cannot: the bridge has inter-container traffic off), and no host port is
+        published. Looked up afresh, for the very container ``info`` was (its engine id)."""
+        found = self._lookup(info.engine_id or info.id)
+        if found is None or (info.engine_id and found.id != info.engine_id):
+            raise not_found(info.id)
+        if found.status != "running":
+            raise Conflict(
+                f"sandbox {info.id} is not running; start it with `sandbox-kernel start {info.id}`"
+            )
+        networks = (found.attrs.get("NetworkSettings") or {}).get("Networks") or {}
+        address = (networks.get(NETWORK) or {}).get("IPAddress") or ""
+        if not address:
+            raise Conflict(
+                f"sandbox {info.id} has no network (it was made with network off), so "
+                "nothing outside it reaches its ports"
+            )
+        return PortTarget(f"http://{address}:{port}")
 
     # -- usage -----------------------------------------------------------------------
     def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:
