@@ -13,7 +13,6 @@ special files refused, uploads through an exclusive temporary renamed into place
 
 from __future__ import annotations
 
-import errno
 import json
 import secrets
 import tempfile
@@ -22,9 +21,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, cast
 
 from .agent import program
+from .agent.beneath import Refused
 from .agent.fs_helper import STAGE
-from .errors import BadRequest, Conflict, FileMissing, SandboxError, shorten
-from .safefs import MAX_ENTRIES, AtomicWrite, Beneath, Entry, _refusal, split_path
+from .errors import BadRequest, FileMissing, SandboxError
+from .safefs import MAX_ENTRIES, AtomicWrite, Beneath, Entry, refusal_error, split_path
 
 __all__ = ["Entry", "FileMissing", "RemoteUpload", "RemoteWorkspace", "Upload", "Workspace"]
 
@@ -131,7 +131,7 @@ class RemoteWorkspace:
                 f"could not reach the files of {self.sandbox_id}: {result.output[-300:]!r}"
             )
         if "error" in answer:
-            raise _remote_refusal(op, answer, path, dst)
+            raise refusal_error(_refused(answer), path, dst)
         return answer
 
     def list(self, path: str = "", limit: int = MAX_ENTRIES) -> tuple[list[Entry], bool]:
@@ -248,62 +248,11 @@ def _staged(prefix: str, token: str) -> str:
     return f"{STAGE}/{prefix}-{token}"
 
 
-def _remote_refusal(op: str, answer: dict[str, Any], src: str, dst: str) -> SandboxError:
-    """Our error for the helper's refusal: the same classes and words as the host
-    :class:`Workspace` gives for the same situation."""
-    code = str(answer.get("error"))
-    shown = shorten(dst if answer.get("which") == "dst" and dst else src)
-    src, dst = shorten(src), shorten(dst)
-    if code == "outside":
-        return BadRequest(f"{shown!r} leads outside the workspace (through a symlink)")
-    if code == "workspace":
-        return BadRequest("the path names the workspace itself, not a file in it")
-    if code == "notfile":
-        kind = shorten(str(answer.get("kind")), 20)
-        if answer.get("which") == "dst":
-            return BadRequest(f"{shown!r} is a {kind}; uploads only replace regular files")
-        return BadRequest(f"{shown!r} is a {kind}, not a regular file")
-    if code == "EISDIR":
-        if op == "delete":
-            return BadRequest(f"{shown!r} is a folder; only files can be deleted")
-        return BadRequest(f"{shown!r} is a folder; uploads only replace regular files")
-    if code == "EEXIST":
-        return Conflict(f"{shown!r} already exists")
-    if code == "inway":
-        return Conflict(f"{dst!r} is a folder that is in the way; remove it first")
-    if code == "intoself":
-        return BadRequest(f"cannot move {src!r} into itself ({dst!r})")
-    if code == "changed":
-        changed = shorten(str(answer.get("shown") or src))
-        return Conflict(
-            f"{changed!r} changed while it was removed (from inside the sandbox); try again"
-        )
-    if code == "filling":
-        return Conflict(f"{src!r} kept filling while it was removed (from inside the sandbox)")
-    if code == "deep":
-        return BadRequest(f"{src!r} is more than {answer.get('limit')} folders deep")
-    if code == "shrank":
-        return Conflict(f"{src!r} shrank while it was copied; try again")
-    if code == "interfered":
-        if answer.get("landed"):
-            return Conflict(
-                f"the upload to {shown!r} was replaced from inside the sandbox as it landed; "
-                "try again"
-            )
-        return Conflict(
-            f"the upload to {shown!r} was interfered with (its temporary file was replaced "
-            "from inside the sandbox); nothing was written, try again"
-        )
-    if code == "incomplete":
-        return SandboxError(
-            f"the upload to {shown!r} did not arrive whole in the sandbox; nothing was written, "
-            "try again"
-        )
-    number = getattr(errno, code, None) if code.isupper() else None
-    message = shorten(str(answer.get("message") or code))
-    if isinstance(number, int):
-        return _refusal(OSError(number, message), shown)
-    return SandboxError(f"cannot use {shown!r} in the workspace: {message}")
+def _refused(answer: dict[str, Any]) -> Refused:
+    """The helper's refusal, as it was raised in the sandbox (see :mod:`.agent.beneath`)."""
+    refused = Refused(str(answer.get("error")), "dst" if answer.get("which") == "dst" else "src")
+    refused.details = {k: v for k, v in answer.items() if k not in ("error", "which")}
+    return refused
 
 
 def _at_most(size: int, chunks: Iterator[bytes]) -> Iterator[bytes]:

@@ -44,7 +44,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "restrict": ("processes", "restrict"),
     "user_command": ("user_command",),
     "command": ("command",),
-    "fs_helper": ("fs_helper",),
+    "fs_helper": ("beneath", "fs_helper"),
     "hangup": ("hangup",),
     "timeout_runner": ("timeout_runner",),
 }
