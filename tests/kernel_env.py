@@ -56,6 +56,9 @@ class KernelEnv:
     def environ(self) -> dict[str, str]:
         """Environment for a process (jupyter execute) that should find the test kernelspec."""
         env = dict(os.environ)
+        # A tool the test starts itself is no door of the test's in-process Jupyter server
+        # (whose extension put its root folder in this process's environment).
+        env.pop("SANDBOX_KERNEL_SERVER_ROOT", None)
         env["JUPYTER_PATH"] = self.jupyter_path
         env["PYTHONPATH"] = str(REPO)
         return env
