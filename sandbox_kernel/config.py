@@ -19,6 +19,7 @@ both ways (environment variable and config key) and says what is accepted.
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import math
 import os
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_config_path, jupyter_data_dir
-from traitlets import Bool, Enum, Float, Int, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, default, validate
 from traitlets.config import Config, Configurable
 from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
 
@@ -78,12 +79,17 @@ CONFIG_FILE_BASENAME = "sandbox_kernel_config"
 ENGINES = ("docker", "local", "daytona")
 ENGINE_ENTRY_POINTS = "sandbox_kernel.backends"
 
-# Flavors fix CPU and memory together so a quota can count them (issue: small/medium/large).
+# Flavors fix CPUs, memory and disk together so a quota can count them. These three
+# always exist; c.SandboxConfig.flavors adds others (or redefines these).
 FLAVORS: dict[str, dict[str, float | int]] = {
-    "small": {"cpus": 1.0, "memory": 1 << 30},
-    "medium": {"cpus": 2.0, "memory": 2 << 30},
-    "large": {"cpus": 4.0, "memory": 4 << 30},
+    "small": {"cpus": 1.0, "memory": 1 << 30, "disk": 10 << 30},
+    "medium": {"cpus": 2.0, "memory": 2 << 30, "disk": 20 << 30},
+    "large": {"cpus": 4.0, "memory": 4 << 30, "disk": 40 << 30},
 }
+FLAVOR_KEYS = ("cpus", "memory", "disk")
+FLAVOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+MIN_MEMORY = 64 << 20  # less and no interpreter starts
+MIN_DISK = 64 << 20  # less and the sandbox's own files do not fit
 
 
 _SIZE_UNITS = {
@@ -202,8 +208,17 @@ class SandboxConfig(Configurable):
             "Jupyter's config). Policy: read-only in the sandbox."
         ),
     ).tag(config=True)
-    flavor = Enum(
-        list(FLAVORS), default_value="small", help="CPU and memory of new sandboxes."
+    flavor = Unicode(
+        "small",
+        help="CPUs, memory and disk of new sandboxes: a name of the flavors table (small, medium, large built in).",
+    ).tag(config=True)
+    flavors = Dict(
+        help=(
+            "Flavors users may pick, by name: {'name': {'cpus': 2, 'memory': '2G', 'disk': '20G'}}. "
+            "Added to the built-in small (1 CPU, 1 GiB, 10 GiB of disk), medium (2, 2 GiB, 20 GiB) and "
+            "large (4, 4 GiB, 40 GiB); a built-in name given here is redefined. disk bounds the "
+            "workspace and, apart, the sandbox's own files (home, /tmp) where the engine allows it."
+        ),
     ).tag(config=True)
     network = Bool(True, help="Whether sandboxes can reach the network.").tag(config=True)
     pids_limit = Int(
@@ -293,6 +308,25 @@ class SandboxConfig(Configurable):
 
     # Values of the configuration files, filled by load_config (not a setting).
     file_values: dict[str, Any] = {}
+
+    @default("flavors")
+    def _default_flavors(self) -> dict[str, dict[str, float | int]]:
+        return {name: dict(sizes) for name, sizes in FLAVORS.items()}
+
+    @validate("flavors")
+    def _flavor_table(self, proposal: Any) -> dict[str, dict[str, float | int]]:
+        given = proposal["value"]
+        table = {name: dict(sizes) for name, sizes in FLAVORS.items()}
+        for name, entry in given.items():
+            table[str(name)] = check_flavor(name, entry)
+        return table
+
+    @validate("flavor")
+    def _flavor_name(self, proposal: Any) -> str:
+        value = proposal["value"].strip()
+        if not FLAVOR_NAME.fullmatch(value):
+            raise TraitError(f"{value!r} is not a flavor name (letters, digits, '-', '_', '.')")
+        return value
 
     @default("workspace_root")
     def _default_workspace_root(self) -> str:
@@ -430,15 +464,71 @@ class SandboxConfig(Configurable):
         """max_total_memory in bytes (0: no limit)."""
         return parse_size(self.max_total_memory)
 
+    def flavor_sizes(self, name: str | None = None) -> dict[str, float | int]:
+        """{"cpus", "memory", "disk"} of flavor ``name`` (the configured one by default);
+        :class:`ConfigError` naming the flavors there are for an unknown one."""
+        name = self.flavor if name is None else name
+        try:
+            return self.flavors[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown flavor {name!r} ({setting_names('flavor')}); flavors here: "
+                f"{', '.join(sorted(self.flavors))} (c.SandboxConfig.flavors defines more)"
+            ) from None
+
     @property
     def cpus(self) -> float:
         """CPUs of the configured flavor."""
-        return float(FLAVORS[self.flavor]["cpus"])
+        return float(self.flavor_sizes()["cpus"])
 
     @property
     def memory(self) -> int:
         """Memory limit in bytes of the configured flavor."""
-        return int(FLAVORS[self.flavor]["memory"])
+        return int(self.flavor_sizes()["memory"])
+
+    @property
+    def disk(self) -> int:
+        """Disk size in bytes of the configured flavor (the workspace's, and the sandbox's own)."""
+        return int(self.flavor_sizes()["disk"])
+
+
+def check_flavor(name: Any, entry: Any) -> dict[str, float | int]:
+    """One entry of the flavors table as {"cpus": float, "memory": bytes, "disk": bytes};
+    TraitError naming the entry and what is wrong with it."""
+    shown = f"flavor {name!r}"
+    if not isinstance(name, str) or not FLAVOR_NAME.fullmatch(name):
+        raise TraitError(f"{shown} is not a flavor name: use letters, digits, '-', '_' and '.'")
+    if not isinstance(entry, Mapping):
+        raise TraitError(
+            f"{shown} must be a table like {{'cpus': 2, 'memory': '2G', 'disk': '20G'}}, "
+            f"not {type(entry).__name__}"
+        )
+    unknown = sorted(set(map(str, entry)) - set(FLAVOR_KEYS))
+    missing = [key for key in FLAVOR_KEYS if key not in entry]
+    if unknown or missing:
+        what = f"unknown key {unknown[0]!r}" if unknown else f"no {missing[0]!r}"
+        raise TraitError(f"{shown} has {what}: give cpus, memory and disk")
+    cpus = entry["cpus"]
+    if isinstance(cpus, bool) or not isinstance(cpus, (int, float)):
+        try:
+            cpus = float(str(cpus))
+        except ValueError:
+            raise TraitError(f"{shown}: cpus {entry['cpus']!r} is not a number") from None
+    if not math.isfinite(cpus) or cpus <= 0:
+        raise TraitError(f"{shown}: cpus must be a number above 0, got {entry['cpus']!r}")
+    sizes: dict[str, float | int] = {"cpus": float(cpus)}
+    for key, least in (("memory", MIN_MEMORY), ("disk", MIN_DISK)):
+        raw = entry[key]
+        if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+            raise TraitError(f"{shown}: {key} {raw!r} is not a size: write e.g. '2G' or '512M'")
+        try:
+            size = parse_size(raw)
+        except TraitError as exc:
+            raise TraitError(f"{shown}: {key} {exc}") from None
+        if size < least:
+            raise TraitError(f"{shown}: {key} {raw!r} is too small; give at least {least >> 20}M")
+        sizes[key] = size
+    return sizes
 
 
 def _file_config(paths: list[str]) -> Config:
@@ -554,7 +644,9 @@ def _apply(cfg: SandboxConfig, values: list[tuple[str, Any, str]]) -> None:
             raise ConfigError(f"unknown setting {name!r}")
         trait = cfg.traits()[name]
         try:
-            if isinstance(value, str) and not isinstance(trait, Unicode):
+            if isinstance(value, str) and isinstance(trait, Dict):
+                value = _json_table(value)
+            elif isinstance(value, str) and not isinstance(trait, Unicode):
                 value = trait.from_string(value)
             setattr(cfg, name, value)
         except (TraitError, ValueError) as exc:
@@ -562,13 +654,29 @@ def _apply(cfg: SandboxConfig, values: list[tuple[str, Any, str]]) -> None:
             if isinstance(trait, Enum):
                 accepted = f" (accepted: {', '.join(map(str, trait.values or []))})"
             where = source if source != name else setting_names(name)
+            # A table's error names its entry; the whole table would only drown it.
+            shown = "" if isinstance(trait, Dict) else f" {value!r}"
             raise ConfigError(
-                f"bad value {value!r} for {where}: {_short_trait_error(exc, trait)}{accepted}"
+                f"bad value{shown} for {where}: {_short_trait_error(exc, trait)}{accepted}"
             ) from None
+
+
+def _json_table(text: str) -> Any:
+    """A table setting given as text (an environment variable): JSON."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise TraitError(
+            'expected a JSON table, e.g. {"gpu": {"cpus": 8, "memory": "32G", "disk": "100G"}}'
+        ) from None
+    if not isinstance(value, dict):
+        raise TraitError(f"expected a JSON table ({{...}}), not {type(value).__name__}")
+    return value
 
 
 def _check_allowed(cfg: SandboxConfig) -> None:
     """Personal choices stay among what the administrator allows."""
+    cfg.flavor_sizes()  # a flavor the table does not have
     if cfg.allowed_flavors and cfg.flavor not in cfg.allowed_flavors:
         raise ConfigError(
             f"flavor {cfg.flavor!r} is not allowed here ({setting_names('flavor')}); "

@@ -356,3 +356,103 @@ def test_the_sandbox_is_sought_before_asyncio_or_package_metadata_is_imported() 
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split("\n")
     assert out[:2] == ["[]", "True"]
+
+
+def test_built_in_flavors_have_disk_sizes() -> None:
+    cfg = load_config(environ={})
+    assert {name: cfg.flavors[name]["disk"] for name in ("small", "medium", "large")} == {
+        "small": 10 << 30,
+        "medium": 20 << 30,
+        "large": 40 << 30,
+    }
+    assert (cfg.cpus, cfg.memory, cfg.disk) == (1.0, 1 << 30, 10 << 30)
+
+
+def test_administrators_flavors_add_to_the_built_in_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """c.SandboxConfig.flavors is policy: a user picks among its names, and an environment
+    variable can neither replace the table nor add to it."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "sandbox_kernel_config.py").write_text(
+        "c.SandboxConfig.flavors = {\n"
+        "    'gpu': {'cpus': 8, 'memory': '32G', 'disk': '100G'},\n"
+        "    'small': {'cpus': 0.5, 'memory': '512M', 'disk': '2G'},\n"
+        "}\n"
+    )
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(conf))
+    cfg = load_config(environ={"SANDBOX_KERNEL_FLAVOR": "gpu"})
+    assert (cfg.cpus, cfg.memory, cfg.disk) == (8.0, 32 << 30, 100 << 30)
+    assert sorted(cfg.flavors) == ["gpu", "large", "medium", "small"]
+    small = load_config(environ={})
+    assert (small.cpus, small.memory, small.disk) == (0.5, 512 << 20, 2 << 30)
+    mine = '{"mine": {"cpus": 64, "memory": "256G", "disk": "10T"}}'
+    cfg = load_config(environ={"SANDBOX_KERNEL_FLAVORS": mine})
+    assert "mine" not in cfg.flavors
+    with pytest.raises(ConfigError, match="unknown flavor 'mine'.*gpu, large, medium, small"):
+        load_config(environ={"SANDBOX_KERNEL_FLAVORS": mine, "SANDBOX_KERNEL_FLAVOR": "mine"})
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        (
+            {"tiny": {"cpus": 1, "memory": "1G"}},
+            "flavor 'tiny' has no 'disk': give cpus, memory and disk",
+        ),
+        (
+            {"tiny": {"cpus": 1, "memory": "1G", "disk": "1G", "gpus": 1}},
+            "flavor 'tiny' has unknown key 'gpus'",
+        ),
+        (
+            {"tiny": {"cpus": 0, "memory": "1G", "disk": "1G"}},
+            "flavor 'tiny': cpus must be a number above 0",
+        ),
+        (
+            {"tiny": {"cpus": "many", "memory": "1G", "disk": "1G"}},
+            "flavor 'tiny': cpus 'many' is not a number",
+        ),
+        (
+            {"tiny": {"cpus": 1, "memory": "lots", "disk": "1G"}},
+            "flavor 'tiny': memory 'lots' is not a size",
+        ),
+        (
+            {"tiny": {"cpus": 1, "memory": "1G", "disk": "1M"}},
+            "flavor 'tiny': disk '1M' is too small",
+        ),
+        (
+            {"tiny": {"cpus": 1, "memory": "1G", "disk": True}},
+            "flavor 'tiny': disk True is not a size",
+        ),
+        ({"tiny": "large"}, "flavor 'tiny' must be a table like"),
+        (
+            {"no/slash": {"cpus": 1, "memory": "1G", "disk": "1G"}},
+            "flavor 'no/slash' is not a flavor name",
+        ),
+    ],
+)
+def test_a_bad_flavor_table_names_the_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: dict[str, object], says: str
+) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "sandbox_kernel_config.py").write_text(f"c.SandboxConfig.flavors = {table!r}\n")
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(conf))
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={})
+    message = str(caught.value)
+    assert message.startswith("bad value for c.SandboxConfig.flavors: ") and says in message
+    assert "\n" not in message
+
+
+def test_flavors_in_the_environment_are_json(tmp_path: Path) -> None:
+    cfg = load_config(
+        environ={
+            "SANDBOX_KERNEL_FLAVORS": '{"tiny": {"cpus": 0.5, "memory": "256M", "disk": "1G"}}',
+            "SANDBOX_KERNEL_FLAVOR": "tiny",
+        }
+    )
+    assert (cfg.cpus, cfg.memory, cfg.disk) == (0.5, 256 << 20, 1 << 30)
+    with pytest.raises(ConfigError, match="SANDBOX_KERNEL_FLAVORS: expected a JSON table"):
+        load_config(environ={"SANDBOX_KERNEL_FLAVORS": "tiny=1"})
