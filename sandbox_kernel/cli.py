@@ -71,7 +71,9 @@ def _age(seconds: float) -> str:
 
 
 def _print_table(items: list[dict[str, Any]]) -> None:
-    rows = [("ID", "STATE", "BACKEND", "SCOPE", "USER", "FLAVOR", "IMAGE", "AGE", "KERNELS")]
+    rows = [
+        ("ID", "STATE", "BACKEND", "SCOPE", "USER", "FLAVOR", "DISK", "IMAGE", "AGE", "KERNELS")
+    ]
     now = time.time()
     for i in items:
         kernels = f"{i['kernels']}" + (
@@ -85,6 +87,7 @@ def _print_table(items: list[dict[str, Any]]) -> None:
                 i["scope"],
                 i["user"],
                 i["flavor"],
+                _disk_column(i),
                 i["image"],
                 _age(now - i["created"]),
                 kernels,
@@ -101,8 +104,23 @@ def _print_table(items: list[dict[str, Any]]) -> None:
         nxt = i.get("next") or {}
         if nxt.get("action"):
             print(f"{i['id']}: will {nxt['action']} in {_age(nxt['at'] - now)} ({nxt['reason']})")
+        if i.get("disk_note"):
+            print(f"{i['id']}: disk: {i['disk_note']}")
     for isolation in sorted({i["isolation"] for i in items if i["isolation"]}):
         print(f"isolation: {isolation}")
+
+
+def _disk_column(item: dict[str, Any]) -> str:
+    """Disk use against its size: the sandbox's own files, then its workspace's ("-": not
+    bounded, "?" for use the host cannot see)."""
+    parts = []
+    for key, prefix in (("disk", ""), ("workspace_disk", "ws ")):
+        limit = (item.get("limits") or {}).get(key)
+        used = (item.get("usage") or {}).get(key)
+        if limit:
+            shown = "?" if used is None else format_size(used)
+            parts.append(f"{prefix}{shown}/{format_size(limit)}")
+    return ", ".join(parts) or "-"
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -282,6 +300,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
     mem = totals["memory"]
     print(f"memory: {format_size(mem['reserved'])} reserved, {format_size(mem['used'])} used")
     print(f"cpus reserved: {totals['cpus']['reserved']:g}")
+    disk = totals["disk"]
+    print(
+        f"disk: sandboxes' own files {format_size(disk['sandboxes_used'])} used of "
+        f"{format_size(disk['sandboxes'])}, workspaces {format_size(disk['workspaces_used'])} "
+        f"used of {format_size(disk['workspaces'])}"
+    )
+    if disk["note"]:
+        print(f"disk not bounded for new sandboxes: {disk['note']}")
+    if disk["unbounded"]:
+        print(f"disk not bounded (`list` says why): {', '.join(disk['unbounded'])}")
     quota = totals["quota"]
     left = quota["sandboxes_left"]
     print(
@@ -425,7 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scope", choices=["user", "thread"], help="override SANDBOX_KERNEL_SCOPE")
     p.add_argument("--image", help="override SANDBOX_KERNEL_IMAGE for a new sandbox")
     p.add_argument("--snapshot", help="start a new sandbox from this snapshot")
-    p.add_argument("--flavor", choices=["small", "medium", "large"], help="flavor of a new sandbox")
+    p.add_argument(
+        "--flavor",
+        help="flavor of a new sandbox (small, medium, large or one of c.SandboxConfig.flavors)",
+    )
     p.add_argument("--all", action="store_true", help="any user's sandbox by id (administrators)")
     p.set_defaults(cmd=None)
 
@@ -435,7 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--scope", choices=["user", "thread"], help="override SANDBOX_KERNEL_SCOPE")
     p.add_argument("--image", help="override SANDBOX_KERNEL_IMAGE for a new sandbox")
-    p.add_argument("--flavor", choices=["small", "medium", "large"], help="flavor of a new sandbox")
+    p.add_argument(
+        "--flavor",
+        help="flavor of a new sandbox (small, medium, large or one of c.SandboxConfig.flavors)",
+    )
     p.add_argument("--all", action="store_true", help="any user's sandbox by id (administrators)")
 
     for action in ("stop", "start", "destroy"):
@@ -483,7 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--snapshot", help="snapshot of yours baked into the variant (its sandboxes are its own)"
     )
     p.add_argument(
-        "--flavor", choices=["small", "medium", "large"], help="flavor baked into the variant"
+        "--flavor",
+        help="flavor baked into the variant (small, medium, large or one of c.SandboxConfig.flavors)",
     )
     return parser
 

@@ -55,7 +55,7 @@ from .backends.base import (
     sandbox_labels,
     snapshot_ref,
 )
-from .config import FLAVORS, SandboxConfig
+from .config import SandboxConfig
 from .errors import (
     AlreadyExists,
     BadRequest,
@@ -143,8 +143,9 @@ class SandboxService:
             # A snapshot is always the user's own: its engine name carries the owner.
             snapshot_ref=snapshot_ref(user, cfg.snapshot) if cfg.snapshot else "",
             flavor=cfg.flavor,
-            cpus=float(FLAVORS[cfg.flavor]["cpus"]),
-            memory=int(FLAVORS[cfg.flavor]["memory"]),
+            cpus=cfg.cpus,
+            memory=cfg.memory,
+            disk=cfg.disk,
             pids=cfg.pids_limit,
             network=cfg.network,
             shared_folder=cfg.shared_folder,
@@ -261,6 +262,8 @@ class SandboxService:
         sid = self.sandbox_id(key, config, spec.work_folder)
         record = self.store.get(self.backend.name, sid)
         info = self.backend.find(sid)
+        if info is not None and record is not None and record.engine_id == info.engine_id:
+            info.flavor = record.flavor or info.flavor  # resized since its labels were written
         if info is not None and info.state == "error":
             reason = info.exit_reason or "in error"
             say(f"sandbox {sid} failed ({reason}): making a new one")
@@ -334,19 +337,27 @@ class SandboxService:
         if info.spec and info.spec != _as_for(spec, info).fingerprint():
             notes.append(self._outdated_note(info, spec))
         if info.flavor and info.flavor != spec.flavor:
-            notes.append(self._resize(info, spec))
+            note, flavor = self._resize(info, spec)
+            notes.append(note)
             info = self.backend.get(info.id)
+            info.flavor = flavor  # the engine's labels keep the flavor it was made with
         return replace(ensured, info=info, notes=notes)
 
-    def _resize(self, info: SandboxInfo, spec: Spec) -> str:
+    def _resize(self, info: SandboxInfo, spec: Spec) -> tuple[str, str]:
+        """Resize ``info`` to ``spec``'s flavor where it may be: (what to tell the user,
+        the flavor it has now)."""
         asked, had = spec.flavor, info.flavor
-        shrink = FLAVORS[asked]["memory"] < FLAVORS.get(had, FLAVORS["small"])["memory"]
+        shrink = spec.memory < int(info.limits.get("memory") or 0)
         others = self.store.live_kernels(self.backend.name).get(info.id, [])
         if not self.backend.resizes:
-            return f"flavor {asked} asked, but {info.id} keeps flavor {had} (the {self.backend.name} backend cannot resize)"
+            return (
+                f"flavor {asked} asked, but {info.id} keeps flavor {had} (the {self.backend.name} backend cannot resize)",
+                had,
+            )
         if shrink and others:
             return (
-                f"flavor {asked} asked, but {info.id} keeps flavor {had} while other kernels use it"
+                f"flavor {asked} asked, but {info.id} keeps flavor {had} while other kernels use it",
+                had,
             )
         extra = (
             max(0, spec.memory - int(info.limits.get("memory") or 0))
@@ -355,7 +366,28 @@ class SandboxService:
         )
         with self._reservation(info.id, int(info.limits.get("memory") or 0) + extra, new=False):
             self.backend.resize(info.id, spec)
-        return f"sandbox {info.id} now has flavor {asked} ({spec.cpus:g} CPUs, {format_size(spec.memory)}; it had {had})"
+        return (
+            f"sandbox {info.id} now has flavor {asked} ({spec.cpus:g} CPUs, {format_size(spec.memory)}"
+            f"{self._disk_words(self.backend.get(info.id), spec)}; it had {had})",
+            asked,
+        )
+
+    @staticmethod
+    def _disk_words(info: SandboxInfo, spec: Spec) -> str:
+        """What a resize did to the sandbox's disk, in a few words."""
+        disk = int(info.limits.get("disk") or 0)
+        if not disk or not spec.disk:
+            return ""  # not bounded: listings say why
+        if disk >= spec.disk:
+            kept = (
+                f"; its disk stays {format_size(disk)}: disks never shrink"
+                if disk > spec.disk
+                else ""
+            )
+            return f", {format_size(spec.disk)} of disk{kept}"
+        if "grows" in info.disk_note:
+            return f"; {info.disk_note}"
+        return f"; its disk stays {format_size(disk)}: the engine cannot grow it"
 
     def _outdated_note(self, info: SandboxInfo, spec: Spec) -> str:
         if spec.work_folder and info.work_folder != spec.work_folder:
@@ -397,6 +429,7 @@ class SandboxService:
         holders = self.store.live_sessions(self.backend.name)
         records = {r.id: r for r in self.store.all(self.backend.name)}
         usage = self.backend.usage([i for i in infos if i.state == "running"])
+        disk_usage = self.backend.disk_usage(infos)
         out = []
         for info in infos:
             everyone = holders.get(info.id, [])
@@ -411,7 +444,7 @@ class SandboxService:
             info.kernel_ids = sorted(h.id for h in kernels)
             info.busy_kernel_ids = sorted(h.id for h in kernels if h.busy)
             info.last_activity = record.last_activity if record else info.created
-            if record is not None and record.flavor and record.flavor in FLAVORS:
+            if record is not None and record.flavor and record.engine_id == info.engine_id:
                 info.flavor = record.flavor  # resized since its labels were written
             if (
                 info.spec
@@ -420,7 +453,10 @@ class SandboxService:
             ):
                 info.outdated = "made from other settings than the current ones (image, snapshot, network or mounts)"
             item = info.to_dict()
-            item["usage"] = self._with_cpu_rate(info.id, usage.get(info.id, {}))
+            item["usage"] = {
+                **self._with_cpu_rate(info.id, usage.get(info.id, {})),
+                **disk_usage.get(info.id, {}),
+            }
             item["next"] = decide(info, record, live, self.config).to_dict()
             item["agent_sessions"] = sorted(
                 (
@@ -593,6 +629,7 @@ class SandboxService:
         """
         info = self.owned(user, sandbox_id)
         if self.backend.workspace_on_host:
+            self.backend.workspace_ready(info)
             owner = None
             if info.file_owner:  # the sandbox runs as a uid the server must hand files to
                 uid, _, gid = info.file_owner.partition(":")

@@ -88,7 +88,8 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[N
 @pytest.fixture(autouse=True)
 def _release_idmapped_mounts(tmp_path: Path) -> Iterator[None]:
     """Idmapped workspace mounts of this test's sandboxes, gone with them: a test that
-    removes containers itself (or a crashed one) must not leave mounts on the host."""
+    removes containers itself (or a crashed one) must not leave mounts on the host; nor
+    the disks mounted over its workspaces (they outlive sandboxes, as workspaces do)."""
     yield
     from sandbox_kernel.backends import idmap
     from sandbox_kernel.backends.docker.mounts import remove_mount_folder
@@ -96,6 +97,21 @@ def _release_idmapped_mounts(tmp_path: Path) -> Iterator[None]:
     for _source, target in idmap.mounts_of(tmp_path):
         idmap.unmount(Path(target))
         remove_mount_folder(Path(target).parent)
+    release_disks(tmp_path)
+
+
+def release_disks(folder: Path) -> None:
+    """Unmount every disk image kept or mounted beneath ``folder`` (workspaces' disks),
+    wherever it is mounted (idmapped views of it live in /run)."""
+    from sandbox_kernel.backends import disks
+    from sandbox_kernel.backends.docker.mounts import remove_mount_folder
+
+    root = str(folder.resolve())
+    for image, target in disks.mount_points():
+        if any(p == root or p.startswith(root + "/") for p in (image, target)):
+            disks.unmount(Path(target))
+            if target.startswith("/run/sandbox-kernel/"):
+                remove_mount_folder(Path(target).parent)
 
 
 @pytest.fixture

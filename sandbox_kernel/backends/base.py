@@ -73,7 +73,7 @@ SHARED = "/shared"
 class Spec:
     """What one sandbox is made from: decided by the orchestrator, made by a backend.
 
-    The resources (flavor, CPUs, memory, processes) can change in place where the
+    The resources (flavor, CPUs, memory, disk, processes) can change in place where the
     engine allows it; everything in :meth:`fingerprint` needs a new sandbox.
     """
 
@@ -83,6 +83,7 @@ class Spec:
     flavor: str = "small"
     cpus: float = 1.0
     memory: int = 1 << 30
+    disk: int = 0  # bytes of the workspace, and apart of the sandbox's own files (0: unbounded)
     pids: int = 512
     network: bool = True
     shared_folder: str = ""
@@ -223,8 +224,11 @@ class SandboxInfo:
     flavor: str = ""
     isolation: str = ""  # what actually separates it from the host
     workspace: str = ""  # host folder mounted at /workspace
-    limits: dict[str, Any] = field(default_factory=dict)  # cpus, memory, pids
-    usage: dict[str, Any] = field(default_factory=dict)  # cpu (fraction), memory (bytes)
+    # cpus, memory, pids, disk (bytes of its own files), workspace_disk (its workspace's)
+    limits: dict[str, Any] = field(default_factory=dict)
+    # cpu (fraction), memory, disk and workspace_disk (bytes used)
+    usage: dict[str, Any] = field(default_factory=dict)
+    disk_note: str = ""  # what of its disk is not bounded (or not yet grown), and why
     exit_reason: str = ""  # why it is not running, when known (OOM, exit code)
     finished: float = 0.0  # when it last stopped (epoch seconds; 0 if never)
     started: float = 0.0  # while running: when it last started (epoch seconds; 0 if unknown)
@@ -516,6 +520,12 @@ class Backend(abc.ABC):
         """This installation's files sandboxes (none where workspaces are on this host)."""
         return []
 
+    def workspace_ready(self, info: SandboxInfo) -> None:
+        """Before the host reads or writes ``info``'s workspace folder itself (file
+        routes): whatever bounds it is in place (a disk the host mounts over it, gone
+        after a reboot), so no file lands in the folder beneath. Nothing by default."""
+        return None
+
     def sweep(self) -> None:
         """Remove host-side leftovers of sandboxes that vanished behind our back (the
         reaper calls it); engines with nothing on the host need nothing."""
@@ -548,6 +558,15 @@ class Backend(abc.ABC):
 
     def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:
         """Live use per sandbox id ({"memory": bytes, ...}); empty when the engine can't tell."""
+        return {}
+
+    def disk_bound(self) -> str:
+        """Why new sandboxes' disks are not bounded here, in one line ("" when they are)."""
+        return f"the {self.name} backend does not bound disks"
+
+    def disk_usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, int]]:
+        """Bytes used per sandbox id, running or not: ``disk`` (its own files) and
+        ``workspace_disk``, each where a bound makes it measurable; empty otherwise."""
         return {}
 
     # Snapshots are named by the orchestrator: ``ref`` is owner-qualified (see

@@ -41,7 +41,7 @@ from typing import IO, Any
 from ...agent import bootstrap_command, bundle, inline, program
 from ...folders import protect
 from ...identity import ScopeKey
-from .. import idmap
+from .. import disks, idmap
 from ..base import (
     LABEL_AGENT_SOCKETS,
     LABEL_INSTALLATION,
@@ -74,10 +74,12 @@ from ..base import (
 )
 from .cgroups import cgroup_usage, end_stuck_starts
 from .channel import DockerChannel, DockerPty
+from .disk import IMAGE, STORAGE_OPT, DockerDisks, disk_label, read_label
 from .errors import engine_errors, engine_reason, exec_failure, unreachable
 from .files import HelperOpener, home_archive, home_in_layer, read_file, write_file
 from .info import (
     LABEL_CPUS,
+    LABEL_DISK,
     LABEL_MEMORY,
     LABEL_MOUNT,
     LABEL_MOUNT_ID,
@@ -137,6 +139,7 @@ class DockerBackend(Backend):
         # The calls on a kernel's path go straight to a local engine's socket, without
         # the SDK (see docker_wire); None: the SDK carries them too (a remote engine).
         self._wire = EngineWire.from_env()
+        self._disks = DockerDisks(settings, local_engine=lambda: self._wire is not None)
 
     @property
     def _engine(self) -> EngineCalls:
@@ -166,11 +169,22 @@ class DockerBackend(Backend):
             return Health(False, self.name, str(exc))
         return Health(True, self.name, f"Docker engine {version} answers")
 
+    def _engine_info(self) -> dict[str, Any]:
+        """The engine's info (CPUs, storage driver), asked once per backend."""
+        if not hasattr(self, "_info"):
+            with engine_errors("ask the engine about itself"):
+                self._info: dict[str, Any] = self._engine.info()
+        return self._info
+
     def _engine_cpus(self) -> float:
-        if not hasattr(self, "_ncpu"):
-            with engine_errors("ask the engine its CPU count"):
-                self._ncpu = float(self._engine.info().get("NCPU") or os.cpu_count() or 1)
-        return self._ncpu
+        return float(self._engine_info().get("NCPU") or os.cpu_count() or 1)
+
+    def disk_bound(self) -> str:
+        """Why new sandboxes' disks are not bounded here ("" when they are): for listings
+        and doctor."""
+        reasons = [self._disks.layer_reason(self._engine_info())]
+        reasons.append(self._disks.unbounded_reason() and "workspaces are not bounded")
+        return "; ".join(r for r in reasons if r)
 
     # -- lookups -------------------------------------------------------------
     def _id(self, container: Any) -> str:
@@ -227,7 +241,15 @@ class DockerBackend(Backend):
 
     def find(self, sandbox_id: str) -> SandboxInfo | None:
         container = self._lookup(sandbox_id)
-        return None if container is None else container_info(self._installation, container)
+        if container is None:
+            return None
+        return self._with_disk(container_info(self._installation, container), container.labels)
+
+    def _with_disk(self, info: SandboxInfo, labels: dict[str, str]) -> SandboxInfo:
+        """``info`` with its disk limits as they are now (a resize grows them) and why
+        any part is unbounded."""
+        self._disks.describe(info, labels)
+        return info
 
     def list(self, user: str | None = None) -> list[SandboxInfo]:
         filters = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALLATION}={self._installation}"]
@@ -236,7 +258,13 @@ class DockerBackend(Backend):
         # One round trip for the whole list (the SDK's containers.list inspects each one).
         with engine_errors("list sandboxes"):
             summaries = self._engine.list_containers({"label": filters})
-        return sorted((summary_info(self._installation, s) for s in summaries), key=lambda i: i.id)
+        return sorted(
+            (
+                self._with_disk(summary_info(self._installation, s), s.get("Labels") or {})
+                for s in summaries
+            ),
+            key=lambda i: i.id,
+        )
 
     # -- create ----------------------------------------------------------------
     def create(
@@ -250,8 +278,7 @@ class DockerBackend(Backend):
         )
         config = self._create_config(sandbox_id, key, spec, labels, image)
         try:
-            with engine_errors(f"create {sandbox_id}", refused=SandboxFailed):
-                engine_id = self._engine.create_container(name, config)
+            engine_id = self._create_container(name, sandbox_id, config)
         except Conflict:  # the name is taken: another process of ours won the race?
             raise self._lost_race(name, sandbox_id) from None
         except (SandboxFailed, SandboxNotFound) as exc:  # refused, or its image removed meanwhile
@@ -259,8 +286,41 @@ class DockerBackend(Backend):
             self._sockets.release(name)
             raise _create_failed(sandbox_id, spec.runtime, exc) from None
         created = Inspected({"Id": engine_id, "Name": "/" + name, "Config": config})
+        if read_label(config["Labels"])[0] == IMAGE:
+            created = self._reinspect(created)  # where its layer is
+            try:
+                self._disks.bound_layer(created, spec.disk)
+            except SandboxError:
+                self._remove_failed(created)
+                raise
         self._prepare(created, just_created=True)
-        return self._start(created)
+        return self._start(created, fresh=True)
+
+    def _create_container(self, name: str, sandbox_id: str, config: dict[str, Any]) -> str:
+        """Create the container; where the engine refuses --storage-opt after all (overlay2
+        on xfs without project quotas), again without it."""
+        try:
+            with engine_errors(f"create {sandbox_id}", refused=SandboxFailed):
+                return self._engine.create_container(name, config)
+        except SandboxFailed as exc:
+            if "StorageOpt" not in config["HostConfig"] or "storage" not in str(exc).lower():
+                raise
+            self._disks.storage_opt_refused(engine_reason(exc))
+        del config["HostConfig"]["StorageOpt"]
+        config["Labels"][LABEL_DISK] = ""
+        with engine_errors(f"create {sandbox_id}", refused=SandboxFailed):
+            return self._engine.create_container(name, config)
+
+    def _remove_failed(self, container: Inspected) -> None:
+        """A container whose making failed half-way goes, with what the host made for it."""
+        try:
+            with engine_errors("remove", self._id(container)):
+                self.client.api.remove_container(container.id, force=True)
+        except SandboxError:
+            pass
+        self._mounts.release(container.name)
+        self._sockets.release(container.name)
+        self._disks.release(container.id)
 
     def _lost_race(self, name: str, sandbox_id: str) -> SandboxError:
         """Why the name was taken: by the winner of a create race (take its container), or
@@ -334,7 +394,17 @@ class DockerBackend(Backend):
         """The engine's create request for the sandbox: the hardening lives here."""
         name = engine_name(self._installation, sandbox_id)
         uid, gid, how = self._mounts.ownership(image)
-        workspace, source = self._mounts.workspace(key, name, uid, gid, how)
+
+        def bound(folder: Path) -> None:
+            self._disks.workspace(
+                key.user_id,
+                folder,
+                spec.disk,
+                owner=(uid, gid) if how == "chown" else None,
+                running=lambda: self._running_of(key.user_id),
+            )
+
+        workspace, source = self._mounts.workspace(key, name, uid, gid, how, bound)
         path = sandbox_path(_env_of(image.attrs).get("PATH", DEFAULT_PATH))
         mounts = [bind_mount(WORKSPACE, str(source))]
         work_mounts, work_point = self._mounts.work_folder(name, spec, uid, gid, how)
@@ -371,6 +441,9 @@ class DockerBackend(Backend):
         }
         if spec.runtime:
             host["Runtime"] = spec.runtime
+        way = self._disks.layer_way(self._engine_info()) if spec.disk else ""
+        if way == STORAGE_OPT:
+            host["StorageOpt"] = {"size": str(spec.disk)}
         return {
             "Image": image.id,
             "Cmd": IDLE_COMMAND,
@@ -394,6 +467,7 @@ class DockerBackend(Backend):
                 LABEL_RUNTIME: spec.runtime,
                 LABEL_SNAPSHOT_REF: spec.snapshot_ref,
                 LABEL_AGENT_SOCKETS: sockets,
+                LABEL_DISK: disk_label(way, spec.disk),
             },
             "HostConfig": host,
         }
@@ -413,7 +487,9 @@ class DockerBackend(Backend):
         call waits for such a start."""
         uid, _, gid = container.labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
         if just_created and self._layers_writable is not False and os.geteuid() == 0:
-            driver = self._reinspect(container).attrs.get("GraphDriver") or {}
+            if "GraphDriver" not in container.attrs:
+                container = self._reinspect(container)
+            driver = container.attrs.get("GraphDriver") or {}
             # A local engine whose layers are this host's folders; else never asked again.
             self._layers_writable = self._wire is not None and driver.get("Name") == "overlay2"
             if self._layers_writable:
@@ -423,9 +499,13 @@ class DockerBackend(Backend):
         with engine_errors("make the home folder in", self._id(container)):
             self._engine.put_archive(container.id, "/", home_archive(int(uid), int(gid or uid)))
 
-    def _start(self, container: Inspected) -> SandboxInfo:
-        """Start the container (its idmapped mounts first); the sandbox as it runs."""
-        self._mounts.remount(container.labels)
+    def _start(self, container: Inspected, fresh: bool = False) -> SandboxInfo:
+        """Start the container (its disks and idmapped mounts first: a reboot drops
+        them; ``fresh``: all made just now); the sandbox as it runs."""
+        disk_folder = None
+        if not fresh:
+            disk_folder = self._remount_disks(container)
+        self._mounts.remount(container.labels, disk_folder)
         with engine_errors("start", self._id(container), refused=SandboxFailed):
             self._engine.start_container(container.id)
         started = self._reinspect(container)
@@ -441,7 +521,55 @@ class DockerBackend(Backend):
                 f"sandbox {self._id(container)} stopped right after start{hint}: {logs[-300:]}"
             )
         self._protect(started)
-        return container_info(self._installation, started)
+        return self._with_disk(container_info(self._installation, started), started.labels)
+
+    def _remount_disks(self, container: Inspected) -> Path | None:
+        """The disks of a container about to start, mounted (and grown where a resize
+        had to wait for this); the workspace folder when a disk is mounted over it."""
+        labels = container.labels
+        user_id, folder = labels.get(LABEL_USER_ID, ""), labels.get(LABEL_WORKSPACE, "")
+        self._disks.remount_layer(container)
+        if not (user_id and folder):
+            return None
+        workspace = Path(folder)
+        self._disks.remount_workspace(user_id, workspace)
+        self._disks.settle_workspace(user_id, workspace, lambda: self._workspace_quiet(user_id))
+        mounted = self._disks.images.mounted_at(disks.WORKSPACE, user_id, workspace)
+        return workspace if mounted else None
+
+    def _workspace_quiet(self, user_id: str) -> bool:
+        """Whether no sandbox of the user runs; then their idmapped views of the
+        workspace are taken down too (each start remakes its own), so that nothing
+        but the host's own mount holds the workspace's disk while it grows offline."""
+        with engine_errors("list sandboxes"):
+            mine = self._engine.list_containers(
+                {
+                    "label": [
+                        f"{LABEL_MANAGED}=1",
+                        f"{LABEL_INSTALLATION}={self._installation}",
+                        f"{LABEL_USER_ID}={user_id}",
+                    ]
+                }
+            )
+        if any(c.get("State") in ("running", "restarting", "paused") for c in mine):
+            return False
+        for summary in mine:
+            self._mounts.release((summary.get("Names") or ["/?"])[0].lstrip("/"))
+        return True
+
+    def _running_of(self, user_id: str) -> builtins.list[dict[str, Any]]:
+        """The running containers of one user (by id), of this installation."""
+        with engine_errors("list sandboxes"):
+            return self._engine.list_containers(
+                {
+                    "label": [
+                        f"{LABEL_MANAGED}=1",
+                        f"{LABEL_INSTALLATION}={self._installation}",
+                        f"{LABEL_USER_ID}={user_id}",
+                    ],
+                    "status": ["running"],
+                }
+            )
 
     def _protect(self, container: Inspected) -> None:
         """Make what host tools trust in the writable work folder read-only inside the
@@ -543,6 +671,17 @@ class DockerBackend(Backend):
             api._raise_for_status(
                 api._post_json(api._url("/containers/{0}/update", container.id), data=body)
             )
+        inspected = Inspected(container.attrs)
+        self._disks.grow(inspected, spec.disk)
+        user_id, folder = (
+            inspected.labels.get(LABEL_USER_ID, ""),
+            inspected.labels.get(LABEL_WORKSPACE, ""),
+        )
+        if user_id and folder:
+            self._disks.grow_workspace(user_id, spec.disk)
+            self._disks.settle_workspace(
+                user_id, Path(folder), lambda: self._workspace_quiet(user_id)
+            )
         return True
 
     def destroy(self, sandbox_id: str) -> bool:
@@ -558,7 +697,12 @@ class DockerBackend(Backend):
             return True
         self._mounts.release(container.name)
         self._sockets.release(container.name)
+        self._disks.release(container.id)
         return True
+
+    def workspace_ready(self, info: SandboxInfo) -> None:
+        if info.workspace and info.user:
+            self._disks.remount_workspace(ScopeKey(info.user).user_id, Path(info.workspace))
 
     def sweep(self) -> None:
         """Unmount idmapped mounts whose container is gone (removed with `docker rm`), and
@@ -572,6 +716,7 @@ class DockerBackend(Backend):
         names = {(c.get("Names") or ["/?"])[0].lstrip("/") for c in summaries}
         self._mounts.sweep(names)
         self._sockets.sweep(names)
+        self._disks.sweep({c["Id"] for c in summaries})
         for summary in summaries:
             if summary.get("State") == "running" and end_stuck_starts(summary["Id"]):
                 log.warning("%s: ended process starts it had frozen", summary.get("Names"))
@@ -778,6 +923,16 @@ class DockerBackend(Backend):
                 "memory": max(0, (mem.get("usage") or 0) - cache),
                 "pids": (raw.get("pids_stats") or {}).get("current", 0),
             }
+        return found
+
+    def disk_usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, int]]:
+        """Bytes used on each sandbox's disk and its workspace's, read from this host's
+        mounts (no engine call), running or not."""
+        found = {}
+        for info in infos:
+            use = self._disks.usage(info, ScopeKey(info.user).user_id if info.user else "")
+            if use:
+                found[info.id] = use
         return found
 
     # -- snapshots (docker_snapshots.py) ---------------------------------------------------

@@ -13,7 +13,6 @@ import time
 from datetime import datetime
 from typing import Any
 
-from ...config import FLAVORS
 from ...units import format_size
 from ..base import (
     LABEL_AGENT_SOCKETS,
@@ -48,6 +47,9 @@ LABEL_WORK_MOUNT = LABEL_PREFIX + "work-mount"  # the same for the work folder
 LABEL_MOUNT_ID = LABEL_PREFIX + "workspace-mount-id"
 LABEL_WORK_MOUNT_ID = LABEL_PREFIX + "work-mount-id"
 LABEL_SNAPSHOT_REF = LABEL_PREFIX + "snapshot-ref"  # on snapshots and the sandboxes made from them
+# How the sandbox's own files were bounded when it was made, and to what size
+# ("image:10737418240", "storage-opt:...", "" for not at all): see docker/disk.py.
+LABEL_DISK = LABEL_PREFIX + "disk"
 
 # Docker's container states, as the rest of sandbox-kernel names them.
 STATES = {
@@ -110,7 +112,6 @@ def container_info(installation: str, container: Any) -> SandboxInfo:
         "pids": host.get("PidsLimit") or 0,
         "network": host.get("NetworkMode") != "none",
     }
-    info.flavor = _flavor_of(info.limits) or info.flavor
     info.exit_reason = _exit_reason(state, host)
     if state.get("Status") != "running":
         info.finished = parse_time(state.get("FinishedAt", ""))
@@ -164,13 +165,6 @@ def _exit_reason(state: dict[str, Any], host: dict[str, Any]) -> str:
     if state.get("Status") == "exited":
         return f"exited with code {state.get('ExitCode')}"
     return ""
-
-
-def _flavor_of(limits: dict[str, Any]) -> str:
-    """The flavor whose memory a container has now (a resize changes it; labels cannot)."""
-    return next(
-        (name for name, size in FLAVORS.items() if size["memory"] == limits.get("memory")), ""
-    )
 
 
 _UNITS = {

@@ -19,7 +19,7 @@ import fcntl
 import os
 import pwd
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -109,11 +109,20 @@ class WorkspaceMounts:
         return self._base() / name / what
 
     def workspace(
-        self, key: ScopeKey, name: str, uid: int, gid: int, how: str
+        self,
+        key: ScopeKey,
+        name: str,
+        uid: int,
+        gid: int,
+        how: str,
+        bound: Callable[[Path], None] | None = None,
     ) -> tuple[Path, Path]:
-        """(the user's workspace folder, the host path to bind at /workspace)."""
+        """(the user's workspace folder, the host path to bind at /workspace);
+        ``bound(folder)`` mounts its disk over the folder before anything presents it."""
         root = Path(self.settings.workspace_root)
         workspace = make_folder(root, key.user_id, owner=(uid, gid) if how == "chown" else None)
+        if bound is not None:
+            bound(workspace)
         if how != "idmap":
             return workspace, workspace
         point = self._point(name)
@@ -164,8 +173,11 @@ class WorkspaceMounts:
                     f"cannot present the folder {folder} to the sandbox: {exc.strerror or exc}"
                 ) from None
 
-    def remount(self, labels: dict[str, str]) -> None:
-        """Before a start: idmapped mounts do not survive a reboot, so remake them."""
+    def remount(self, labels: dict[str, str], disk_folder: Path | None = None) -> None:
+        """Before a start: idmapped mounts do not survive a reboot, so remake them.
+        ``disk_folder``: the workspace, when its disk was just mounted over it by path
+        (checked to be ours there): its identity is that disk's now (a loop device's
+        number changes with each mount), not the one recorded."""
         if labels.get(LABEL_OWNERSHIP) != "idmap":
             return
         uid, _, gid = labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
@@ -174,12 +186,15 @@ class WorkspaceMounts:
             (LABEL_WORK_FOLDER, LABEL_WORK_MOUNT, LABEL_WORK_MOUNT_ID),
         ):
             if labels.get(source) and labels.get(point):
+                expect = labels.get(ident, "")
+                if disk_folder is not None and Path(labels[source]) == disk_folder:
+                    expect = idmap.identity(disk_folder)
                 self._idmap(
                     Path(labels[source]),
                     Path(labels[point]),
                     int(uid),
                     int(gid or uid),
-                    expect=labels.get(ident, ""),
+                    expect=expect,
                 )
 
     def release(self, name: str, older_than: float = 0.0) -> bool:

@@ -1,0 +1,325 @@
+"""How a Docker sandbox's disk is bounded: its workspace, and its own files.
+
+Two bounds, each the flavor's ``disk`` (see :mod:`..disks`):
+
+* **the workspace** (``<workspace_root>/<user id>``, shared by all of a user's
+  sandboxes and kept when they go) is a disk image mounted over that very folder, so
+  the server's file routes, every sandbox of the user and the host all see one bounded
+  file system. It grows to the largest flavor that uses it and never shrinks. A folder
+  that already holds files (from before disk bounds) is left as it is: mounting would
+  hide them; listings say so.
+* **the sandbox's own files** (its home with ``pip install --user``, /tmp, anything
+  outside the workspace) live in the container's writable layer. With the engine's
+  overlay2 driver on this host, that layer's folder gets a disk image of its own,
+  mounted over it between create and start: Docker keeps using the folder as it is, so
+  snapshots (``docker commit``), stop and start work unchanged, and ``docker rm``
+  unmounts it. Where the engine's storage driver bounds a container itself (btrfs, zfs,
+  overlay2 on xfs with project quotas), ``--storage-opt size`` is used instead; it
+  cannot grow afterwards.
+
+Where neither works (a server that is not root, an engine on another host), the
+sandbox runs unbounded and :attr:`~..base.SandboxInfo.disk_note` says why.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ...errors import SandboxFailed
+from ...units import format_size
+from .. import disks
+from ..base import LABEL_USER_ID, EngineSettings, SandboxInfo
+from .info import LABEL_DISK, Inspected
+
+log = logging.getLogger(__name__)
+
+IMAGE = "image"  # LABEL_DISK's way: a disk image over the layer's folder
+STORAGE_OPT = "storage-opt"  # the engine's own bound (--storage-opt size)
+# Storage drivers whose --storage-opt size bounds a container (overlay2 only on xfs
+# mounted with project quotas, which the engine's info does not say: tried, and
+# dropped when refused).
+SIZED_DRIVERS = ("btrfs", "zfs")
+NO_ONLINE_GROWTH = "this server may not grow a mounted disk: it lacks CAP_SYS_RESOURCE"
+OLD_WORKSPACE = (
+    "the workspace held files before disk bounds came, and mounting a disk over it would "
+    "hide them: move them out (or into a new sandbox's /workspace) and empty it; it is "
+    "bounded from the next sandbox made"
+)
+
+
+def disk_label(how: str, size: int) -> str:
+    """LABEL_DISK's value: the way the sandbox's own files are bounded, and the size."""
+    return f"{how}:{size}" if how else ""
+
+
+def read_label(labels: dict[str, str]) -> tuple[str, int]:
+    """(way, size at creation) from LABEL_DISK; ("", 0): made unbounded."""
+    how, _, size = labels.get(LABEL_DISK, "").partition(":")
+    return (how, int(size)) if size.isdigit() else ("", 0)
+
+
+class DockerDisks:
+    """The disk bounds of one installation's Docker sandboxes (host side)."""
+
+    def __init__(self, settings: EngineSettings, local_engine: Callable[[], bool]) -> None:
+        self.settings = settings
+        self.images = disks.DiskImages(settings.state_dir)
+        self._local = local_engine  # whether the engine is this host's (it mounts our folders)
+        self._storage_opt_refused = ""  # why the engine refused --storage-opt, once it did
+
+    # -- what bounds what -------------------------------------------------------------
+    def unbounded_reason(self) -> str:
+        """Why this host cannot mount disk images for its sandboxes ("" when it can)."""
+        if not self._local():
+            return "the engine is not on this host, which cannot mount a disk into its sandboxes"
+        support = disks.support()
+        return "" if support.ok else support.reason
+
+    def layer_way(self, driver: dict[str, Any]) -> str:
+        """How a new sandbox's own files are bounded, from the engine's info: IMAGE,
+        STORAGE_OPT or "" (not at all)."""
+        name = driver.get("Driver", "")
+        if name == "overlay2" and not self.unbounded_reason():
+            return IMAGE
+        backing = dict(driver.get("DriverStatus") or []).get("Backing Filesystem", "")
+        if name in SIZED_DRIVERS or (name == "overlay2" and backing == "xfs"):
+            return "" if self._storage_opt_refused else STORAGE_OPT
+        return ""
+
+    def layer_reason(self, driver: dict[str, Any]) -> str:
+        """Why a new sandbox's own files are not bounded ("" when they are)."""
+        if self.layer_way(driver):
+            return ""
+        if self._storage_opt_refused:
+            return f"the engine refused --storage-opt size ({self._storage_opt_refused})"
+        return self.unbounded_reason() or (
+            f"the engine's storage driver ({driver.get('Driver') or '?'}) cannot bound a "
+            "container's files"
+        )
+
+    def storage_opt_refused(self, reason: str) -> None:
+        """The engine refused --storage-opt: new sandboxes go without from now on."""
+        self._storage_opt_refused = reason
+        log.warning("the engine refused --storage-opt size: sandboxes' own files are unbounded")
+
+    # -- the workspace -----------------------------------------------------------------
+    def workspace(
+        self,
+        user_id: str,
+        folder: Path,
+        size: int,
+        owner: tuple[int, int] | None,
+        running: Callable[[], list[dict[str, Any]]],
+    ) -> str:
+        """Mount (or grow) the workspace's disk over ``folder``; "" when bounded, else
+        why not. ``running()``: the user's running containers (engine summaries), asked
+        only when it matters: before the first mount (one made before disk bounds
+        has the plain folder, and a disk over it would split the workspace in two), and
+        when the disk waits to grow until none runs."""
+        reason = self.unbounded_reason()
+        if reason or not size:
+            return reason or "its flavor has no disk size"
+        first = not self.images.image(disks.WORKSPACE, user_id).exists()
+        if first and any(LABEL_DISK not in (c.get("Labels") or {}) for c in running()):
+            return "a sandbox made before disk bounds is running with this workspace"
+        try:
+            mounted = self.images.mount(
+                disks.WORKSPACE, user_id, size, folder, owner=owner, only_if_empty=first
+            )
+        except disks.DiskError as exc:
+            if exc.errno != errno.EBUSY:
+                raise SandboxFailed(f"cannot bound the workspace {folder}: {exc}") from None
+            return f"{exc.strerror}: the administrator's own mount, which bounds it if anything"
+        except OSError as exc:
+            raise SandboxFailed(
+                f"cannot bound the workspace {folder}: {exc.strerror or exc}"
+            ) from None
+        if not mounted:
+            return OLD_WORKSPACE
+        return ""
+
+    def remount_workspace(self, user_id: str, folder: Path) -> None:
+        """Before a start: the workspace's disk over its folder again (a reboot drops
+        mounts), when it has one."""
+        if self.unbounded_reason():
+            return
+        if not self.images.image(disks.WORKSPACE, user_id).exists():
+            return
+        try:
+            self.images.mount(disks.WORKSPACE, user_id, 0, folder)
+        except OSError as exc:
+            raise SandboxFailed(
+                f"cannot mount the workspace {folder}: {exc.strerror or exc}"
+            ) from None
+
+    def settle_workspace(self, user_id: str, folder: Path, idle: Callable[[], bool]) -> None:
+        """Give a workspace whose disk was made larger its new size, when ``idle()``
+        says no sandbox of its user runs (and has let go of it): the host could not
+        grow it mounted."""
+        if self.images.pending(disks.WORKSPACE, user_id) and idle():
+            if not self.images.settle(disks.WORKSPACE, user_id, folder):
+                log.info("workspace %s is in use: its disk grows later", folder)
+
+    # -- the sandbox's own files --------------------------------------------------------
+    def bound_layer(self, container: Inspected, size: int) -> None:
+        """Mount a new disk image over a just-created container's writable layer, with
+        what Docker keeps there copied in first (``container``: a full inspect)."""
+        layer = _layer_folder(container)
+        try:
+            self.images.mount(disks.SANDBOX, container.id, size, layer, fill=_copy_from(layer))
+        except OSError as exc:
+            raise SandboxFailed(
+                f"cannot bound the disk of {container.name}: {exc.strerror or exc}"
+            ) from None
+
+    def remount_layer(self, container: Inspected) -> None:
+        """Before a start: the container's disk over its layer (again), grown offline
+        to the size it was given while it could not be grown mounted."""
+        if read_label(container.labels)[0] != IMAGE or self.unbounded_reason():
+            return
+        if not self.images.image(disks.SANDBOX, container.id).exists():
+            raise SandboxFailed(
+                f"the disk of {container.name} is gone from {self.images.folder}; destroy the "
+                "sandbox (`sandbox-kernel destroy ID`, the workspace is kept) and start again"
+            )
+        layer = _layer_folder(container)
+        try:
+            self.images.mount(disks.SANDBOX, container.id, 0, layer)
+            if self.images.pending(disks.SANDBOX, container.id):
+                self.images.settle(disks.SANDBOX, container.id, layer)
+        except OSError as exc:
+            raise SandboxFailed(f"cannot mount the disk of {container.name}: {exc}") from None
+
+    def grow(self, container: Inspected, size: int) -> None:
+        """A larger flavor: the container's disk grows (at once where the host can grow
+        a mounted disk, else at its next start); it never shrinks."""
+        if read_label(container.labels)[0] != IMAGE or self.unbounded_reason():
+            return
+        try:
+            self.images.grow(disks.SANDBOX, container.id, size)
+            if container.status != "running" and self.images.pending(disks.SANDBOX, container.id):
+                self.images.settle(disks.SANDBOX, container.id, _layer_folder(container))
+        except OSError as exc:
+            raise SandboxFailed(f"cannot grow the disk of {container.name}: {exc}") from None
+
+    def grow_workspace(self, user_id: str, size: int) -> None:
+        """The workspace's disk made at least ``size`` (online where the host can)."""
+        if self.unbounded_reason() or not self.images.image(disks.WORKSPACE, user_id).exists():
+            return
+        try:
+            self.images.grow(disks.WORKSPACE, user_id, size)
+        except OSError as exc:
+            raise SandboxFailed(f"cannot grow the workspace's disk: {exc}") from None
+
+    def release(self, container_id: str) -> None:
+        """After ``docker rm``: the container's disk image goes with it."""
+        if not container_id or not self.images.image(disks.SANDBOX, container_id).exists():
+            return
+        try:
+            self.images.remove(disks.SANDBOX, container_id)
+        except OSError as exc:  # still mounted: the sweep takes it once it is not
+            log.info("disk of %s kept for now: %s", container_id[:12], exc)
+
+    def sweep(self, live: set[str]) -> None:
+        """Remove the disk images of containers that are gone (removed behind our back)."""
+        if not self.unbounded_reason():
+            self.images.sweep(disks.SANDBOX, live)
+
+    # -- listings ----------------------------------------------------------------------
+    def describe(self, info: SandboxInfo, labels: dict[str, str]) -> None:
+        """Fill ``info``'s disk limits and note (from its container's ``labels``): the
+        sizes bounding it now, and what is not bounded, and why."""
+        how, size = read_label(labels)
+        user_id = labels.get(LABEL_USER_ID, "")
+        notes, growing = [], []
+        if how == IMAGE:
+            fs = disks.fs_size(self.images.image(disks.SANDBOX, info.engine_id))
+            info.limits["disk"] = fs or size
+            wanted = self.images.size(disks.SANDBOX, info.engine_id)
+            if fs and wanted > fs:
+                growing.append(f"its disk grows to {format_size(wanted)} at its next start")
+        elif how == STORAGE_OPT:
+            info.limits["disk"] = size
+        elif LABEL_DISK not in labels:
+            notes.append("its own files are not bounded: it was made before disk bounds")
+        else:
+            why = self.unbounded_reason() or self._storage_opt_refused
+            notes.append(
+                "its own files are not bounded: "
+                + (why or "the engine's storage driver cannot bound a container's files")
+            )
+        if info.workspace and user_id:
+            ws = disks.fs_size(self.images.image(disks.WORKSPACE, user_id))
+            wanted = self.images.size(disks.WORKSPACE, user_id)
+            if ws:
+                info.limits["workspace_disk"] = ws
+                if wanted > ws:
+                    growing.append(
+                        f"its workspace's to {format_size(wanted)} when none of its user's "
+                        "sandboxes runs"
+                    )
+            else:
+                notes.append(f"the workspace is not bounded: {self.workspace_reason(user_id)}")
+        if growing:
+            notes.insert(0, f"{', '.join(growing)} ({NO_ONLINE_GROWTH})")
+        info.disk_note = "; ".join(notes)
+
+    def workspace_reason(self, user_id: str) -> str:
+        """Why a user's workspace has no disk (when it has none)."""
+        return self.unbounded_reason() or OLD_WORKSPACE
+
+    def usage(self, info: SandboxInfo, user_id: str) -> dict[str, int]:
+        """Bytes used on the sandbox's disk and its workspace's, where each is an image."""
+        found: dict[str, int] = {}
+        mounts = disks.mounted()
+        for key, kind, name in (
+            ("disk", disks.SANDBOX, info.engine_id),
+            ("workspace_disk", disks.WORKSPACE, user_id),
+        ):
+            where = mounts.get(str(self.images.image(kind, name))) if name else None
+            use = disks.usage(where) if where else None
+            if use is not None:
+                found[key] = use.used
+        return found
+
+
+def _layer_folder(container: Inspected) -> Path:
+    """The folder of the container's writable layer (overlay2's, on this host), as the
+    engine's inspect names it; checked to be one."""
+    data = (container.attrs.get("GraphDriver") or {}).get("Data") or {}
+    upper, work = data.get("UpperDir", ""), data.get("WorkDir", "")
+    if not (
+        isinstance(upper, str)
+        and isinstance(work, str)
+        and os.path.isabs(upper)
+        and upper.endswith("/diff")
+        and os.path.dirname(upper) == os.path.dirname(work)
+    ):
+        raise SandboxFailed(
+            f"the engine did not say where the layer of {container.name} is; cannot bound its disk"
+        )
+    return Path(os.path.dirname(upper))
+
+
+def _copy_from(layer: Path) -> Callable[[str], None]:
+    """What fills a new disk before it goes over ``layer``: everything Docker keeps in
+    that folder, as it is (owners, modes, extended attributes)."""
+
+    def fill(root: str) -> None:
+        done = subprocess.run(
+            ["cp", "-a", "--", f"{layer}/.", f"{root}/"],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={"PATH": disks.PROGRAMS, "LC_ALL": "C"},
+        )
+        if done.returncode != 0:
+            raise disks.DiskError(errno.EIO, f"cannot copy {layer}: {done.stderr.strip()[-300:]}")
+
+    return fill
