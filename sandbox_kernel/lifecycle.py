@@ -319,6 +319,12 @@ def stats(backend: Backend, config: SandboxConfig) -> dict[str, Any]:
     usage = backend.usage([i for i in infos if i.state == "running"])
     used_memory = sum(u.get("memory", 0) for u in usage.values())
     limit_memory = config.max_total_memory_bytes
+    disk_use = backend.disk_usage(infos)
+    workspaces: dict[str, tuple[int, int]] = {}  # a user's workspace counts once
+    for info in infos:
+        if info.limits.get("workspace_disk"):
+            used = disk_use.get(info.id, {}).get("workspace_disk", 0)
+            workspaces[info.user] = (int(info.limits["workspace_disk"]), int(used))
     return {
         "backend": backend.name,
         "sandboxes": len(infos),
@@ -326,6 +332,18 @@ def stats(backend: Backend, config: SandboxConfig) -> dict[str, Any]:
         "by_flavor": by_flavor,
         "memory": {"reserved": int(reserved_memory), "used": int(used_memory)},
         "cpus": {"reserved": reserved_cpus},
+        "disk": {
+            # The sandboxes' own files, and their users' workspaces: each bounded by a
+            # disk of its flavor's size where the engine allows (see disk_note).
+            "sandboxes": sum(int(i.limits.get("disk") or 0) for i in infos),
+            "sandboxes_used": sum(u.get("disk", 0) for u in disk_use.values()),
+            "workspaces": sum(size for size, _ in workspaces.values()),
+            "workspaces_used": sum(used for _, used in workspaces.values()),
+            "unbounded": sorted(
+                i.id for i in infos if i.disk_note and "not bounded" in i.disk_note
+            ),
+            "note": backend.disk_bound(),
+        },
         "quota": {
             "max_sandboxes": config.max_sandboxes,
             "sandboxes_left": max(0, config.max_sandboxes - len(infos))

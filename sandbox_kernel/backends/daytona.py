@@ -148,6 +148,14 @@ def _bash_word(arg: str) -> str:
     return shlex.quote(arg)
 
 
+# Daytona sizes a sandbox made from a snapshot (as ours are) by that snapshot: the
+# flavor's cpus, memory and disk are recorded, not applied; volumes have no size.
+DISK_NOTE = (
+    "Daytona gives a sandbox the disk of the snapshot it is made from, whatever its flavor; "
+    "the workspace (a Daytona volume) is not bounded"
+)
+
+
 class PtyChannel(Channel):
     """Our agent's stdin/stdout over a Daytona PTY session in raw mode.
 
@@ -371,6 +379,7 @@ class DaytonaBackend(Backend):
             snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
             spec=labels.get(LABEL_SPEC, ""),
             installation=labels.get(LABEL_INSTALLATION, ""),
+            disk_note=DISK_NOTE,
         )
 
     def find(self, sandbox_id: str) -> SandboxInfo | None:
@@ -594,7 +603,12 @@ class DaytonaBackend(Backend):
                 "memory": max(0, metrics.mem_used - metrics.mem_cache),
                 "cpu": round(metrics.cpu_used_pct / 100 * metrics.cpu_count, 3),
             }
+            if metrics.disk_used is not None:  # the sandbox's own disk (not the volume)
+                found[info.id]["disk"] = metrics.disk_used
         return found
+
+    def disk_bound(self) -> str:
+        return DISK_NOTE
 
     # -- processes -----------------------------------------------------------------------
     def exec(
