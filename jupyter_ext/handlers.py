@@ -205,10 +205,13 @@ class FileHandler(BaseHandler):
             return
         try:
             self._upload.write(chunk)
+        except SandboxError as exc:  # the disk is full (507)
+            self._drop_upload()
+            self._refused = http_error(exc)
         except OSError as exc:
             self._drop_upload()
             self._refused = web.HTTPError(
-                507 if exc.errno == errno.ENOSPC else 500,
+                507 if exc.errno in (errno.ENOSPC, errno.EDQUOT) else 500,
                 "%s",
                 f"could not write the upload: {exc.strerror}",
             )

@@ -45,6 +45,10 @@ class TooLarge(SandboxError):
     """An upload passed the size limit: 413."""
 
 
+class DiskFull(SandboxError):
+    """A disk (the workspace's, bounded by the flavor, or the host's) has no room left."""
+
+
 class NotSupported(SandboxError):
     """This backend cannot do that: 501."""
 
@@ -73,6 +77,7 @@ _KINDS: list[tuple[type[SandboxError], int, str]] = [
     (QuotaExceeded, 409, "quota"),
     (Conflict, 409, "conflict"),
     (TooLarge, 413, "too large"),
+    (DiskFull, 507, "disk full"),
     (NotSupported, 501, "not supported"),
     (EngineUnavailable, 503, "engine unavailable"),
     (SandboxError, 500, "sandbox error"),

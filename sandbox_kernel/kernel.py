@@ -230,6 +230,12 @@ class SandboxKernel(Kernel):
         stored = reply.get("execution_count")
         if isinstance(stored, int):  # the last stored cell's number, whether or not this one was
             self._next_count = stored + 1
+        if reply.get("status") == "error" and not silent:
+            line = await asyncio.to_thread(
+                self.sandbox.disk_full, str(reply.get("ename", "")), str(reply.get("evalue", ""))
+            )
+            if line:  # a full disk: which bound, and what to do
+                self._send(parent, "stream", {"name": "stderr", "text": line + "\n"})
         return reply
 
     def _publisher(

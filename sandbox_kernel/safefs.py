@@ -15,6 +15,7 @@ and the sandbox sees it as its mount point, which it cannot replace.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from typing import Any
 
 from .agent import beneath
 from .agent.beneath import CHUNK, DIR_FLAGS, MAX_DEPTH, MAX_ENTRIES, TEMP_PREFIX, Refused, kind
-from .errors import BadRequest, Conflict, FileMissing, SandboxError, shorten
+from .errors import BadRequest, Conflict, DiskFull, FileMissing, SandboxError, shorten
 
 __all__ = [
     "MAX_ENTRIES",
@@ -386,7 +387,15 @@ class AtomicWrite:
         return self._temporary.size
 
     def write(self, chunk: bytes) -> None:
-        self._temporary.write(chunk)
+        try:
+            self._temporary.write(chunk)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFull(
+                    f"no room left for {shorten(self.shown)!r}: the workspace's disk is full "
+                    "(delete files, or use a flavor with more disk)"
+                ) from None
+            raise
 
     def commit(self) -> int:
         """Put the file in place; :class:`Conflict` if the sandbox interfered."""

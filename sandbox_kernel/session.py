@@ -291,6 +291,19 @@ class SandboxSession:
             return f"the interpreter in {info.id} ended: {hint}"
         return f"the interpreter in {info.id} ended: {LOST_NOTICE}; the next cell starts a new one"
 
+    def disk_full(self, ename: str, evalue: str) -> str:
+        """One line for a cell whose error says the disk is full (ENOSPC, EDQUOT): which
+        bound it hit (the flavor's), how full each is, and what to do; "" for any other
+        error. Asks the engine, so a worker thread calls it."""
+        if not is_disk_full(ename, evalue) or not self.sandbox_id:
+            return ""
+        try:
+            info = self.backend.get(self.sandbox_id)
+            used = self.backend.disk_usage([info]).get(info.id, {})
+        except SandboxError:
+            return ""
+        return disk_full_line(info, used, self.cfg)
+
     # -- ending ------------------------------------------------------------------------------
     def forget_kernel(self) -> None:
         """The kernel shuts down: its records go (if it ever made any: a kernel that never
@@ -303,6 +316,47 @@ class SandboxSession:
         if self.folder_copy is None or not self.sandbox_id:
             return []
         return sync.pull(self.backend, self.sandbox_id, self.folder_copy)
+
+
+# How an error says the disk is full: ENOSPC (a file system's end) or EDQUOT (a quota).
+DISK_FULL = ("[Errno 28]", "No space left on device", "[Errno 122]", "Disk quota exceeded")
+
+
+def is_disk_full(ename: str, evalue: str) -> bool:
+    """Whether a cell's error (its name and value) is a full disk."""
+    return any(sign in f"{ename}: {evalue}" for sign in DISK_FULL)
+
+
+def disk_full_line(info: SandboxInfo, used: dict[str, int], cfg: SandboxConfig) -> str:
+    """The line a cell gets when it filled a disk: the sandbox's flavor and its bounds,
+    how full each is, and what to do (delete files, or a flavor with more disk)."""
+    bounds = []
+    for key, what in (("workspace_disk", "/workspace"), ("disk", "its own files (home, /tmp)")):
+        limit = int(info.limits.get(key) or 0)
+        if limit:
+            use = f"{format_size(used[key])} used of " if key in used else ""
+            bounds.append(f"{what} {use}{format_size(limit)}")
+    if not bounds:
+        note = f": {info.disk_note}" if info.disk_note else ""
+        return (
+            f"disk full: the disk of sandbox {info.id} is the host's, and it is full{note}; "
+            "delete files, or ask the administrator for room"
+        )
+    disk = int(info.limits.get("disk") or info.limits.get("workspace_disk") or 0)
+    allowed = [n for n in cfg.flavors if not cfg.allowed_flavors or n in cfg.allowed_flavors]
+    larger = sorted(
+        (int(cfg.flavors[n]["disk"]), n) for n in allowed if int(cfg.flavors[n]["disk"]) > disk
+    )
+    more = (
+        f", or pick a flavor with more disk (SANDBOX_KERNEL_FLAVOR={larger[0][1]}: "
+        f"{format_size(larger[0][0])})"
+        if larger
+        else ""
+    )
+    return (
+        f"disk full: sandbox {info.id} has flavor {info.flavor or '?'}, whose disk bounds "
+        f"{' and '.join(bounds)}; delete files{more}"
+    )
 
 
 def too_few_pids(info: SandboxInfo) -> str:

@@ -239,6 +239,7 @@ class _Writer:
     def __init__(self, upload: Any) -> None:
         self._upload = upload
 
+    @_mapped
     def write(self, chunk: bytes) -> None:
         self._upload.write(chunk)
 
