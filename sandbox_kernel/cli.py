@@ -301,11 +301,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"memory: {format_size(mem['reserved'])} reserved, {format_size(mem['used'])} used")
     print(f"cpus reserved: {totals['cpus']['reserved']:g}")
     disk = totals["disk"]
-    print(
-        f"disk: sandboxes' own files {format_size(disk['sandboxes_used'])} used of "
-        f"{format_size(disk['sandboxes'])}, workspaces {format_size(disk['workspaces_used'])} "
-        f"used of {format_size(disk['workspaces'])}"
-    )
+    if disk["sandboxes"] or disk["workspaces"]:
+        print(
+            f"disk: sandboxes' own files {format_size(disk['sandboxes_used'])} used of "
+            f"{format_size(disk['sandboxes'])}, workspaces {format_size(disk['workspaces_used'])} "
+            f"used of {format_size(disk['workspaces'])}"
+        )
     if disk["note"]:
         print(f"disk not bounded for new sandboxes: {disk['note']}")
     if disk["unbounded"]:

@@ -32,6 +32,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import time
@@ -154,9 +155,10 @@ class DiskImages:
     def size(self, kind: str, name: str) -> int:
         """The image's size in bytes (0: there is none)."""
         try:
-            return os.lstat(self.image(kind, name)).st_size
+            st = os.lstat(self.image(kind, name))
         except OSError:
             return 0
+        return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
     def names(self, kind: str) -> list[str]:
         """The images of one kind, by name."""
@@ -180,7 +182,10 @@ class DiskImages:
         folder = self.folder / kind
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         for level in (self.folder, folder):  # root's alone, whatever made it before
-            if os.lstat(level).st_mode & 0o077:
+            st = os.lstat(level)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                raise DiskError(errno.EPERM, f"{level} is not a folder of ours: no disk kept there")
+            if st.st_mode & 0o077:
                 os.chmod(level, 0o700)
         return folder
 
@@ -213,7 +218,7 @@ class DiskImages:
                 if mounted is not None and mounted != str(image):
                     return True
                 if mounted is None:
-                    exists = image.exists()
+                    exists = _exists(image)
                     if not exists and only_if_empty and _has_entries(target_fd):
                         return False
                     if not exists:
@@ -229,7 +234,7 @@ class DiskImages:
         """Whether the image was made larger than its file system is yet (growing it
         waits for a moment when nothing has it mounted: see :meth:`settle`)."""
         image = self.image(kind, name)
-        return image.exists() and fs_size(image) < self.size(kind, name)
+        return _exists(image) and fs_size(image) < self.size(kind, name)
 
     def settle(self, kind: str, name: str, target: Path) -> bool:
         """Give a grown image's file system its new size, offline, when the caller knows
@@ -237,11 +242,12 @@ class DiskImages:
         False (and still mounted) when it is still in use after all."""
         with self._locked(kind, name):
             image = self.image(kind, name)
-            if not image.exists() or fs_size(image) >= self.size(kind, name):
+            if not _exists(image) or fs_size(image) >= self.size(kind, name):
                 return True
             if _libc().umount2(os.fsencode(target), _UMOUNT_NOFOLLOW) != 0:
                 return False  # busy: a process of this host works in it
-            deadline = time.monotonic() + 5
+            held = any(mounted == str(image) for mounted, _ in mount_points())
+            deadline = time.monotonic() + (0 if held else 5)
             while _loop_devices_of(image) and time.monotonic() < deadline:
                 time.sleep(0.02)  # the device detaches itself once its last user is gone
             with _folder(target) as (parent_fd, target_fd):
@@ -269,7 +275,7 @@ class DiskImages:
 
     def _grow(self, kind: str, name: str, size: int) -> bool:
         image = self.image(kind, name)
-        fd = os.open(image, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _open_image(image, os.O_RDWR)
         try:
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)
@@ -440,7 +446,7 @@ def grows_online() -> bool:
 def fs_size(image: Path) -> int:
     """Bytes the ext4 file system in ``image`` spans, from its superblock (0: no image)."""
     try:
-        fd = os.open(image, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _open_image(image, os.O_RDONLY)
     except OSError:
         return 0
     try:
@@ -457,13 +463,14 @@ def fs_size(image: Path) -> int:
 
 def _grow_offline(image: Path, size: int) -> None:
     """Grow the file system of an image that nothing mounts to ``size`` bytes."""
-    fd = os.open(image, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = _open_image(image, os.O_RDWR)
     try:
         if os.fstat(fd).st_size < size:
             os.ftruncate(fd, size)
+        whole = os.fstat(fd).st_size
     finally:
         os.close(fd)
-    if fs_size(image) >= os.lstat(image).st_size:
+    if fs_size(image) >= whole:
         return
     # resize2fs insists on a freshly checked file system; -p repairs only what is safe.
     checked = subprocess.run(
@@ -476,6 +483,27 @@ def _grow_offline(image: Path, size: int) -> None:
     )
     if ran.returncode != 0:
         raise DiskError(errno.EIO, f"resize2fs {image} failed: {ran.stderr.strip()[-300:]}")
+
+
+def _open_image(image: Path, flags: int) -> int:
+    """A descriptor of the image file at ``image``, only if that is a regular file of
+    root's: never through a link, never blocking on a FIFO planted in its place."""
+    fd = os.open(image, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
+        os.close(fd)
+        raise DiskError(errno.EPERM, f"{image} is not a disk image made here: not used")
+    return fd
+
+
+def _exists(image: Path) -> bool:
+    """Whether something is at the image's path (a link or anything else counts: it is
+    then refused when opened, never replaced)."""
+    try:
+        os.lstat(image)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _backing_file(minor: int) -> str:
@@ -549,7 +577,7 @@ def _attach(image: Path, target_fd: int, fill: Callable[[str], None] | None) -> 
     if attached:
         loop_fd, device = os.open(attached[0], os.O_RDONLY | os.O_CLOEXEC), attached[0]
     else:
-        image_fd = os.open(image, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        image_fd = _open_image(image, os.O_RDWR)
         try:
             loop_fd, device = _loop_device(image_fd)
         finally:

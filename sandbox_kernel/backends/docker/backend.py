@@ -182,9 +182,11 @@ class DockerBackend(Backend):
     def disk_bound(self) -> str:
         """Why new sandboxes' disks are not bounded here ("" when they are): for listings
         and doctor."""
-        reasons = [self._disks.layer_reason(self._engine_info())]
-        reasons.append(self._disks.unbounded_reason() and "workspaces are not bounded")
-        return "; ".join(r for r in reasons if r)
+        everything = self._disks.unbounded_reason()
+        if everything:
+            return f"{everything} (neither workspaces nor sandboxes' own files are bounded)"
+        own = self._disks.layer_reason(self._engine_info())
+        return f"sandboxes' own files: {own}" if own else ""
 
     # -- lookups -------------------------------------------------------------
     def _id(self, container: Any) -> str:

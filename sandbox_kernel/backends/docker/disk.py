@@ -237,7 +237,8 @@ class DockerDisks:
         sizes bounding it now, and what is not bounded, and why."""
         how, size = read_label(labels)
         user_id = labels.get(LABEL_USER_ID, "")
-        notes, growing = [], []
+        own = ws_why = ""  # why its own files, and its workspace, are not bounded
+        growing = []
         if how == IMAGE:
             fs = disks.fs_size(self.images.image(disks.SANDBOX, info.engine_id))
             info.limits["disk"] = fs or size
@@ -247,12 +248,12 @@ class DockerDisks:
         elif how == STORAGE_OPT:
             info.limits["disk"] = size
         elif LABEL_DISK not in labels:
-            notes.append("its own files are not bounded: it was made before disk bounds")
+            own = "it was made before disk bounds"
         else:
-            why = self.unbounded_reason() or self._storage_opt_refused
-            notes.append(
-                "its own files are not bounded: "
-                + (why or "the engine's storage driver cannot bound a container's files")
+            own = (
+                self.unbounded_reason()
+                or self._storage_opt_refused
+                or "the engine's storage driver cannot bound a container's files"
             )
         if info.workspace and user_id:
             ws = disks.fs_size(self.images.image(disks.WORKSPACE, user_id))
@@ -265,9 +266,13 @@ class DockerDisks:
                         "sandboxes runs"
                     )
             else:
-                notes.append(f"the workspace is not bounded: {self.workspace_reason(user_id)}")
-        if growing:
-            notes.insert(0, f"{', '.join(growing)} ({NO_ONLINE_GROWTH})")
+                ws_why = self.workspace_reason(user_id)
+        notes = [f"{', '.join(growing)} ({NO_ONLINE_GROWTH})"] if growing else []
+        if own and own == ws_why:
+            notes.append(f"not bounded: {own}")
+        else:
+            notes += [f"its own files are not bounded: {own}"] if own else []
+            notes += [f"its workspace is not bounded: {ws_why}"] if ws_why else []
         info.disk_note = "; ".join(notes)
 
     def workspace_reason(self, user_id: str) -> str:
