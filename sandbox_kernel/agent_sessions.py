@@ -407,6 +407,12 @@ class AgentSession:
         finally:
             self.busy = False
             housekeeping.set_busy(False)
+        if outcome.error is not None and not outcome.ended:
+            full = await asyncio.to_thread(
+                self.sandbox.disk_full, outcome.error["ename"], outcome.error["evalue"]
+            )
+            if full:  # a full disk: which bound, and what to do
+                outcome.notices.append(full)
         if outcome.truncated:
             outcome.notices.append(
                 f"output truncated: this call sent more than {cfg.output_limit / 1e6:.0f} MB "

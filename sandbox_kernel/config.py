@@ -90,6 +90,9 @@ FLAVOR_KEYS = ("cpus", "memory", "disk")
 FLAVOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 MIN_MEMORY = 64 << 20  # less and no interpreter starts
 MIN_DISK = 64 << 20  # less and the sandbox's own files do not fit
+# An MCP tool result: room for a few lines at least, and well under the 1 MiB an MCP
+# client accepts in one message (the official client refuses more).
+MIN_RESULT, MAX_RESULT = 4_000, 900_000
 
 
 _SIZE_UNITS = {
@@ -250,6 +253,14 @@ class SandboxConfig(Configurable):
         10_000_000,
         help="Output one cell may send before the rest is discarded: bytes, or a size like 10 MB.",
     ).tag(config=True)
+    mcp_result_limit = ByteSize(
+        100_000,
+        help=(
+            f"Bytes of one MCP tool result ({MIN_RESULT // 1000} KB to {MAX_RESULT // 1000} KB: MCP "
+            "clients refuse a message over 1 MiB); a run's output past it keeps its head and "
+            "tail, and the whole of it is written to /workspace/.sandbox-kernel/outputs/."
+        ),
+    ).tag(config=True)
     # Lifecycle (lifecycle.py); minutes, 0 disables.
     idle_stop = Float(
         15.0, help="Minutes without activity and without a live kernel before a stop."
@@ -346,6 +357,15 @@ class SandboxConfig(Configurable):
         if name == "pids_limit" and proposal["value"] < MIN_PIDS:
             raise TraitError(
                 f"{proposal['value']} is too few for an interpreter to start; use at least {MIN_PIDS}"
+            )
+        return proposal["value"]
+
+    @validate("mcp_result_limit")
+    def _result_size(self, proposal: Any) -> int:
+        if not MIN_RESULT <= proposal["value"] <= MAX_RESULT:
+            raise TraitError(
+                f"must be from {MIN_RESULT} to {MAX_RESULT} bytes (MCP clients refuse a message "
+                "over 1 MiB)"
             )
         return proposal["value"]
 

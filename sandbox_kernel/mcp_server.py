@@ -34,6 +34,17 @@ from .errors import (
     error_label,
     shorten,
 )
+from .mcp_results import (
+    Cut,
+    cut_command,
+    cut_outcome,
+    fit,
+    fitting_prefix,
+    keep_whole_output,
+    result_size,
+    whole_code_output,
+    whole_command_output,
+)
 from .preview import proxy_path
 from .service import SandboxService
 
@@ -46,6 +57,7 @@ READ_DEFAULT = 1 << 20  # bytes read_file returns unless asked for more
 READ_MAX = 8 << 20
 WRITE_MAX = 8 << 20  # bytes write_file accepts (the HTTP body limit is above this)
 MESSAGE_LIMIT = 2000
+READ_OVERHEAD = 1000  # bytes of a read_file result besides the file's own
 
 INSTRUCTIONS = """\
 Tools for the user's persistent sandbox: the same machine their Jupyter notebooks run on.
@@ -54,7 +66,8 @@ write there, and packages you pip install, are the notebook's too. execute_code 
 Python in a named, persistent interpreter (variables survive between calls of one
 session); execute_command runs a shell command. Both have a timeout: code past it is
 interrupted (its session survives), a command is killed with everything it started.
-Output is limited like a notebook cell's."""
+Output is limited like a notebook cell's; a result too long for one message keeps its
+head and tail and names the file in /workspace that holds the whole output."""
 
 SandboxArg = Annotated[
     str,
@@ -82,11 +95,21 @@ def describe_error(exc: SandboxError) -> str:
     return f"{error_label(exc)}: {exc}"
 
 
-async def guarded(work: Callable[[], Awaitable[CallToolResult]]) -> CallToolResult:
+async def guarded(work: Callable[[], Awaitable[CallToolResult]], limit: int = 0) -> CallToolResult:
     """Run a tool; domain errors become MCP error results, anything else one line (the
-    details go to the log, on stderr: never to the protocol, never to the caller)."""
+    details go to the log, on stderr: never to the protocol, never to the caller). A
+    result over ``limit`` bytes (which no tool should make) is refused in one line
+    rather than sent: the client would drop it, and the whole call with it."""
     try:
-        return await work()
+        result = await work()
+        size = result_size(result) if limit else 0
+        if size > limit:
+            log.warning("an MCP result of %d bytes was held back (mcp_result_limit)", size)
+            return error_result(
+                f"the result was {size} bytes, more than one result may be (mcp_result_limit "
+                f"{limit}); ask for less at a time"
+            )
+        return result
     except SandboxError as exc:
         return error_result(describe_error(exc))
     except asyncio.CancelledError:
@@ -100,9 +123,10 @@ def text(value: str) -> TextContent:
     return TextContent(type="text", text=value)
 
 
-def code_result(outcome: Outcome) -> CallToolResult:
+def code_result(outcome: Outcome, cut: Cut | None = None) -> CallToolResult:
     """An execute_code outcome as MCP content: stdout, stderr, rich results (text or
-    image), the error, then one line on the session and duration."""
+    image), the error, what was cut to fit (``cut``), then one line on the session and
+    duration."""
     content: list[ContentBlock] = []
     for notice in outcome.notices[:-1] if outcome.truncated else outcome.notices:
         content.append(text(f"[{notice}]"))
@@ -124,9 +148,13 @@ def code_result(outcome: Outcome) -> CallToolResult:
         content.append(text("\n".join(lines)))
     if outcome.truncated:
         content.append(text(f"[{outcome.notices[-1]}]"))
+    if cut is not None:
+        content.append(text(f"[{cut.notice()}]"))
     where = f" in {outcome.sandbox_id}" if outcome.sandbox_id else ""
     content.append(text(f"[session {outcome.session!r}{where}, {outcome.duration:.2f} s]"))
     structured = outcome.to_dict()
+    if cut is not None:
+        structured["cut"] = cut.to_dict()
     structured["outputs"] = [
         item if item["kind"] == "text" else {"kind": "image", "mime": item["mime"]}
         for item in outcome.outputs
@@ -136,7 +164,9 @@ def code_result(outcome: Outcome) -> CallToolResult:
     )
 
 
-def command_result(result: CommandResult) -> CallToolResult:
+def command_result(result: CommandResult, cut: Cut | None = None) -> CallToolResult:
+    """An execute_command result as MCP content: stdout, stderr (apart), then one line
+    on its exit, duration, folder and what was cut (``cut``)."""
     content: list[ContentBlock] = []
     if result.stdout:
         content.append(text(result.stdout))
@@ -149,10 +179,15 @@ def command_result(result: CommandResult) -> CallToolResult:
         notes.append("output truncated: only the first part was kept (the output limit)")
     if result.error:
         notes.insert(0, result.error)
+    if cut is not None:
+        notes.append(cut.notice())
     content.append(text("[" + "; ".join(notes) + "]"))
+    structured = result.to_dict()
+    if cut is not None:
+        structured["cut"] = cut.to_dict()
     return CallToolResult(
         content=content,
-        structured_content=result.to_dict(),
+        structured_content=structured,
         is_error=result.timed_out or bool(result.error),
     )
 
@@ -198,6 +233,45 @@ def build_server(
         warn_on_duplicate_tools=False,
     )
     service: SandboxService = sessions.service
+    result_limit = service.config.mcp_result_limit
+
+    async def whole_output(
+        tool: str, owner: str, sandbox_id: str, text: str, images: list[tuple[str, bytes]]
+    ) -> Cut:
+        """The whole output of a run too long for one result, written to the workspace."""
+        cut = Cut(result_limit)
+
+        def keep() -> str:
+            return keep_whole_output(sessions.workspace(owner, sandbox_id), tool, text, images)
+
+        try:
+            cut.saved = await asyncio.to_thread(keep)
+        except SandboxError as exc:
+            cut.unsaved = str(exc)
+        return cut
+
+    async def bounded_code(outcome: Outcome, owner: str, sandbox_id: str) -> CallToolResult:
+        result = code_result(outcome)
+        if result_size(result) <= result_limit:
+            return result
+        whole, images = whole_code_output(outcome)
+        cut = await whole_output("execute_code", owner, sandbox_id, whole, images)
+        fitted = fit(
+            lambda share: (code_result(cut_outcome(outcome, share, cut), cut), cut), result_limit
+        )
+        return fitted or error_result(f"the output does not fit in one result; {cut.notice()}")
+
+    async def bounded_command(result: CommandResult, owner: str, sandbox_id: str) -> CallToolResult:
+        answer = command_result(result)
+        if result_size(answer) <= result_limit:
+            return answer
+        cut = await whole_output(
+            "execute_command", owner, sandbox_id, whole_command_output(result), []
+        )
+        fitted = fit(
+            lambda share: (command_result(cut_command(result, share, cut), cut), cut), result_limit
+        )
+        return fitted or error_result(f"the output does not fit in one result; {cut.notice()}")
 
     def tool(
         description: str, read_only: bool = False, destructive: bool = False
@@ -229,9 +303,10 @@ def build_server(
         owner = owner_of(ctx)
 
         async def work() -> CallToolResult:
-            return code_result(await sessions.execute(owner, code, session, timeout, sandbox_id))
+            outcome = await sessions.execute(owner, code, session, timeout, sandbox_id)
+            return await bounded_code(outcome, owner, sandbox_id)
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     @tool(
         "Run a shell command (sh -c) in your sandbox. Returns stdout and stderr separately, the "
@@ -256,9 +331,9 @@ def build_server(
             result = await asyncio.to_thread(
                 sessions.run_command, owner, command, timeout, cwd, sandbox_id
             )
-            return command_result(result)
+            return await bounded_command(result, owner, sandbox_id)
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     @tool("List your execute_code sessions (interpreters) and whether each is busy.", True)
     async def get_sessions(ctx: Context) -> CallToolResult:
@@ -290,7 +365,7 @@ def build_server(
             names = ", ".join(s["name"] for s in sessions.list(owner)) or "none"
             return error_result(f"no session named {session!r} (yours: {names})")
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     @tool("List a folder of the workspace (/workspace) without following links.", True)
     async def list_files(
@@ -307,22 +382,35 @@ def build_server(
                 return sessions.workspace(owner, sandbox_id).list(path)
 
             entries, truncated = await asyncio.to_thread(listing)
-            lines = [
-                f"{e.name}{'/' if e.type == 'directory' else ''}\t{e.type}\t{e.size}"
-                for e in entries
-            ]
-            if truncated:
-                lines.append(f"[only the first {len(entries)} entries are listed]")
-            return CallToolResult(
-                content=[text("\n".join(lines) or "(empty folder)")],
-                structured_content={
-                    "path": path,
-                    "entries": [e.to_dict() for e in entries],
-                    "truncated": truncated,
-                },
-            )
 
-        return await guarded(work)
+            def listed(count: int) -> CallToolResult:
+                shown = entries[:count]
+                lines = [
+                    f"{e.name}{'/' if e.type == 'directory' else ''}\t{e.type}\t{e.size}"
+                    for e in shown
+                ]
+                if truncated or count < len(entries):
+                    lines.append(
+                        f"[only the first {len(shown)} entries are listed: list a subfolder, "
+                        "or use execute_command (ls, find) for the rest]"
+                    )
+                return CallToolResult(
+                    content=[text("\n".join(lines) or "(empty folder)")],
+                    structured_content={
+                        "path": path,
+                        "entries": [e.to_dict() for e in shown],
+                        "truncated": truncated or count < len(entries),
+                    },
+                )
+
+            count = len(entries)
+            result = listed(count)
+            while count and result_size(result) > result_limit:  # as many as one result holds
+                count = min(count - 1, count * result_limit // result_size(result) * 9 // 10)
+                result = listed(count)
+            return result
+
+        return await guarded(work, result_limit)
 
     @tool(
         "Read a file of the workspace: UTF-8 text, or base64 with encoding='base64' for binary "
@@ -355,6 +443,9 @@ def build_server(
                     reader.close()
 
             size, data = await asyncio.to_thread(read)
+            # One result holds mcp_result_limit bytes: a larger read comes in parts.
+            room = result_limit - READ_OVERHEAD
+            data = data[: room * 3 // 4 if encoding == "base64" else room]
             end = min(offset, size) + len(data)
             if encoding == "base64":
                 body = base64.b64encode(data).decode("ascii")
@@ -364,8 +455,8 @@ def build_server(
                     return error_result(
                         f"{path} is not UTF-8 text (a binary file?): read it with encoding='base64'"
                     )
-                body = decoded
-                end = min(offset, size) + len(decoded.encode("utf-8"))
+                body = fitting_prefix(decoded, room)  # escapes count: quotes, controls
+                end = min(offset, size) + len(body.encode("utf-8", "surrogatepass"))
             content: list[ContentBlock] = [text(body)]
             if end < size:
                 content.append(text(f"[bytes {offset}-{end} of {size}; read on with offset={end}]"))
@@ -380,7 +471,7 @@ def build_server(
                 },
             )
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     @tool(
         "Write a file of the workspace (parents are made): the whole file at once, replacing "
@@ -427,7 +518,7 @@ def build_server(
                 structured_content={"path": path, "size": size},
             )
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     @tool("List your sandboxes: ids, state, agent sessions and kernels using each.", True)
     async def list_sandboxes(ctx: Context) -> CallToolResult:
@@ -446,7 +537,7 @@ def build_server(
                 structured_content={"sandboxes": [{k: i.get(k) for k in keep} for i in items]},
             )
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     @tool(
         "The URL at which you (in a browser, logged in to Jupyter) open a web app listening on "
@@ -492,7 +583,7 @@ def build_server(
                 },
             )
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     @tool("List your snapshots (saved sandbox filesystems a new sandbox can start from).", True)
     async def list_snapshots(ctx: Context) -> CallToolResult:
@@ -506,7 +597,7 @@ def build_server(
                 structured_content={"snapshots": snaps},
             )
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     @tool(
         "Save a snapshot of a sandbox's filesystem (installed packages, files outside /workspace; "
@@ -527,7 +618,7 @@ def build_server(
                 structured_content=snap,
             )
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     @tool("Delete one of your snapshots.", destructive=True)
     async def delete_snapshot(
@@ -540,7 +631,7 @@ def build_server(
                 return CallToolResult(content=[text(f"snapshot {name} deleted")])
             return error_result(f"no snapshot named {name!r}; list_snapshots shows yours")
 
-        return await guarded(work)
+        return await guarded(work, result_limit)
 
     return server
 

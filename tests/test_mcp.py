@@ -27,6 +27,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import CallToolResult, ImageContent, TextContent
 from tornado.httpclient import AsyncHTTPClient
 
+from sandbox_kernel.mcp_results import KEEP
 from sandbox_kernel.service import SandboxService
 
 from .conftest import remove_user_containers, remove_user_snapshots, sandbox_container
@@ -245,6 +246,107 @@ async def test_output_flood_is_bounded(kenv: KernelEnv) -> None:
         assert texts(still).startswith("2")
 
 
+# What a run prints: a line number on each line, so any part of it says where it is.
+SEVERAL_MB = (
+    "import sys\n"
+    "for i in range(60000): sys.stdout.write(f'line {i:05d} ' + 'x' * 40 + '\\n')\n"
+    "sys.stderr.write('oops\\n' * 100000)\n"
+    "print('the end')"
+)
+
+
+def whole_of(kenv: KernelEnv, result: CallToolResult) -> str:
+    """The whole output a cut result names, read from the workspace on the host."""
+    assert result.structured_content is not None
+    saved = result.structured_content["cut"]["output_file"]
+    assert saved.startswith("/workspace/.sandbox-kernel/outputs/") and saved in texts(result)
+    return (kenv.workspace / saved.removeprefix("/workspace/")).read_text()
+
+
+def expected_stdout() -> str:
+    return "".join(f"line {i:05d} " + "x" * 40 + "\n" for i in range(60000)) + "the end\n"
+
+
+async def check_several_mb(session: ClientSession, kenv: KernelEnv, limit: int) -> None:
+    """A run printing several MB: a result under ``limit`` with the head, the tail and a
+    notice, the whole output in the file it names; the same for a command."""
+    result = await call(session, "execute_code", code=SEVERAL_MB, timeout=120)
+    assert not result.is_error, texts(result)[-500:]
+    assert len(result.model_dump_json(by_alias=True, exclude_none=True)) <= limit
+    shown = texts(result)
+    assert shown.startswith("line 00000 ") and "the end" in shown
+    assert "characters cut here" in shown and "output cut to fit one result" in shown
+    whole = whole_of(kenv, result)
+    assert whole.startswith(expected_stdout()) and whole.count("oops\n") == 100000
+    command = await call(
+        session,
+        "execute_command",
+        command="seq -f 'row %06g' 1 400000; echo done; seq 1 50000 >&2",
+        timeout=120,
+    )
+    assert not command.is_error
+    assert len(command.model_dump_json(by_alias=True, exclude_none=True)) <= limit
+    data = command.structured_content
+    assert data and data["exit_code"] == 0
+    assert data["stdout"].startswith("row 000001\n") and data["stdout"].endswith("done\n")
+    assert data["stderr"].startswith("1\n2\n") and data["stderr"].endswith("50000\n")
+    whole = whole_of(kenv, command)
+    assert whole.startswith("".join(f"row {i:06d}\n" for i in range(1, 400001)) + "done\n")
+    still = await call(session, "execute_code", code="6 * 7")
+    assert texts(still).startswith("42")
+
+
+async def test_a_run_printing_several_mb_gives_a_result_an_agent_can_read(
+    kenv: KernelEnv,
+) -> None:
+    async with stdio(kenv, SANDBOX_KERNEL_OUTPUT_LIMIT="20MB") as session:
+        await check_several_mb(session, kenv, 100_000)
+        # read_file and list_files stay within one result too, whatever is asked.
+        await call(
+            session,
+            "execute_command",
+            command="mkdir -p many && cd many && seq -f 'file-%05g' 1 3000 | xargs touch && "
+            "seq -f '\"quoted\" %g' 1 300000 > ../quotes.txt",
+        )
+        read = await call(session, "read_file", path="quotes.txt", limit=8 << 20)
+        assert not read.is_error
+        assert len(read.model_dump_json(by_alias=True, exclude_none=True)) <= 100_000
+        end = read.structured_content["end"]
+        assert texts(read).startswith('"quoted" 1\n') and f"offset={end}" in texts(read)
+        assert (kenv.workspace / "quotes.txt").read_bytes()[:end] == read.content[0].text.encode()
+        listed = await call(session, "list_files", path="many")
+        assert len(listed.model_dump_json(by_alias=True, exclude_none=True)) <= 100_000
+        assert listed.structured_content["truncated"] and "list a subfolder" in texts(listed)
+        assert 100 < len(listed.structured_content["entries"]) < 3000
+
+
+async def test_whole_outputs_are_kept_a_few_and_never_through_a_planted_link(
+    kenv: KernelEnv, tmp_path: Path
+) -> None:
+    """The output files are written by the host into the workspace: only the newest
+    ones stay, and a link the sandbox planted where they go is never followed (the
+    result then says the whole output could not be kept)."""
+    outputs = kenv.workspace / ".sandbox-kernel" / "outputs"
+    async with stdio(kenv, SANDBOX_KERNEL_MCP_RESULT_LIMIT="5000") as session:
+        for _ in range(KEEP + 3):
+            cut = await call(session, "execute_command", command="seq 1 5000")
+            assert "output cut to fit one result" in texts(cut), texts(cut)
+        assert len([p for p in outputs.iterdir() if p.suffix == ".txt"]) == KEEP
+        victim = tmp_path / "victim"
+        victim.mkdir()
+        await call(
+            session,
+            "execute_command",
+            command=f"rm -rf /workspace/.sandbox-kernel && ln -s {victim} /workspace/.sandbox-kernel",
+        )
+        refused = await call(session, "execute_command", command="seq 1 5000")
+        assert not refused.is_error
+        assert "the whole output could not be kept" in texts(refused)
+        assert "link" in texts(refused).rsplit("could not be kept", 1)[1]
+        assert list(victim.iterdir()) == []
+        await call(session, "execute_command", command="rm /workspace/.sandbox-kernel")
+
+
 async def test_execute_command(kenv: KernelEnv) -> None:
     async with stdio(kenv) as session:
         result = await call(session, "execute_command", command="echo out; echo err >&2; exit 3")
@@ -415,6 +517,8 @@ def jp_server_config(
         "ServerApp": {"jpserver_extensions": {"jupyter_ext": True}},
         "SandboxExtension": {"gc_interval": 0},
     }
+    if "several_mb" in request.node.name:
+        monkeypatch.setenv("SANDBOX_KERNEL_OUTPUT_LIMIT", "20MB")
     if "several_users" in request.node.name:
         monkeypatch.delenv("SANDBOX_KERNEL_USER")
         config["ServerApp"]["identity_provider_class"] = HeaderIdentity
@@ -491,6 +595,15 @@ async def test_http_same_tools_with_jupyters_authentication(
         assert b"Directory listing" in page.body
         bad = await call(session, "get_preview_url", port=70000)
         assert bad.is_error
+
+
+async def test_http_several_mb_of_output_fit_one_event(
+    jp_fetch: Any, jp_serverapp: Any, jp_auth_header: dict[str, str], kenv: KernelEnv
+) -> None:
+    """The official client refuses a server-sent event over 1 MiB: a run printing several
+    MB comes back cut, with its whole output in the workspace."""
+    async with http_session(mcp_url(jp_serverapp), jp_auth_header) as session:
+        await check_several_mb(session, kenv, 100_000)
 
 
 def _rpc(method: str, id_: int | None = None, **params: Any) -> dict[str, Any]:
