@@ -100,6 +100,14 @@ def _release_idmapped_mounts(tmp_path: Path) -> Iterator[None]:
     release_disks(tmp_path)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _release_disks_at_the_end(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The disks of workspaces made by module-wide fixtures (a kernel environment shared
+    by a module's tests) go at the end of the run, so pytest can remove their folders."""
+    yield
+    release_disks(tmp_path_factory.getbasetemp())
+
+
 def release_disks(folder: Path) -> None:
     """Unmount every disk image kept or mounted beneath ``folder`` (workspaces' disks),
     wherever it is mounted (idmapped views of it live in /run)."""
