@@ -200,7 +200,9 @@ def test_a_server_that_is_not_root_says_disks_are_not_bounded(tmp_path: Path) ->
             os.setgid(65534)
             os.setuid(65534)
             disks.support.cache_clear()
-            reason = DockerDisks(_settings(tmp_path), local_engine=lambda: True).unbounded_reason()
+            settings = _settings(tmp_path)
+            found = DockerDisks(settings, lambda: None, lambda: True, print)  # type: ignore[arg-type,return-value]
+            reason = found.unbounded_reason()
             os.write(write, json.dumps([disks.support().ok, reason]).encode())
         finally:
             os._exit(0)

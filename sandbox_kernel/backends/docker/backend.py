@@ -35,13 +35,14 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
 from ...agent import bootstrap_command, bundle, inline, program
 from ...folders import protect
 from ...identity import ScopeKey
-from .. import disks, idmap
+from .. import idmap
 from ..base import (
     LABEL_AGENT_SOCKETS,
     LABEL_INSTALLATION,
@@ -139,7 +140,9 @@ class DockerBackend(Backend):
         # The calls on a kernel's path go straight to a local engine's socket, without
         # the SDK (see docker_wire); None: the SDK carries them too (a remote engine).
         self._wire = EngineWire.from_env()
-        self._disks = DockerDisks(settings, local_engine=lambda: self._wire is not None)
+        self._disks = DockerDisks(
+            settings, lambda: self._engine, lambda: self._wire is not None, self._mounts.release
+        )
 
     @property
     def _engine(self) -> EngineCalls:
@@ -180,13 +183,7 @@ class DockerBackend(Backend):
         return float(self._engine_info().get("NCPU") or os.cpu_count() or 1)
 
     def disk_bound(self) -> str:
-        """Why new sandboxes' disks are not bounded here ("" when they are): for listings
-        and doctor."""
-        everything = self._disks.unbounded_reason()
-        if everything:
-            return f"{everything} (neither workspaces nor sandboxes' own files are bounded)"
-        own = self._disks.layer_reason(self._engine_info())
-        return f"sandboxes' own files: {own}" if own else ""
+        return self._disks.bound_note(self._engine_info())
 
     # -- lookups -------------------------------------------------------------
     def _id(self, container: Any) -> str:
@@ -245,13 +242,7 @@ class DockerBackend(Backend):
         container = self._lookup(sandbox_id)
         if container is None:
             return None
-        return self._with_disk(container_info(self._installation, container), container.labels)
-
-    def _with_disk(self, info: SandboxInfo, labels: dict[str, str]) -> SandboxInfo:
-        """``info`` with its disk limits as they are now (a resize grows them) and why
-        any part is unbounded."""
-        self._disks.describe(info, labels)
-        return info
+        return self._disks.describe(container_info(self._installation, container), container.labels)
 
     def list(self, user: str | None = None) -> list[SandboxInfo]:
         filters = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALLATION}={self._installation}"]
@@ -262,7 +253,7 @@ class DockerBackend(Backend):
             summaries = self._engine.list_containers({"label": filters})
         return sorted(
             (
-                self._with_disk(summary_info(self._installation, s), s.get("Labels") or {})
+                self._disks.describe(summary_info(self._installation, s), s.get("Labels") or {})
                 for s in summaries
             ),
             key=lambda i: i.id,
@@ -280,7 +271,7 @@ class DockerBackend(Backend):
         )
         config = self._create_config(sandbox_id, key, spec, labels, image)
         try:
-            engine_id = self._create_container(name, sandbox_id, config)
+            engine_id = self._disks.create_container(name, sandbox_id, config)
         except Conflict:  # the name is taken: another process of ours won the race?
             raise self._lost_race(name, sandbox_id) from None
         except (SandboxFailed, SandboxNotFound) as exc:  # refused, or its image removed meanwhile
@@ -297,21 +288,6 @@ class DockerBackend(Backend):
                 raise
         self._prepare(created, just_created=True)
         return self._start(created, fresh=True)
-
-    def _create_container(self, name: str, sandbox_id: str, config: dict[str, Any]) -> str:
-        """Create the container; where the engine refuses --storage-opt after all (overlay2
-        on xfs without project quotas), again without it."""
-        try:
-            with engine_errors(f"create {sandbox_id}", refused=SandboxFailed):
-                return self._engine.create_container(name, config)
-        except SandboxFailed as exc:
-            if "StorageOpt" not in config["HostConfig"] or "storage" not in str(exc).lower():
-                raise
-            self._disks.storage_opt_refused(engine_reason(exc))
-        del config["HostConfig"]["StorageOpt"]
-        config["Labels"][LABEL_DISK] = ""
-        with engine_errors(f"create {sandbox_id}", refused=SandboxFailed):
-            return self._engine.create_container(name, config)
 
     def _remove_failed(self, container: Inspected) -> None:
         """A container whose making failed half-way goes, with what the host made for it."""
@@ -396,16 +372,8 @@ class DockerBackend(Backend):
         """The engine's create request for the sandbox: the hardening lives here."""
         name = engine_name(self._installation, sandbox_id)
         uid, gid, how = self._mounts.ownership(image)
-
-        def bound(folder: Path) -> None:
-            self._disks.workspace(
-                key.user_id,
-                folder,
-                spec.disk,
-                owner=(uid, gid) if how == "chown" else None,
-                running=lambda: self._running_of(key.user_id),
-            )
-
+        owner = (uid, gid) if how == "chown" else None
+        bound = partial(self._disks.bound, key.user_id, size=spec.disk, owner=owner)
         workspace, source = self._mounts.workspace(key, name, uid, gid, how, bound)
         path = sandbox_path(_env_of(image.attrs).get("PATH", DEFAULT_PATH))
         mounts = [bind_mount(WORKSPACE, str(source))]
@@ -504,9 +472,7 @@ class DockerBackend(Backend):
     def _start(self, container: Inspected, fresh: bool = False) -> SandboxInfo:
         """Start the container (its disks and idmapped mounts first: a reboot drops
         them; ``fresh``: all made just now); the sandbox as it runs."""
-        disk_folder = None
-        if not fresh:
-            disk_folder = self._remount_disks(container)
+        disk_folder = None if fresh else self._disks.remount(container)
         self._mounts.remount(container.labels, disk_folder)
         with engine_errors("start", self._id(container), refused=SandboxFailed):
             self._engine.start_container(container.id)
@@ -523,55 +489,7 @@ class DockerBackend(Backend):
                 f"sandbox {self._id(container)} stopped right after start{hint}: {logs[-300:]}"
             )
         self._protect(started)
-        return self._with_disk(container_info(self._installation, started), started.labels)
-
-    def _remount_disks(self, container: Inspected) -> Path | None:
-        """The disks of a container about to start, mounted (and grown where a resize
-        had to wait for this); the workspace folder when a disk is mounted over it."""
-        labels = container.labels
-        user_id, folder = labels.get(LABEL_USER_ID, ""), labels.get(LABEL_WORKSPACE, "")
-        self._disks.remount_layer(container)
-        if not (user_id and folder):
-            return None
-        workspace = Path(folder)
-        self._disks.remount_workspace(user_id, workspace)
-        self._disks.settle_workspace(user_id, workspace, lambda: self._workspace_quiet(user_id))
-        mounted = self._disks.images.mounted_at(disks.WORKSPACE, user_id, workspace)
-        return workspace if mounted else None
-
-    def _workspace_quiet(self, user_id: str) -> bool:
-        """Whether no sandbox of the user runs; then their idmapped views of the
-        workspace are taken down too (each start remakes its own), so that nothing
-        but the host's own mount holds the workspace's disk while it grows offline."""
-        with engine_errors("list sandboxes"):
-            mine = self._engine.list_containers(
-                {
-                    "label": [
-                        f"{LABEL_MANAGED}=1",
-                        f"{LABEL_INSTALLATION}={self._installation}",
-                        f"{LABEL_USER_ID}={user_id}",
-                    ]
-                }
-            )
-        if any(c.get("State") in ("running", "restarting", "paused") for c in mine):
-            return False
-        for summary in mine:
-            self._mounts.release((summary.get("Names") or ["/?"])[0].lstrip("/"))
-        return True
-
-    def _running_of(self, user_id: str) -> builtins.list[dict[str, Any]]:
-        """The running containers of one user (by id), of this installation."""
-        with engine_errors("list sandboxes"):
-            return self._engine.list_containers(
-                {
-                    "label": [
-                        f"{LABEL_MANAGED}=1",
-                        f"{LABEL_INSTALLATION}={self._installation}",
-                        f"{LABEL_USER_ID}={user_id}",
-                    ],
-                    "status": ["running"],
-                }
-            )
+        return self._disks.describe(container_info(self._installation, started), started.labels)
 
     def _protect(self, container: Inspected) -> None:
         """Make what host tools trust in the writable work folder read-only inside the
@@ -673,17 +591,7 @@ class DockerBackend(Backend):
             api._raise_for_status(
                 api._post_json(api._url("/containers/{0}/update", container.id), data=body)
             )
-        inspected = Inspected(container.attrs)
-        self._disks.grow(inspected, spec.disk)
-        user_id, folder = (
-            inspected.labels.get(LABEL_USER_ID, ""),
-            inspected.labels.get(LABEL_WORKSPACE, ""),
-        )
-        if user_id and folder:
-            self._disks.grow_workspace(user_id, spec.disk)
-            self._disks.settle_workspace(
-                user_id, Path(folder), lambda: self._workspace_quiet(user_id)
-            )
+        self._disks.resize(Inspected(container.attrs), spec.disk)
         return True
 
     def destroy(self, sandbox_id: str) -> bool:
@@ -703,8 +611,7 @@ class DockerBackend(Backend):
         return True
 
     def workspace_ready(self, info: SandboxInfo) -> None:
-        if info.workspace and info.user:
-            self._disks.remount_workspace(ScopeKey(info.user).user_id, Path(info.workspace))
+        self._disks.workspace_ready(info)
 
     def sweep(self) -> None:
         """Unmount idmapped mounts whose container is gone (removed with `docker rm`), and
@@ -928,14 +835,7 @@ class DockerBackend(Backend):
         return found
 
     def disk_usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, int]]:
-        """Bytes used on each sandbox's disk and its workspace's, read from this host's
-        mounts (no engine call), running or not."""
-        found = {}
-        for info in infos:
-            use = self._disks.usage(info, ScopeKey(info.user).user_id if info.user else "")
-            if use:
-                found[info.id] = use
-        return found
+        return self._disks.usage(infos)
 
     # -- snapshots (docker_snapshots.py) ---------------------------------------------------
     def create_snapshot(self, sandbox_id: str, ref: str, labels: dict[str, str]) -> SnapshotInfo:

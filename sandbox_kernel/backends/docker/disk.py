@@ -32,10 +32,20 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import SandboxFailed
+from ...identity import ScopeKey
 from ...units import format_size
 from .. import disks
-from ..base import LABEL_USER_ID, EngineSettings, SandboxInfo
+from ..base import (
+    LABEL_INSTALLATION,
+    LABEL_MANAGED,
+    LABEL_USER_ID,
+    LABEL_WORKSPACE,
+    EngineSettings,
+    SandboxInfo,
+)
+from .errors import engine_errors, engine_reason
 from .info import LABEL_DISK, Inspected
+from .wire import EngineCalls
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +77,18 @@ def read_label(labels: dict[str, str]) -> tuple[str, int]:
 class DockerDisks:
     """The disk bounds of one installation's Docker sandboxes (host side)."""
 
-    def __init__(self, settings: EngineSettings, local_engine: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        settings: EngineSettings,
+        engine: Callable[[], EngineCalls],
+        local_engine: Callable[[], bool],
+        release_views: Callable[[str], object],
+    ) -> None:
         self.settings = settings
         self.images = disks.DiskImages(settings.state_dir)
+        self._engine = engine
         self._local = local_engine  # whether the engine is this host's (it mounts our folders)
+        self._release_views = release_views  # a container's idmapped mounts, by its name
         self._storage_opt_refused = ""  # why the engine refused --storage-opt, once it did
 
     # -- what bounds what -------------------------------------------------------------
@@ -103,30 +121,92 @@ class DockerDisks:
             "container's files"
         )
 
-    def storage_opt_refused(self, reason: str) -> None:
-        """The engine refused --storage-opt: new sandboxes go without from now on."""
-        self._storage_opt_refused = reason
-        log.warning("the engine refused --storage-opt size: sandboxes' own files are unbounded")
+    def bound_note(self, driver: dict[str, Any]) -> str:
+        """Why new sandboxes' disks are not bounded here, in one line ("" when they are)."""
+        everything = self.unbounded_reason()
+        if everything:
+            return f"{everything} (neither workspaces nor sandboxes' own files are bounded)"
+        own = self.layer_reason(driver)
+        return f"sandboxes' own files: {own}" if own else ""
+
+    def create_container(self, name: str, sandbox_id: str, config: dict[str, Any]) -> str:
+        """Create the container; where the engine refuses --storage-opt after all (overlay2
+        on xfs without project quotas), again without it, and new ones go without."""
+        try:
+            with engine_errors(f"create {sandbox_id}", refused=SandboxFailed):
+                return self._engine().create_container(name, config)
+        except SandboxFailed as exc:
+            if "StorageOpt" not in config["HostConfig"] or "storage" not in str(exc).lower():
+                raise
+            self._storage_opt_refused = engine_reason(exc)
+            log.warning("the engine refused --storage-opt size: sandboxes' own files are unbounded")
+        del config["HostConfig"]["StorageOpt"]
+        config["Labels"][LABEL_DISK] = ""
+        with engine_errors(f"create {sandbox_id}", refused=SandboxFailed):
+            return self._engine().create_container(name, config)
+
+    def containers_of(self, user_id: str, running: bool = False) -> list[dict[str, Any]]:
+        """The containers of one user (by id) of this installation, or the running ones."""
+        filters = {
+            "label": [
+                f"{LABEL_MANAGED}=1",
+                f"{LABEL_INSTALLATION}={self.settings.installation}",
+                f"{LABEL_USER_ID}={user_id}",
+            ]
+        }
+        if running:
+            filters["status"] = ["running"]
+        with engine_errors("list sandboxes"):
+            return self._engine().list_containers(filters)
+
+    def quiet(self, user_id: str) -> bool:
+        """Whether no sandbox of the user runs; then their idmapped views of the
+        workspace are taken down too (each start remakes its own), so that nothing
+        but the host's own mount holds the workspace's disk while it grows offline."""
+        mine = self.containers_of(user_id)
+        if any(c.get("State") in ("running", "restarting", "paused") for c in mine):
+            return False
+        for summary in mine:
+            self._release_views((summary.get("Names") or ["/?"])[0].lstrip("/"))
+        return True
+
+    def remount(self, container: Inspected) -> Path | None:
+        """The disks of a container about to start, mounted (and grown where a resize had
+        to wait for this); the workspace folder when a disk is mounted over it."""
+        labels = container.labels
+        user_id, folder = labels.get(LABEL_USER_ID, ""), labels.get(LABEL_WORKSPACE, "")
+        self.remount_layer(container)
+        if not (user_id and folder):
+            return None
+        workspace = Path(folder)
+        self.remount_workspace(user_id, workspace)
+        self.settle_workspace(user_id, workspace, lambda: self.quiet(user_id))
+        mounted = self.images.mounted_at(disks.WORKSPACE, user_id, workspace)
+        return workspace if mounted else None
+
+    def resize(self, container: Inspected, size: int) -> None:
+        """A larger flavor: the container's disk and its workspace's grow (at once where
+        the host can grow a mounted disk, else when nothing uses them); never smaller."""
+        self.grow(container, size)
+        user_id, folder = (
+            container.labels.get(LABEL_USER_ID, ""),
+            container.labels.get(LABEL_WORKSPACE, ""),
+        )
+        if user_id and folder:
+            self.grow_workspace(user_id, size)
+            self.settle_workspace(user_id, Path(folder), lambda: self.quiet(user_id))
 
     # -- the workspace -----------------------------------------------------------------
-    def workspace(
-        self,
-        user_id: str,
-        folder: Path,
-        size: int,
-        owner: tuple[int, int] | None,
-        running: Callable[[], list[dict[str, Any]]],
-    ) -> str:
+    def bound(self, user_id: str, folder: Path, size: int, owner: tuple[int, int] | None) -> str:
         """Mount (or grow) the workspace's disk over ``folder``; "" when bounded, else
-        why not. ``running()``: the user's running containers (engine summaries), asked
-        only when it matters: before the first mount (one made before disk bounds
-        has the plain folder, and a disk over it would split the workspace in two), and
-        when the disk waits to grow until none runs."""
+        why not. Before the first mount, a running sandbox made before disk bounds has
+        the plain folder: a disk over it then would split the workspace in two."""
         reason = self.unbounded_reason()
         if reason or not size:
             return reason or "its flavor has no disk size"
         first = not self.images.image(disks.WORKSPACE, user_id).exists()
-        if first and any(LABEL_DISK not in (c.get("Labels") or {}) for c in running()):
+        running = self.containers_of(user_id, running=True) if first else []
+        if any(LABEL_DISK not in (c.get("Labels") or {}) for c in running):
             return "a sandbox made before disk bounds is running with this workspace"
         try:
             mounted = self.images.mount(
@@ -232,9 +312,9 @@ class DockerDisks:
             self.images.sweep(disks.SANDBOX, live)
 
     # -- listings ----------------------------------------------------------------------
-    def describe(self, info: SandboxInfo, labels: dict[str, str]) -> None:
-        """Fill ``info``'s disk limits and note (from its container's ``labels``): the
-        sizes bounding it now, and what is not bounded, and why."""
+    def describe(self, info: SandboxInfo, labels: dict[str, str]) -> SandboxInfo:
+        """``info`` with its disk limits and note (from its container's ``labels``): the
+        sizes bounding it now (a resize grows them), what is not bounded, and why."""
         how, size = read_label(labels)
         user_id = labels.get(LABEL_USER_ID, "")
         own = ws_why = ""  # why its own files, and its workspace, are not bounded
@@ -274,24 +354,33 @@ class DockerDisks:
             notes += [f"its own files are not bounded: {own}"] if own else []
             notes += [f"its workspace is not bounded: {ws_why}"] if ws_why else []
         info.disk_note = "; ".join(notes)
+        return info
 
     def workspace_reason(self, user_id: str) -> str:
         """Why a user's workspace has no disk (when it has none)."""
         return self.unbounded_reason() or OLD_WORKSPACE
 
-    def usage(self, info: SandboxInfo, user_id: str) -> dict[str, int]:
-        """Bytes used on the sandbox's disk and its workspace's, where each is an image."""
-        found: dict[str, int] = {}
+    def usage(self, infos: list[SandboxInfo]) -> dict[str, dict[str, int]]:
+        """Bytes used on each sandbox's disk and its workspace's where each is an image,
+        read from this host's mounts (no engine call), running or not."""
+        found: dict[str, dict[str, int]] = {}
         mounts = disks.mounted()
-        for key, kind, name in (
-            ("disk", disks.SANDBOX, info.engine_id),
-            ("workspace_disk", disks.WORKSPACE, user_id),
-        ):
-            where = mounts.get(str(self.images.image(kind, name))) if name else None
-            use = disks.usage(where) if where else None
-            if use is not None:
-                found[key] = use.used
+        for info in infos:
+            user_id = ScopeKey(info.user).user_id if info.user else ""
+            for key, kind, name in (
+                ("disk", disks.SANDBOX, info.engine_id),
+                ("workspace_disk", disks.WORKSPACE, user_id),
+            ):
+                where = mounts.get(str(self.images.image(kind, name))) if name else None
+                use = disks.usage(where) if where else None
+                if use is not None:
+                    found.setdefault(info.id, {})[key] = use.used
         return found
+
+    def workspace_ready(self, info: SandboxInfo) -> None:
+        """Before the host uses a workspace itself: its disk mounted (after a reboot)."""
+        if info.workspace and info.user:
+            self.remount_workspace(ScopeKey(info.user).user_id, Path(info.workspace))
 
 
 def _layer_folder(container: Inspected) -> Path:

@@ -115,7 +115,7 @@ class WorkspaceMounts:
         uid: int,
         gid: int,
         how: str,
-        bound: Callable[[Path], None] | None = None,
+        bound: Callable[[Path], object] | None = None,
     ) -> tuple[Path, Path]:
         """(the user's workspace folder, the host path to bind at /workspace);
         ``bound(folder)`` mounts its disk over the folder before anything presents it."""
