@@ -22,7 +22,7 @@ import pytest
 from sandbox_kernel.config import SandboxConfig, load_config
 from sandbox_kernel.kernelspec import kernelspec
 
-from .conftest import TEST_IMAGE
+from .conftest import TEST_IMAGE, release_disks
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -152,4 +152,5 @@ class ConformanceSuite(jupyter_kernel_test.KernelTests):
         super().tearDownClass()
         cls._env.undo()
         cls.clean_up()
+        release_disks(Path(cls._tmp.name))  # the workspace's disk, mounted over its folder
         cls._tmp.cleanup()

@@ -114,7 +114,7 @@ def _remove_own_sandboxes(lab: Lab) -> None:
         print(f"listing the sandboxes failed ({exc}); removing by installation id")
     import docker
 
-    from sandbox_kernel.backends import idmap
+    from sandbox_kernel.backends import disks, idmap
     from sandbox_kernel.backends.base import LABEL_INSTALLATION, installation_id
     from sandbox_kernel.backends.docker.mounts import remove_mount_folder
 
@@ -129,6 +129,10 @@ def _remove_own_sandboxes(lab: Lab) -> None:
         if mount:  # removed behind the server's back: its idmapped mount too
             idmap.unmount(Path(mount))
             remove_mount_folder(Path(mount).parent)
+    root = str(lab.root.resolve())
+    for image, target in disks.mount_points():  # the workspaces' disks, kept in its state folder
+        if image.startswith(root + "/"):
+            disks.unmount(Path(target))
 
 
 def make(out: Path, scale: float) -> None:
