@@ -359,6 +359,31 @@ def test_disks_come_back_after_a_reboot_and_snapshots_keep_the_files(
 
 
 @pytest.mark.docker
+def test_a_sandbox_whose_maker_died_before_its_disk_gets_it_at_its_start(
+    tiny_service: Callable[..., SandboxService],
+    test_user: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that made the container and died before its disk was mounted: the
+    next start gives the never-started container its disk, never runs it unbounded."""
+    key = ScopeKey(test_user)
+
+    def dies(self: DockerDisks, container: Any, size: int) -> None:
+        raise KeyboardInterrupt  # the maker is gone, between create and disk
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DockerDisks, "bound_layer", dies)
+        with pytest.raises(KeyboardInterrupt):
+            tiny_service().ensure(key)
+    assert sandbox_container(f"sk-{test_user}").status == "created"
+    service = tiny_service()
+    info = service.ensure(key).info
+    assert info.state == "running" and info.limits["disk"] == 128 * MiB
+    out = sh(service, info.id, "dd if=/dev/zero of=$HOME/big bs=1M count=200 2>&1; echo rc=$?")
+    assert "No space left on device" in out and "rc=1" in out
+
+
+@pytest.mark.docker
 def test_a_container_removed_behind_our_back_leaves_no_disk(
     tiny_service: Callable[..., SandboxService], test_user: str, tmp_path: Path
 ) -> None:

@@ -91,6 +91,7 @@ from .info import (
     LABEL_UID,
     LABEL_WORK_MOUNT,
     LABEL_WORK_MOUNT_ID,
+    LABEL_WORKSPACE_DISK,
     STATES,
     Inspected,
     container_info,
@@ -373,8 +374,11 @@ class DockerBackend(Backend):
         name = engine_name(self._installation, sandbox_id)
         uid, gid, how = self._mounts.ownership(image)
         owner = (uid, gid) if how == "chown" else None
+        unbounded: list[str] = []  # why the workspace has no disk, if it has none
         bound = partial(self._disks.bound, key.user_id, size=spec.disk, owner=owner)
-        workspace, source = self._mounts.workspace(key, name, uid, gid, how, bound)
+        workspace, source = self._mounts.workspace(
+            key, name, uid, gid, how, lambda folder: unbounded.append(bound(folder))
+        )
         path = sandbox_path(_env_of(image.attrs).get("PATH", DEFAULT_PATH))
         mounts = [bind_mount(WORKSPACE, str(source))]
         work_mounts, work_point = self._mounts.work_folder(name, spec, uid, gid, how)
@@ -438,6 +442,7 @@ class DockerBackend(Backend):
                 LABEL_SNAPSHOT_REF: spec.snapshot_ref,
                 LABEL_AGENT_SOCKETS: sockets,
                 LABEL_DISK: disk_label(way, spec.disk),
+                LABEL_WORKSPACE_DISK: "" if any(unbounded) else "1",
             },
             "HostConfig": host,
         }

@@ -44,7 +44,7 @@ from ..base import (
     SandboxInfo,
 )
 from .errors import engine_errors, engine_reason
-from .info import LABEL_DISK, Inspected
+from .info import LABEL_DISK, LABEL_WORKSPACE_DISK, Inspected
 from .wire import EngineCalls
 
 log = logging.getLogger(__name__)
@@ -164,8 +164,8 @@ class DockerDisks:
         workspace are taken down too (each start remakes its own), so that nothing
         but the host's own mount holds the workspace's disk while it grows offline."""
         mine = self.containers_of(user_id)
-        if any(c.get("State") in ("running", "restarting", "paused") for c in mine):
-            return False
+        if any(c.get("State") in ("running", "restarting", "paused", "created") for c in mine):
+            return False  # ("created": another process may be starting it right now)
         for summary in mine:
             self._release_views((summary.get("Names") or ["/?"])[0].lstrip("/"))
         return True
@@ -206,8 +206,8 @@ class DockerDisks:
             return reason or "its flavor has no disk size"
         first = not self.images.image(disks.WORKSPACE, user_id).exists()
         running = self.containers_of(user_id, running=True) if first else []
-        if any(LABEL_DISK not in (c.get("Labels") or {}) for c in running):
-            return "a sandbox made before disk bounds is running with this workspace"
+        if any((c.get("Labels") or {}).get(LABEL_WORKSPACE_DISK) != "1" for c in running):
+            return "a sandbox that has the plain folder mounted is running with this workspace"
         try:
             mounted = self.images.mount(
                 disks.WORKSPACE, user_id, size, folder, owner=owner, only_if_empty=first
@@ -261,9 +261,13 @@ class DockerDisks:
     def remount_layer(self, container: Inspected) -> None:
         """Before a start: the container's disk over its layer (again), grown offline
         to the size it was given while it could not be grown mounted."""
-        if read_label(container.labels)[0] != IMAGE or self.unbounded_reason():
+        how, size = read_label(container.labels)
+        if how != IMAGE or self.unbounded_reason():
             return
         if not self.images.image(disks.SANDBOX, container.id).exists():
+            if container.status == "created":  # made by a process that stopped right after
+                self.bound_layer(container, size)
+                return
             raise SandboxFailed(
                 f"the disk of {container.name} is gone from {self.images.folder}; destroy the "
                 "sandbox (`sandbox-kernel destroy ID`, the workspace is kept) and start again"

@@ -50,6 +50,7 @@ LABEL_SNAPSHOT_REF = LABEL_PREFIX + "snapshot-ref"  # on snapshots and the sandb
 # How the sandbox's own files were bounded when it was made, and to what size
 # ("image:10737418240", "storage-opt:...", "" for not at all): see docker/disk.py.
 LABEL_DISK = LABEL_PREFIX + "disk"
+LABEL_WORKSPACE_DISK = LABEL_PREFIX + "workspace-disk"  # "1": its workspace had its disk
 
 # Docker's container states, as the rest of sandbox-kernel names them.
 STATES = {
