@@ -721,10 +721,13 @@ class Bench:
         }
 
     def cleanup(self) -> None:
+        from sandbox_kernel.backends import disks
+
         client = docker.from_env()
         for c in client.containers.list(all=True, filters={"label": "sandbox-kernel.managed=1"}):
             if c.labels.get("sandbox-kernel.user-id", "").startswith(self.user):
                 c.remove(force=True)
+        disks.release_beneath(self.root)  # the workspaces' disks, so the folder can go
 
 
 def request(url: str, token: str, method: str = "GET", **headers: str) -> bytes:

@@ -114,12 +114,9 @@ def release_disks(folder: Path) -> None:
     from sandbox_kernel.backends import disks
     from sandbox_kernel.backends.docker.mounts import remove_mount_folder
 
-    root = str(folder.resolve())
-    for image, target in disks.mount_points():
-        if any(p == root or p.startswith(root + "/") for p in (image, target)):
-            disks.unmount(Path(target))
-            if target.startswith("/run/sandbox-kernel/"):
-                remove_mount_folder(Path(target).parent)
+    for target in disks.release_beneath(folder):
+        if target.startswith("/run/sandbox-kernel/"):
+            remove_mount_folder(Path(target).parent)
 
 
 @pytest.fixture

@@ -129,10 +129,7 @@ def _remove_own_sandboxes(lab: Lab) -> None:
         if mount:  # removed behind the server's back: its idmapped mount too
             idmap.unmount(Path(mount))
             remove_mount_folder(Path(mount).parent)
-    root = str(lab.root.resolve())
-    for image, target in disks.mount_points():  # the workspaces' disks, kept in its state folder
-        if image.startswith(root + "/"):
-            disks.unmount(Path(target))
+    disks.release_beneath(lab.root)  # the workspaces' disks, kept in its state folder
 
 
 def make(out: Path, scale: float) -> None:

@@ -337,6 +337,19 @@ def unmount(target: Path) -> None:
     _libc().umount2(os.fsencode(target), _MNT_DETACH | _UMOUNT_NOFOLLOW)
 
 
+def release_beneath(folder: str | Path) -> list[str]:
+    """Unmount every disk image kept or mounted beneath ``folder`` (a state folder, a
+    workspace root), wherever it is mounted: what removing such a folder needs first
+    (``rm -rf`` stops at a mount); the folders unmounted."""
+    root = os.path.realpath(folder)
+    done = []
+    for image, target in mount_points():
+        if any(path == root or path.startswith(root + "/") for path in (image, target)):
+            unmount(Path(target))
+            done.append(target)
+    return done
+
+
 def mounted() -> dict[str, str]:
     """{image file: a folder it is mounted on} for every loop-mounted image of this host's
     mount table (one read of it and of the loop devices, however many images)."""
