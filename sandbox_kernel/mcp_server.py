@@ -422,7 +422,12 @@ def build_server(
         path: Annotated[str, Field(description="File path relative to /workspace.")],
         offset: Annotated[int, Field(ge=0, description="Byte to start at.")] = 0,
         limit: Annotated[
-            int, Field(gt=0, le=READ_MAX, description="Most bytes to return.")
+            int,
+            Field(
+                gt=0,
+                le=READ_MAX,
+                description="Most bytes to return (a result holds at most mcp_result_limit, 100 KB by default: read on with offset).",
+            ),
         ] = READ_DEFAULT,
         encoding: Annotated[
             Literal["text", "base64"],
