@@ -524,3 +524,76 @@ def test_the_cli_of_a_server_that_is_not_root_says_disk_is_not_bounded(
     finally:
         remove_user_containers(test_user)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- the choice of bound, from what the engine says (no engine needed) ------------------
+OVERLAY_EXT4 = {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "extfs"]]}
+OVERLAY_XFS = {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "xfs"]]}
+BTRFS = {"Driver": "btrfs", "DriverStatus": []}
+VFS = {"Driver": "vfs", "DriverStatus": []}
+
+
+class RefusingEngine:
+    """An engine whose storage driver refuses --storage-opt as Docker does for overlay2
+    on xfs without project quotas (such an engine cannot be had on this machine: its
+    Docker keeps its layers on ext4); every create is recorded."""
+
+    def __init__(self) -> None:
+        self.creates: list[dict[str, Any]] = []
+
+    def create_container(self, name: str, config: dict[str, Any]) -> str:
+        from sandbox_kernel.backends.docker.wire import EngineRefused
+
+        self.creates.append(json.loads(json.dumps(config)))
+        if "StorageOpt" in config["HostConfig"]:
+            raise EngineRefused(
+                500,
+                "--storage-opt is supported only for overlay over xfs with 'pquota' mount option",
+            )
+        return "c0ffee"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("root", "local", "driver", "way"),
+    [
+        (True, True, OVERLAY_EXT4, "image"),  # this machine: a disk over the layer
+        (True, True, OVERLAY_XFS, "image"),  # grows online, where --storage-opt cannot
+        (False, True, OVERLAY_XFS, "storage-opt"),  # no root: the engine's own bound
+        (False, True, BTRFS, "storage-opt"),
+        (True, False, BTRFS, "storage-opt"),  # an engine on another host
+        (False, True, OVERLAY_EXT4, ""),  # nothing can bound it: listings say why
+        (True, True, VFS, ""),
+    ],
+)
+def test_the_bound_of_a_sandboxs_own_files_fits_its_engine(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    root: bool,
+    local: bool,
+    driver: dict[str, Any],
+    way: str,
+) -> None:
+    reason = "" if root else "the server does not run as root"
+    monkeypatch.setattr(disks, "support", lambda: disks.Support(root, reason))
+    found = DockerDisks(_settings(tmp_path), RefusingEngine, lambda: local, print)  # type: ignore[arg-type]
+    assert found.layer_way(driver) == way
+    assert (found.layer_reason(driver) == "") == bool(way)
+
+
+@pytest.mark.fast
+def test_an_engine_refusing_storage_opt_makes_the_sandbox_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(disks, "support", lambda: disks.Support(False, "not root"))
+    engine = RefusingEngine()
+    found = DockerDisks(_settings(tmp_path), lambda: engine, lambda: True, print)  # type: ignore[arg-type,return-value]
+    config = {
+        "HostConfig": {"StorageOpt": {"size": "1073741824"}},
+        "Labels": {"sandbox-kernel.disk": "storage-opt:1073741824"},
+    }
+    assert found.create_container("sk-a--i1", "sk-a", config) == "c0ffee"
+    assert [("StorageOpt" in c["HostConfig"]) for c in engine.creates] == [True, False]
+    assert config["Labels"]["sandbox-kernel.disk"] == ""
+    assert found.layer_way(OVERLAY_XFS) == ""  # the next ones go without at once
+    assert "refused --storage-opt size" in found.layer_reason(OVERLAY_XFS)
