@@ -80,6 +80,7 @@ from ..base import (
     EngineUnavailable,
     ExecResult,
     Health,
+    PortTarget,
     Progress,
     SandboxError,
     SandboxFailed,
@@ -93,6 +94,7 @@ from ..base import (
     sandbox_id_of,
 )
 from .channel import DaytonaPty, PtyChannel, bash_word
+from .preview import PreviewLinks, preview_target
 
 T = TypeVar("T")
 
@@ -150,6 +152,7 @@ class DaytonaBackend(Backend):
         # One maker of each files sandbox per process (other processes meet at its name).
         self._files_locks: dict[str, threading.Lock] = {}
         self._files_guard = threading.Lock()
+        self._links = PreviewLinks()
 
     # -- client and errors ---------------------------------------------------------------
     @property
@@ -492,6 +495,24 @@ class DaytonaBackend(Backend):
                 "cpu": round(metrics.cpu_used_pct / 100 * metrics.cpu_count, 3),
             }
         return found
+
+    # -- ports ---------------------------------------------------------------------------
+    def port_target(self, info: SandboxInfo, port: int) -> PortTarget:
+        """Daytona's preview link of ``port`` of that very sandbox (by its Daytona id): its
+        proxy's URL, with the sandbox's preview token as a header (see :mod:`.preview`)."""
+        sandbox = self._running(info.id)
+        if info.engine_id and sandbox.id != info.engine_id:
+            raise not_found(info.id)
+
+        def fetch() -> PortTarget:
+            link = self._call(
+                sandbox.get_preview_link,
+                port,
+                what=f"give the preview link of port {port} of {info.id}",
+            )
+            return preview_target(str(link.url), str(link.token or ""))
+
+        return self._links.get((sandbox.id, port, info.started), fetch)
 
     # -- processes -----------------------------------------------------------------------
     def exec(
