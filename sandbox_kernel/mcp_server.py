@@ -462,14 +462,14 @@ def build_server(
         owner = owner_of(ctx)
 
         async def work() -> CallToolResult:
-            sid = sandbox_id or sessions.own_sandbox_id(owner)
-            found = await asyncio.to_thread(service.ports, owner, sid)
             base = server_url_of(ctx)
             if not base:
                 raise BadRequest(
                     "no Jupyter server is running for you on this host, and previews are "
                     "served by one: start `jupyter lab` (with sandbox-kernel installed) and ask again"
                 )
+            sid = sandbox_id or sessions.own_sandbox_id(owner)
+            found = await asyncio.to_thread(service.ports, owner, sid)
             url = proxy_path(base, found["sandbox_id"], port)
             listening = [p for p in found["ports"] if p["port"] == port]
             if found["state"] != "running":
