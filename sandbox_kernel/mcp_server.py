@@ -472,7 +472,9 @@ def build_server(
             found = await asyncio.to_thread(service.ports, owner, sid)
             url = proxy_path(base, found["sandbox_id"], port)
             listening = [p for p in found["ports"] if p["port"] == port]
-            if found["state"] != "running":
+            if not found["preview"]:
+                note = found["preview_note"]
+            elif found["state"] != "running":
                 note = f"sandbox {sid} is {found['state']}: start it (`sandbox-kernel start {sid}`) and the app first"
             elif not listening:
                 note = f"nothing listens on port {port} in the sandbox yet"
@@ -488,7 +490,7 @@ def build_server(
                     "url": url,
                     "sandbox_id": found["sandbox_id"],
                     "port": port,
-                    "listening": bool(listening and listening[0]["reachable"]),
+                    "listening": bool(found["preview"] and listening and listening[0]["reachable"]),
                 },
             )
 

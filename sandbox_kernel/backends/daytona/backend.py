@@ -143,6 +143,7 @@ PTY_RETRY_DELAYS = (1.0, 3.0)  # seconds between tries of a PTY session's handsh
 class DaytonaBackend(Backend):
     name = "daytona"
     workspace_on_host = False
+    previews = True
 
     def __init__(self, settings: EngineSettings) -> None:
         super().__init__(settings)

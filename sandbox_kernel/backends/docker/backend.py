@@ -123,6 +123,7 @@ class DockerBackend(Backend):
     finds_engine_ids = True
     keeps_spares = True
     resizes = True
+    previews = True
 
     def __init__(self, settings: EngineSettings) -> None:
         super().__init__(settings)
