@@ -558,17 +558,19 @@ def build_server(
         owner = owner_of(ctx)
 
         async def work() -> CallToolResult:
-            sid = sandbox_id or sessions.own_sandbox_id(owner)
-            found = await asyncio.to_thread(service.ports, owner, sid)
             base = server_url_of(ctx)
             if not base:
                 raise BadRequest(
                     "no Jupyter server is running for you on this host, and previews are "
                     "served by one: start `jupyter lab` (with sandbox-kernel installed) and ask again"
                 )
+            sid = sandbox_id or sessions.own_sandbox_id(owner)
+            found = await asyncio.to_thread(service.ports, owner, sid)
             url = proxy_path(base, found["sandbox_id"], port)
             listening = [p for p in found["ports"] if p["port"] == port]
-            if found["state"] != "running":
+            if not found["preview"]:
+                note = found["preview_note"]
+            elif found["state"] != "running":
                 note = f"sandbox {sid} is {found['state']}: start it (`sandbox-kernel start {sid}`) and the app first"
             elif not listening:
                 note = f"nothing listens on port {port} in the sandbox yet"
@@ -584,7 +586,7 @@ def build_server(
                     "url": url,
                     "sandbox_id": found["sandbox_id"],
                     "port": port,
-                    "listening": bool(listening and listening[0]["reachable"]),
+                    "listening": bool(found["preview"] and listening and listening[0]["reachable"]),
                 },
             )
 

@@ -10,6 +10,7 @@ of the sandbox could have written it).
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,7 +31,9 @@ READ_TABLES = inline(
     "    except OSError:\n"
     "        pass\n"
 )
-LOOPBACKS = {"127.0.0.1", "::1"}
+# Docker's embedded DNS resolver listens here in every container on a network of ours:
+# the engine's, never an app of the sandbox's.
+ENGINE_RESOLVER = "127.0.0.11"
 
 
 def check_port(value: Any) -> int:
@@ -69,8 +72,6 @@ class ListeningPort:
 
 def _address(hexaddr: str) -> str:
     """An address of /proc/net/tcp{,6} (hex, in host byte order per 32-bit word) as text."""
-    import ipaddress
-
     raw = bytes.fromhex(hexaddr)
     if len(raw) not in (4, 16):
         raise ValueError(hexaddr)
@@ -84,8 +85,9 @@ def _address(hexaddr: str) -> str:
 
 def listening_ports(text: str) -> list[ListeningPort]:
     """The listening ports in the TCP tables ``text`` (lines of /proc/net/tcp and tcp6),
-    one entry per port (reachable when any of its sockets listens beyond loopback),
-    sorted; malformed lines are skipped."""
+    one entry per port (reachable when any of its sockets listens beyond loopback, any
+    of 127.0.0.0/8 and ::1 being loopback), sorted; malformed lines and the engine's DNS
+    resolver are skipped."""
     found: dict[int, ListeningPort] = {}
     for line in text.splitlines():
         fields = line.split()
@@ -97,9 +99,9 @@ def listening_ports(text: str) -> list[ListeningPort]:
             address = _address(hexaddr)
         except ValueError:
             continue
-        if not (MIN_PORT <= port <= MAX_PORT):
+        if not (MIN_PORT <= port <= MAX_PORT) or address == ENGINE_RESOLVER:
             continue
-        entry = ListeningPort(port, address, address not in LOOPBACKS)
+        entry = ListeningPort(port, address, not ipaddress.ip_address(address).is_loopback)
         known = found.get(port)
         if known is None or (entry.reachable and not known.reachable):
             found[port] = entry

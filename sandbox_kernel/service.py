@@ -599,7 +599,9 @@ class SandboxService:
     def ports(self, user: str | None, sandbox_id: str) -> dict[str, Any]:
         """The TCP ports processes of the sandbox listen on, read from inside it (its
         own TCP tables, by a short program of the host's, bounded in time). A sandbox
-        that is not running is never woken for it: it has none. Not its activity."""
+        that is not running is never woken for it: it has none. Not its activity.
+        ``preview`` says whether the engine serves previews of them (``preview_note``
+        why not, when it does not)."""
         info = self.owned(user, sandbox_id)
         found: builtins.list[ListeningPort] = []
         if info.state == "running":
@@ -615,6 +617,8 @@ class SandboxService:
             "sandbox_id": info.id,
             "state": info.state,
             "ports": [p.to_dict() for p in found],
+            "preview": self.backend.previews,
+            "preview_note": self.backend.no_previews(),
         }
 
     # -- files ----------------------------------------------------------------------

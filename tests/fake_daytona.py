@@ -16,6 +16,10 @@ Faults a test can inject (attributes of :class:`FakeDaytona`):
   does), with ``seconds_per_minute`` to make its minutes short in tests;
 * ``last_activity[sandbox_id]`` — when the API last saw activity (refresh_activity).
 
+Preview links (``GET /sandbox/{id}/ports/{port}/preview-url``) are served by
+:class:`~.fake_daytona_preview.PreviewProxy` (``preview``), which needs the sandbox's
+token as Daytona's proxy does.
+
 Socket.IO is answered with 404, so the SDK falls back to polling sandbox state.
 """
 
@@ -42,6 +46,8 @@ from typing import Any
 
 import docker
 from aiohttp import WSMsgType, web
+
+from .fake_daytona_preview import PreviewProxy
 
 API_KEY = "fake-daytona-key"
 FAKE_LABEL = "fake-daytona"
@@ -111,6 +117,7 @@ class FakeSandbox:
     updated_at: str = field(default_factory=_now)
     error_reason: str | None = None
     ready_at: float = 0.0
+    auth_token: str = field(default_factory=lambda: uuid.uuid4().hex)  # its preview token
 
 
 @dataclass
@@ -138,6 +145,7 @@ class FakeDaytona:
         self.creating_delay = 0.0
         self.seconds_per_minute = 60.0
         self.requests: list[tuple[str, str]] = []
+        self.preview = PreviewProxy(self._address, self._preview_token)
         self._faults: list[list[Any]] = []
         self._ptys: dict[tuple[str, str], str] = {}  # (sandbox, pty id) -> exec id
         # (sandbox, pty id) -> PtySessionInfo as the daemon reports it (size, cwd, envs)
@@ -231,6 +239,7 @@ class FakeDaytona:
                 except docker.errors.ImageNotFound:
                     pass
         if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self.preview.close(), self._loop).result(10)
             self._loop.call_soon_threadsafe(self._loop.stop)
 
     @property
@@ -255,6 +264,7 @@ class FakeDaytona:
         r.add_post("/api/sandbox/{id}/last-activity", self.update_activity)
         r.add_post("/api/sandbox/{id}/snapshot", self.snapshot_sandbox)
         r.add_get("/api/sandbox/{id}/toolbox-proxy-url", self.toolbox_proxy_url)
+        r.add_get("/api/sandbox/{id}/ports/{port}/preview-url", self.preview_url)
         r.add_get("/api/volumes", self.list_volumes)
         r.add_post("/api/volumes", self.create_volume)
         r.add_get("/api/volumes/by-name/{name}", self.get_volume_by_name)
@@ -513,6 +523,31 @@ class FakeDaytona:
     async def toolbox_proxy_url(self, request: web.Request) -> web.Response:
         self._find(request.match_info["id"])
         return web.json_response({"url": self.toolbox_url})
+
+    async def preview_url(self, request: web.Request) -> web.Response:
+        """A port's preview link, as Daytona gives it whatever the sandbox's state."""
+        box = self._find(request.match_info["id"])
+        try:
+            port = int(request.match_info["port"])
+        except ValueError:
+            port = 0
+        if not 1 <= port <= 65535:
+            return _error(400, "Invalid port")
+        url = await self.preview.link(box.id, port)
+        return web.json_response({"sandboxId": box.id, "url": url, "token": box.auth_token})
+
+    def _address(self, sandbox_id: str) -> str | None:
+        """The address of a running sandbox's container on Docker's default bridge."""
+        box = self.sandboxes.get(sandbox_id)
+        if box is None or self._state(box) != "started":
+            return None
+        attrs = self.docker.containers.get(box.container_id).attrs
+        networks = (attrs.get("NetworkSettings") or {}).get("Networks") or {}
+        return (networks.get("bridge") or {}).get("IPAddress") or None
+
+    def _preview_token(self, sandbox_id: str) -> str | None:
+        box = self.sandboxes.get(sandbox_id)
+        return box.auth_token if box is not None and box.state != "destroyed" else None
 
     async def snapshot_sandbox(self, request: web.Request) -> web.Response:
         box = self._find(request.match_info["id"])

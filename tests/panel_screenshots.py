@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .test_lab_ui import CHROMIUM, CHROMIUM_ARGS, Lab, _browser_problem, _open_lab
+from .lab_browser import CHROMIUM, CHROMIUM_ARGS, Lab, _browser_problem, _open_lab
 
 DOCS_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 

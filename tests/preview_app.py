@@ -8,7 +8,9 @@
 * ``GET /redirect?to=URL``: a 302 to URL;
 * ``GET /stream?n=N``: N bytes, chunked, in pieces;
 * ``GET /ws``: a WebSocket that answers each text message with "echo:" + it, and
-  each binary message with its bytes reversed.
+  each binary message with its bytes reversed;
+* ``GET /``: a page whose script opens that WebSocket (a relative URL, as an app behind
+  a prefix must), sends "hello from the page" and shows the answer in ``#answer``.
 """
 
 import base64
@@ -20,6 +22,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+PAGE = b"""<!doctype html>
+<title>preview app</title>
+<p id="answer">waiting</p>
+<script>
+const url = new URL("ws", location.href);
+url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+const ws = new WebSocket(url);
+const show = text => { document.getElementById("answer").textContent = text; };
+ws.onopen = () => ws.send("hello from the page");
+ws.onmessage = event => show(event.data);
+ws.onerror = () => show("the WebSocket failed");
+</script>
+"""
 
 
 class App(BaseHTTPRequestHandler):
@@ -62,6 +77,8 @@ class App(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         elif url.path.endswith("/ws"):
             self._websocket()
+        elif url.path == "/":
+            self._send(200, PAGE, kind="text/html; charset=utf-8")
         else:
             self._send(404, b'{"app": "not found"}')
 

@@ -266,7 +266,7 @@ def test_the_users_path_is_theirs_and_the_hosts_programs_find_nothing_of_theirs(
     import sys
 
     from sandbox_kernel.agent import as_user, inline
-    from sandbox_kernel.backends.docker.backend import exec_env, sandbox_path
+    from sandbox_kernel.backends.docker.env import exec_env, sandbox_path
 
     mixed = "/home/sandbox/.local/bin:/usr/local/bin::.:bin:/tmp/x:/workspace/bin:/usr/bin:/dev/shm"
     assert sandbox_path(mixed) == "/usr/local/bin:/usr/bin"

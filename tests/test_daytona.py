@@ -430,7 +430,7 @@ def test_slow_creation_shows_progress_and_waits(
 def test_rate_limit_is_retried_then_reported(
     fake: FakeDaytona, service_for: Callable[..., SandboxService], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandbox_kernel.backends import daytona as daytona_backend
+    from sandbox_kernel.backends.daytona import backend as daytona_backend
 
     monkeypatch.setattr(daytona_backend, "RETRY_DELAYS", (0.05, 0.1, 0.2))
     service = service_for()

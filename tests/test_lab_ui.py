@@ -10,168 +10,45 @@ the sandbox id, the Next line, the WebDAV URL) are checked to show whole: no ell
 nothing clipped by its box, every line inside its card. Screenshots of the panel
 (light, dark, files, WebDAV URL copied, server gone; one set per size) go to
 tests/output/lab-ui/; the pictures of the docs are made by tests/panel_screenshots.py.
+A second test opens the previews of a sandbox's ports from its card (an HTTP app and a
+WebSocket app), in new tabs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import concurrent.futures
 import json
 import os
 import re
-import shutil
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import TEST_IMAGE, remove_user_containers, remove_user_snapshots
+from . import lab_browser
+from .conftest import TEST_IMAGE
+from .lab_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    Lab,
+    _agent_call,
+    _assert_default_sidebar,
+    _assert_readable,
+    _click_in_view,
+    _open_lab,
+    lambda_class,
+)
 
 pytestmark = pytest.mark.docker
 
+# The shared fixtures (a browser that works, a JupyterLab of the test's own), made this
+# module's: pytest finds fixtures among a module's attributes.
+browser_ready = lab_browser.browser_ready
+lab = lab_browser.lab
+
 OUTPUT = Path(__file__).resolve().parent / "output" / "lab-ui"
-CHROMIUM = (
-    os.environ.get("SANDBOX_KERNEL_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-)
-EXTENSION = "sandbox-kernel-labextension"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-]
-
-
-def _browser_problem() -> str | None:
-    if not Path(CHROMIUM).exists():
-        return f"no chromium at {CHROMIUM} (apt-get install chromium)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the Python playwright package is missing (pip install playwright)"
-    from jupyter_core.paths import jupyter_path
-
-    if not any(
-        (Path(p) / EXTENSION / "package.json").is_file() for p in jupyter_path("labextensions")
-    ):
-        return f"the lab extension {EXTENSION} is not installed (pip install . builds it)"
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser_ready() -> None:
-    problem = _browser_problem()
-    if problem is None:
-        return
-    if os.environ.get("SANDBOX_KERNEL_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"the browser test is required here but cannot run: {problem}")
-    pytest.skip(problem)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Lab:
-    """A JupyterLab server of its own for one user, on Docker sandboxes of the test image,
-    with its settings, state and workspaces under ``root`` and its notebooks in
-    ``notebooks`` (default ``root/notebooks``)."""
-
-    def __init__(
-        self, root: Path, user: str, notebooks: Path | None = None, port: int | None = None
-    ) -> None:
-        self.root = root
-        self.user = user
-        self.token = uuid.uuid4().hex
-        self.port = port or _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.notebooks = notebooks or root / "notebooks"
-        self.workspace = root / "workspaces" / user
-        self.log = root / "lab.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.notebooks.mkdir(parents=True)
-        env = {
-            **os.environ,
-            "SANDBOX_KERNEL_BACKEND": "docker",
-            "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,
-            "SANDBOX_KERNEL_WORKSPACE_ROOT": str(self.root / "workspaces"),
-            "SANDBOX_KERNEL_STATE_DIR": str(self.root / "state"),
-            "SANDBOX_KERNEL_USER": self.user,
-            "JUPYTERLAB_SETTINGS_DIR": str(self.root / "lab-settings"),
-            "JUPYTERLAB_WORKSPACES_DIR": str(self.root / "lab-workspaces"),
-            "JUPYTER_RUNTIME_DIR": str(self.root / "runtime"),
-        }
-        cmd = [
-            sys.executable,
-            "-m",
-            "jupyterlab",
-            "--no-browser",
-            "--ServerApp.allow_root=True",
-            f"--ServerApp.token={self.token}",
-            f"--ServerApp.port={self.port}",
-            "--ServerApp.port_retries=0",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.root_dir={self.notebooks}",
-            "--SandboxExtension.gc_interval=0",
-            "--LabApp.news_url=",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ]
-        self._log = self.log.open("wb")
-        self.proc = subprocess.Popen(
-            cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.root
-        )
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited: {self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/api/status?token={self.token}", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"jupyter lab did not answer: {self.log.read_text()[-3000:]}")
-
-    def api(self, path: str) -> Any:
-        with urllib.request.urlopen(
-            f"{self.url}/api/{path}?token={self.token}", timeout=30
-        ) as response:
-            return json.loads(response.read() or b"null")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-
-
-@pytest.fixture
-def lab(browser_ready: None, tmp_path: Path, test_user: str) -> Iterator[Lab]:
-    server = Lab(tmp_path, test_user)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-        remove_user_containers(test_user)
-        remove_user_snapshots(test_user)
-
-
 # Two folders deep with long names: the Files breadcrumb must stay on one line.
 DEEP = (
     "a-folder-whose-name-is-rather-long-for-a-side-panel",
@@ -246,34 +123,6 @@ def _assert_sizes_unbroken(scope: Any) -> None:
     for item in scope.locator(".jp-SandboxPanel-size").evaluate_all(_ONE_LINE):
         assert re.fullmatch(r"[\d.]+\u00a0[KMGT]?i?B", item["text"]), item
         assert item["lines"] == 1, f"a file size wraps: {item}"
-
-
-def _open_lab(page: Any, url: str, errors: list[str]) -> None:
-    """Open JupyterLab and wait for its theme. On a loaded machine JupyterLab itself now
-    and then fails to load its theme stylesheet ("Error Loading Theme" dialog, before any
-    of our code runs; seen with the panel untouched too): load the page again then, and
-    drop the console errors of that failed load."""
-    from playwright.sync_api import expect
-
-    for attempt in range(3):
-        page.goto(url)
-        themed = page.locator("body[data-jp-theme-name]")
-        theme_error = page.locator(".jp-Dialog", has_text="Error Loading Theme")
-        expect(themed.or_(theme_error).first).to_be_attached(timeout=90_000)
-        page.wait_for_timeout(500)  # a failed theme load shows its dialog on the themed page
-        if theme_error.count() == 0:
-            return
-        print(
-            f"JupyterLab failed to load its theme (attempt {attempt + 1}); loading the page again"
-        )
-        errors.clear()
-    raise AssertionError("JupyterLab failed to load its theme three times")
-
-
-def _click_in_view(locator: Any) -> None:
-    """A real mouse click: Playwright scrolls the element into view and fails (by timing
-    out) when another element, such as the next section's title, would receive it."""
-    locator.click()
 
 
 @pytest.mark.parametrize("viewport", VIEWPORTS)
@@ -628,54 +477,118 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
     print(f"\nscreenshots in {OUTPUT}; console errors seen: {errors}")
 
 
-def _assert_default_sidebar(page: Any) -> int:
-    """The panel is at JupyterLab's default sidebar width (nothing in the test resizes
-    it): the width a new user sees. Returns it in CSS pixels."""
-    found = page.locator(".jp-SandboxPanel").evaluate("""panel => ({
-        width: panel.getBoundingClientRect().width,
-        min: parseFloat(getComputedStyle(document.body).getPropertyValue('--jp-sidebar-min-width')),
-    })""")
-    print(f"panel width {found['width']}px (--jp-sidebar-min-width {found['min']}px)")
-    assert found["min"] > 0 and abs(found["width"] - found["min"]) <= 1, found
-    return round(found["width"])
+PREVIEW_APP = Path(__file__).with_name("preview_app.py")
+LOOPBACK_NOTE = "listens on 127.0.0.1 only: start it on 0.0.0.0 to preview it"
 
 
-# What a text element shows and where: its whole text, whether its box cuts it (an
-# ellipsis or hidden overflow shows as scrollWidth > clientWidth), and the left and
-# right edges of its lines against its card's (or section's) box.
-_SHOWN = """e => {
-    const box = (e.closest('.jp-SandboxPanel-card') || e.closest('.jp-SandboxPanel-body'))
-        .getBoundingClientRect();
-    const range = document.createRange();
-    range.selectNodeContents(e);
-    const lines = Array.from(range.getClientRects()).filter(r => r.width > 0);
-    const style = getComputedStyle(e);
-    return {
-        text: e.textContent,
-        scrollWidth: e.scrollWidth, clientWidth: e.clientWidth,
-        scrollHeight: e.scrollHeight, clientHeight: e.clientHeight,
-        left: Math.min(...lines.map(r => r.left)), right: Math.max(...lines.map(r => r.right)),
-        boxLeft: box.left, boxRight: box.right,
-        lines: new Set(lines.map(r => Math.round(r.top))).size,
-        textOverflow: style.textOverflow, visible: lines.length > 0,
-    };
-}"""
+def _wait_for_ports(lab: Lab, sid: str, ports: set[int]) -> None:
+    """Until the server lists ``ports`` as listening in the sandbox (bounded)."""
+    deadline = time.monotonic() + 60
+    while True:
+        listed = {p["port"] for p in lab.api(f"sandboxes/{sid}/ports")["ports"]}
+        if ports <= listed:
+            return
+        assert time.monotonic() < deadline, f"{ports} do not listen in {sid}: {listed}"
+        time.sleep(0.3)
 
 
-def _assert_readable(scope: Any, selector: str, expected: str, exact: bool = True) -> None:
-    """The one element ``selector`` in ``scope`` shows ``expected`` whole (or, not
-    ``exact``, a text containing it): no part cut by an ellipsis or its box, every line
-    inside its card, so it is read without a tooltip at the width the panel has."""
-    element = scope.locator(selector)
-    shown = element.evaluate(_SHOWN)
-    text = shown["text"]
-    assert (text == expected) if exact else (expected in text), (selector, shown)
-    assert shown["visible"], (selector, shown)
-    assert shown["scrollWidth"] <= shown["clientWidth"], f"{selector} is cut: {shown}"
-    assert shown["scrollHeight"] <= shown["clientHeight"] + 1, f"{selector} is cut: {shown}"
-    assert shown["left"] >= shown["boxLeft"] - 0.5, f"{selector} sticks out left: {shown}"
-    assert shown["right"] <= shown["boxRight"] + 0.5, f"{selector} sticks out right: {shown}"
-    print(f"{selector}: {text!r} on {shown['lines']} line(s), {shown['clientWidth']}px wide")
+def test_previews_in_the_browser(lab: Lab) -> None:
+    """A running sandbox's card lists its listening ports; each link opens the port's
+    preview in a new tab, through the signed preview path, isolated from Jupyter's
+    origin: ``python3 -m http.server``'s page, and a page of tests/preview_app.py that
+    exchanges a message with its app over a WebSocket. A port on loopback only has a
+    note instead of a link, read whole at the default sidebar width."""
+    from playwright.sync_api import expect, sync_playwright
+
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    # An agent (MCP over HTTP) starts the apps in the user's sandbox, as it would.
+    _agent_call(lab, "write_file", path="index.html", content="<h1>hello from the sandbox</h1>")
+    _agent_call(lab, "write_file", path="preview_app.py", content=PREVIEW_APP.read_text())
+    _agent_call(
+        lab,
+        "execute_command",
+        command="cd /workspace && (nohup python3 -m http.server 8000 >/dev/null 2>&1 &) "
+        "&& (nohup python3 preview_app.py 8001 >/dev/null 2>&1 &)",
+    )
+    (sid,) = [s["id"] for s in lab.api("sandboxes")]
+    _wait_for_ports(lab, sid, {8000, 8001})
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1000, "height": 700})
+        page = context.new_page()
+        page.on(
+            "console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None
+        )
+        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+        try:
+            _open_lab(page, f"{lab.url}/lab?token={lab.token}", errors)
+            page.locator(".jp-SideBar [data-id='sandbox-kernel-panel']").click()
+            card = page.locator(f".jp-SandboxPanel-card[data-sandbox-id='{sid}']")
+            expect(card).to_be_visible(timeout=30_000)
+            web = card.get_by_role("link", name=f"Open port 8000 of {sid} in a new tab")
+            app = card.get_by_role("link", name=f"Open port 8001 of {sid} in a new tab")
+            expect(web).to_be_visible(timeout=30_000)
+            expect(app).to_be_visible()
+            assert web.get_attribute("href") == f"{lab.url}/sandbox-kernel/proxy/{sid}/8000/"
+            assert web.get_attribute("target") == "_blank"
+            assert set((web.get_attribute("rel") or "").split()) == {"noopener", "noreferrer"}
+
+            # An app on loopback only, started now: the refresh button reads it, with a note.
+            _agent_call(
+                lab,
+                "execute_command",
+                command="(nohup python3 -m http.server 8002 --bind 127.0.0.1 >/dev/null 2>&1 &)",
+            )
+            _wait_for_ports(lab, sid, {8002})
+            _click_in_view(
+                card.get_by_role("button", name=f"Read the listening ports of {sid} again")
+            )
+            loopback = card.locator("[data-port='8002'] .jp-SandboxPanel-portLoopback")
+            expect(loopback).to_have_text(LOOPBACK_NOTE, timeout=30_000)
+            expect(card.locator("[data-port='8002'] a")).to_have_count(0)
+            _assert_default_sidebar(page)
+            _assert_readable(
+                card, "[data-port='8002'] .jp-SandboxPanel-portLoopback", LOOPBACK_NOTE
+            )
+            _assert_readable(card, "[data-port='8000'] .jp-SandboxPanel-portLink", "8000")
+            _assert_readable(card, ".jp-SandboxPanel-portsLabel", "Ports")
+            card.locator(".jp-SandboxPanel-ports").scroll_into_view_if_needed()
+            page.locator(".jp-SandboxPanel").screenshot(path=str(OUTPUT / "ports-panel.png"))
+
+            # http.server's page, in a new tab: the signed preview path, no token in it,
+            # an origin of its own (no cookies of Jupyter's), no way back to the opener.
+            with context.expect_page() as opened:
+                _click_in_view(web)
+            tab = opened.value
+            expect(tab.locator("h1")).to_have_text("hello from the sandbox", timeout=30_000)
+            assert "/sandbox-kernel/preview/" in tab.url and "token" not in tab.url, tab.url
+            assert tab.evaluate("() => window.opener") is None
+            cookies = tab.evaluate(
+                "() => { try { return document.cookie; } catch (e) { return e.name; } }"
+            )
+            assert cookies == "SecurityError", cookies
+            tab.screenshot(path=str(OUTPUT / "preview-http-server.png"))
+
+            # The WebSocket app's page: its script talks to the app through the proxy.
+            with context.expect_page() as opened:
+                _click_in_view(app)
+            ws_tab = opened.value
+            expect(ws_tab.locator("#answer")).to_have_text(
+                "echo:hello from the page", timeout=30_000
+            )
+            assert "/sandbox-kernel/preview/" in ws_tab.url, ws_tab.url
+            ws_tab.screenshot(path=str(OUTPUT / "preview-websocket.png"))
+            # Chromium drops requests in flight when the host's interfaces change, as
+            # they do whenever a container starts on this shared engine: not the page's.
+            unexpected = [e for e in errors if "net::ERR_NETWORK_CHANGED" not in e]
+            assert not unexpected, unexpected
+        except Exception:
+            page.screenshot(path=str(OUTPUT / "failure-previews.png"))
+            raise
+        finally:
+            context.close()
+            browser.close()
 
 
 def _assert_disk_line(card: Any, listed: dict[str, Any]) -> None:
@@ -741,31 +654,6 @@ def _check_webdav(page: Any, card: Any, expected: str, sid: str, shot: Path) -> 
     assert page.evaluate("window.getSelection().toString()") == expected
 
 
-def _agent_call(lab: Lab, tool: str, **arguments: Any) -> None:
-    """One MCP tool call to the lab server, as an agent would make it (own thread: the
-    browser's sync API owns this one's event loop)."""
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
-
-    async def call() -> None:
-        headers = {"Authorization": f"token {lab.token}"}
-        async with (
-            create_mcp_http_client(headers=headers) as http,
-            streamable_http_client(f"{lab.url}/sandbox-kernel/mcp", http_client=http) as (
-                read,
-                write,
-            ),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            result = await session.call_tool(tool, arguments)
-            assert not result.is_error, result.content
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, call()).result(timeout=180)
-
-
 def _propfind_ok(url: str, token: str) -> None:
     basic = base64.b64encode(f"anyone:{token}".encode()).decode()
     request = urllib.request.Request(
@@ -773,10 +661,6 @@ def _propfind_ok(url: str, token: str) -> None:
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.status == 207 and b"multistatus" in response.read()
-
-
-def lambda_class(name: str) -> Any:
-    return re.compile(rf"(^|\s){re.escape(name)}(\s|$)")
 
 
 def _drop_file(page: Any, target: Any, name: str, text: str) -> None:

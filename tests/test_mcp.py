@@ -606,6 +606,44 @@ async def test_http_several_mb_of_output_fit_one_event(
         await check_several_mb(session, kenv, 100_000)
 
 
+async def test_stdio_preview_url_from_the_running_jupyter_server(
+    jp_fetch: Any, jp_serverapp: Any, jp_auth_header: dict[str, str], kenv: KernelEnv
+) -> None:
+    """Over stdio the URL is that of the Jupyter server running on this host, as
+    ``list_running_servers()`` finds it (the file a started server writes), and it works."""
+    jp_serverapp.write_server_info_file()
+    runtime = {"JUPYTER_RUNTIME_DIR": jp_serverapp.runtime_dir}
+    async with stdio(kenv, **runtime) as session:
+        started = await call(
+            session,
+            "execute_command",
+            command="nohup python3 -m http.server 8124 >/dev/null 2>&1 &",
+        )
+        assert not started.is_error, texts(started)
+        deadline = time.monotonic() + 60
+        while True:
+            preview = await call(session, "get_preview_url", port=8124)
+            assert not preview.is_error and preview.structured_content, texts(preview)
+            if preview.structured_content["listening"] or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.3)
+        assert "the app is listening" in texts(preview)
+    url = preview.structured_content["url"]
+    assert url == f"{jp_serverapp.connection_url}sandbox-kernel/proxy/sk-{kenv.user}/8124/"
+    page = await AsyncHTTPClient().fetch(url, headers=jp_auth_header)
+    assert b"Directory listing" in page.body
+
+
+async def test_stdio_preview_url_without_a_jupyter_server(kenv: KernelEnv, tmp_path: Path) -> None:
+    """No server runs for this user: the tool says so in one line, naming what to do."""
+    async with stdio(kenv, JUPYTER_RUNTIME_DIR=str(tmp_path)) as session:
+        result = await call(session, "get_preview_url", port=8000)
+    assert result.is_error
+    message = texts(result)
+    assert "no Jupyter server is running" in message and "jupyter lab" in message
+    assert "Traceback" not in message and len(message.splitlines()) == 1
+
+
 def _rpc(method: str, id_: int | None = None, **params: Any) -> dict[str, Any]:
     message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
     if id_ is not None:

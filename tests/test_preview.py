@@ -121,7 +121,13 @@ async def test_refusals_and_a_stopped_sandbox(jp_fetch: Any, sandbox: dict[str, 
     code, body = await status_of(jp_fetch, "sandbox-kernel", "proxy", sid, "8000", "x")
     assert code == 409 and f"sandbox-kernel start {sid}" in body["message"]
     listed = await fetch(jp_fetch, "api", "sandboxes", sid, "ports")
-    assert listed == {"sandbox_id": sid, "state": "stopped", "ports": []}
+    assert listed == {
+        "sandbox_id": sid,
+        "state": "stopped",
+        "ports": [],
+        "preview": True,
+        "preview_note": "",
+    }
     assert sandbox_container(sid).status == "exited"  # neither woke it
 
 

@@ -84,6 +84,27 @@ export interface IFolder {
   entries: IFileEntry[];
 }
 
+/** A TCP port a process of a sandbox listens on, and its preview URL. */
+export interface IListeningPort {
+  port: number;
+  /** What it listens on: 0.0.0.0, ::, 127.0.0.1... */
+  address: string;
+  /** False when it listens on the sandbox's loopback only (no preview reaches it). */
+  reachable: boolean;
+  /** The preview's path on this server. */
+  url: string;
+}
+
+/** The listening ports of a sandbox (none while it is not running). */
+export interface IPorts {
+  sandbox_id: string;
+  state: SandboxState;
+  ports: IListeningPort[];
+  /** Whether the server's engine serves previews at all; preview_note says why not. */
+  preview: boolean;
+  preview_note: string;
+}
+
 /**
  * An error of the sandbox API, with the server's message.
  *
@@ -229,6 +250,16 @@ export class SandboxAPI {
     await this.request(`snapshots/${encodeURIComponent(name)}`, {
       method: 'DELETE'
     });
+  }
+
+  /** The ports listening in a running sandbox (read from inside it, on request). */
+  ports(id: string): Promise<IPorts> {
+    return this.json<IPorts>(`sandboxes/${encodeURIComponent(id)}/ports`);
+  }
+
+  /** An absolute URL of a path the server gave (a port's preview, say). */
+  absolute(path: string): string {
+    return new URL(path, this.serverSettings.baseUrl).href;
   }
 
   // -- files ------------------------------------------------------------------

@@ -383,6 +383,8 @@ class Backend(abc.ABC):
     finds_engine_ids: bool = False
     # Whether resize() changes a sandbox's CPUs, memory and processes in place.
     resizes: bool = False
+    # Whether port_target() reaches a sandbox's ports (preview URLs).
+    previews: bool = False
     # Whether sandboxes are made from the image or snapshot of the Spec (not so for the
     # local backend: the host's own Python).
     uses_images: bool = True
@@ -491,7 +493,13 @@ class Backend(abc.ABC):
         the preview proxy: an address only that sandbox holds (never this host's own
         loopback, never another sandbox's), or :class:`NotSupported`. The port is
         checked by the caller; this only says where it is."""
-        raise NotSupported(f"the {self.name} backend cannot reach a sandbox's ports")
+        raise NotSupported(self.no_previews())
+
+    def no_previews(self) -> str:
+        """Why this engine serves no previews ("" when it does: :attr:`previews`)."""
+        if self.previews:
+            return ""
+        return f"the {self.name} backend cannot reach a sandbox's ports, so it serves no previews"
 
     # -- files (paths relative to the workspace, or absolute inside the sandbox) --
     @abc.abstractmethod

@@ -1,6 +1,6 @@
 /**
- * One sandbox in the Sandboxes section: its id and state, its facts, its buttons and
- * its WebDAV URL. The card is focusable (the status bar's reveal focuses it) and marked
+ * One sandbox in the Sandboxes section: its id and state, its facts, its buttons, the
+ * ports it listens on (while it runs) and its WebDAV URL. The card is focusable (the status bar's reveal focuses it) and marked
  * while revealed or while an action on it runs.
  */
 import { TranslationBundle } from '@jupyterlab/translation';
@@ -13,6 +13,7 @@ import { Breakable } from './Breakable';
 import { DavLink } from './DavLink';
 import { SandboxActions } from './SandboxActions';
 import { SandboxFacts } from './SandboxFacts';
+import { SandboxPorts } from './SandboxPorts';
 import { StateDot } from './StateDot';
 
 export function SandboxCard(props: {
@@ -53,6 +54,12 @@ export function SandboxCard(props: {
         model={model}
         trans={trans}
         onBrowse={props.onBrowse}
+      />
+      <SandboxPorts
+        sandbox={s}
+        api={model.api}
+        trans={trans}
+        visible={model.visible}
       />
       <DavLink id={s.id} url={model.api.davUrl(s.id)} trans={trans} />
     </li>

@@ -342,8 +342,22 @@ describe('SandboxActions', () => {
 
 // -- SandboxCard -----------------------------------------------------------
 describe('SandboxCard', () => {
-  it('names the sandbox and its state, then its facts, actions and WebDAV URL', async () => {
-    const { model } = await sandboxesModel([sandbox()]);
+  it('names the sandbox and its state, then its facts, actions, ports and WebDAV URL', async () => {
+    const { server, model } = await sandboxesModel([sandbox()]);
+    server.json('GET', '/base/api/sandboxes/sk-alice/ports', {
+      sandbox_id: 'sk-alice',
+      state: 'running',
+      ports: [
+        {
+          port: 8000,
+          address: '0.0.0.0',
+          reachable: true,
+          url: '/base/sandbox-kernel/proxy/sk-alice/8000/'
+        }
+      ],
+      preview: true,
+      preview_note: ''
+    });
     render(
       <ul>
         <SandboxCard
@@ -369,15 +383,20 @@ describe('SandboxCard', () => {
     expect(card.querySelector('.jp-SandboxPanel-folder')?.textContent).toBe(
       '/workspace'
     );
-    // Tab order: the card's buttons before the copy button at its foot.
-    const buttons = Array.from(card.querySelectorAll('button')).map(
+    // Tab order: the card's buttons, its ports, then the copy button at its foot.
+    await screen.findByRole('link', {
+      name: 'Open port 8000 of sk-alice in a new tab'
+    });
+    const controls = Array.from(card.querySelectorAll('button, a')).map(
       b => b.getAttribute('aria-label') ?? ''
     );
-    expect(buttons).toEqual([
+    expect(controls).toEqual([
       'Stop sk-alice',
       'Browse files of sk-alice',
       'Snapshot sk-alice',
       'Destroy sk-alice',
+      'Read the listening ports of sk-alice again',
+      'Open port 8000 of sk-alice in a new tab',
       'Copy the WebDAV URL of sk-alice'
     ]);
     expect(card.querySelector('.jp-SandboxPanel-davUrl')?.textContent).toBe(

@@ -8,7 +8,8 @@ another process won the race, and we use its container.
 Containers run hardened by default: a non-root user, every capability dropped,
 no-new-privileges, a seccomp profile of ours (no setuid files, no namespaces, see
 :mod:`.security`), pids/memory/CPU limits from the flavor, no published
-ports, one shared network on which sandboxes cannot reach each other (or none), and
+ports, one shared network on which sandboxes cannot reach each other (or none,
+:mod:`.network`), and
 the runtime the administrator chose (``runsc`` for gVisor). The user's workspace is a
 host folder bind-mounted at /workspace, so it outlives the container
 (:mod:`.mounts`).
@@ -20,8 +21,8 @@ interpreters are ``docker exec`` processes whose stdin/stdout form a
 This module is the backend's life cycle and processes; the rest of it lives beside it:
 :mod:`.errors` (every engine error becomes ours there), :mod:`.info`
 (labels, and a container as a SandboxInfo), :mod:`.mounts`,
-:mod:`.snapshots`, :mod:`.files`, :mod:`.security`,
-:mod:`.channel`, :mod:`.cgroups`, and the programs of ``sandbox_kernel.agent`` (what runs inside). The
+:mod:`.snapshots`, :mod:`.files`, :mod:`.security`, :mod:`.network`, :mod:`.env`
+(the PATH of the host's processes in a container), :mod:`.channel`, :mod:`.cgroups`, and the programs of ``sandbox_kernel.agent`` (what runs inside). The
 calls on a kernel's path (look up, create, start, processes) are requests stated in
 :mod:`.wire` and sent without the docker SDK to a local engine; the SDK serves
 the rest, and everything for an engine reached over TCP or SSH.
@@ -76,7 +77,8 @@ from ..base import (
 from .cgroups import cgroup_usage, end_stuck_starts
 from .channel import DockerChannel, DockerPty
 from .disk import IMAGE, STORAGE_OPT, DockerDisks, disk_label, read_label
-from .errors import engine_errors, engine_reason, exec_failure, unreachable
+from .env import DEFAULT_PATH, HOME, env_of, exec_env, sandbox_path
+from .errors import create_failed, engine_errors, engine_reason, exec_failure, unreachable
 from .files import HelperOpener, home_archive, home_in_layer, read_file, write_file
 from .info import (
     LABEL_CPUS,
@@ -95,23 +97,20 @@ from .info import (
     STATES,
     Inspected,
     container_info,
+    stats_usage,
     summary_info,
 )
 from .mounts import DEFAULT_UID, WorkspaceMounts, bind_mount
+from .network import NETWORK, port_target_of, shared_network
 from .protect import apply as apply_protection
-from .security import NETWORK, seccomp_profile, shared_network
+from .security import seccomp_profile
 from .snapshots import DockerSnapshots
 from .sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
 from .wire import ENGINE_TIMEOUT, EngineCalls, EngineWire, SdkCalls
 
-HOME = "/home/sandbox"
 # The container's PID 1 (under docker-init) only waits; python3 is the one thing every
 # image we support has, so we do not depend on `sleep` or a shell.
 IDLE_COMMAND = inline("import signal; signal.pause()")
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Folders of a sandbox that its processes can write: never on the PATH that finds the
-# host's programs (a cell could plant a `python3` there; see agent.program).
-WRITABLE = (HOME, WORKSPACE, "/tmp", "/var/tmp", "/dev/shm")
 EXEC_OUTPUT_LIMIT = 64 << 20  # bytes of a command's output kept by exec(); the rest is dropped
 log = logging.getLogger(__name__)
 HELPER_IDLE = 60.0  # seconds the file helper may stay silent before the host gives up
@@ -128,6 +127,7 @@ class DockerBackend(Backend):
     finds_engine_ids = True
     keeps_spares = True
     resizes = True
+    previews = True
 
     def __init__(self, settings: EngineSettings) -> None:
         super().__init__(settings)
@@ -278,7 +278,7 @@ class DockerBackend(Backend):
         except (SandboxFailed, SandboxNotFound) as exc:  # refused, or its image removed meanwhile
             self._mounts.release(name)
             self._sockets.release(name)
-            raise _create_failed(sandbox_id, spec.runtime, exc) from None
+            raise create_failed(sandbox_id, spec.runtime, exc) from None
         created = Inspected({"Id": engine_id, "Name": "/" + name, "Config": config})
         if read_label(config["Labels"])[0] == IMAGE:
             created = self._reinspect(created)  # where its layer is
@@ -379,7 +379,7 @@ class DockerBackend(Backend):
         workspace, source = self._mounts.workspace(
             key, name, uid, gid, how, lambda folder: unbounded.append(bound(folder))
         )
-        path = sandbox_path(_env_of(image.attrs).get("PATH", DEFAULT_PATH))
+        path = sandbox_path(env_of(image.attrs).get("PATH", DEFAULT_PATH))
         mounts = [bind_mount(WORKSPACE, str(source))]
         work_mounts, work_point = self._mounts.work_folder(name, spec, uid, gid, how)
         mounts += work_mounts
@@ -792,9 +792,8 @@ class DockerBackend(Backend):
 
     # -- ports ---------------------------------------------------------------------------
     def port_target(self, info: SandboxInfo, port: int) -> PortTarget:
-        """The container's own address on our network: the host reaches it there (other
-        sandboxes cannot: the bridge has inter-container traffic off), and no host port is
-        published. Looked up afresh, for the very container ``info`` was (its engine id)."""
+        """The container's own address on our network (see :func:`.network.port_target_of`),
+        looked up afresh, for the very container ``info`` was (its engine id)."""
         found = self._lookup(info.engine_id or info.id)
         if found is None or (info.engine_id and found.id != info.engine_id):
             raise not_found(info.id)
@@ -802,14 +801,7 @@ class DockerBackend(Backend):
             raise Conflict(
                 f"sandbox {info.id} is not running; start it with `sandbox-kernel start {info.id}`"
             )
-        networks = (found.attrs.get("NetworkSettings") or {}).get("Networks") or {}
-        address = (networks.get(NETWORK) or {}).get("IPAddress") or ""
-        if not address:
-            raise Conflict(
-                f"sandbox {info.id} has no network (it was made with network off), so "
-                "nothing outside it reaches its ports"
-            )
-        return PortTarget(f"http://{address}:{port}")
+        return port_target_of(info.id, found.attrs, port)
 
     # -- usage -----------------------------------------------------------------------
     def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:
@@ -829,14 +821,7 @@ class DockerBackend(Backend):
                     raw = self.client.api.stats(info.engine_id, stream=False, one_shot=True)
             except SandboxError:
                 continue  # it stopped meanwhile: no figure rather than an error
-            mem = raw.get("memory_stats") or {}
-            cache = (mem.get("stats") or {}).get("total_inactive_file", 0) or (
-                mem.get("stats") or {}
-            ).get("cache", 0)
-            found[info.id] = {
-                "memory": max(0, (mem.get("usage") or 0) - cache),
-                "pids": (raw.get("pids_stats") or {}).get("current", 0),
-            }
+            found[info.id] = stats_usage(raw)
         return found
 
     def disk_usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, int]]:
@@ -877,40 +862,3 @@ class DockerBackend(Backend):
         except SandboxError:
             self.unwedge(sandbox_id)
             raise
-
-
-def _create_failed(sandbox_id: str, runtime: str, error: SandboxError) -> SandboxFailed:
-    """The one-line error for a refused create, naming the setting to change when known."""
-    reason = engine_reason(error)
-    if runtime and "runtime" in reason.lower():
-        return SandboxFailed(
-            f"Docker has no runtime {runtime!r} ({reason}); install it and register it "
-            "with dockerd (gVisor: runsc), or unset SANDBOX_KERNEL_RUNTIME / c.SandboxConfig.runtime"
-        )
-    return SandboxFailed(f"Docker could not create {sandbox_id}: {reason}")
-
-
-def sandbox_path(path: str) -> str:
-    """``path`` without the folders the sandbox's processes can write, nor relative
-    entries (an empty one is the working folder): what finds the programs the host
-    starts there. A sandbox made by an older version, or from a snapshot of one, has
-    ``~/.local/bin`` first in its environment."""
-    kept = [
-        entry
-        for entry in path.split(":")
-        if entry.startswith("/")
-        and not any(entry == top or entry.startswith(top + "/") for top in WRITABLE)
-    ]
-    return ":".join(kept) or DEFAULT_PATH
-
-
-def exec_env(attrs: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a process the host starts in a container (``attrs``: its
-    inspect): the container's PATH made safe (:func:`sandbox_path`), then ``env``."""
-    return {"PATH": sandbox_path(_env_of(attrs).get("PATH", DEFAULT_PATH)), **(env or {})}
-
-
-def _env_of(attrs: dict[str, Any]) -> dict[str, str]:
-    """The environment an image's or a container's inspect (``attrs``) declares."""
-    items = (attrs.get("Config") or {}).get("Env") or []
-    return dict(item.split("=", 1) for item in items if "=" in item)

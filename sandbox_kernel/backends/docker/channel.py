@@ -261,7 +261,7 @@ def hang_up_when_gone() -> None:
     import docker
 
     from ...agent import program
-    from .backend import exec_env
+    from .env import exec_env
 
     exec_id, container_id, session = sys.argv[1:4]
     sys.stdin.buffer.read()

@@ -41,6 +41,7 @@ from ...errors import (
     Conflict,
     EngineUnavailable,
     SandboxError,
+    SandboxFailed,
     SandboxNotFound,
     shorten,
 )
@@ -201,3 +202,14 @@ def exec_failure(command: str, code: int, message: bytes) -> ExecResult:
         text.rsplit("unable to start container process:", 1)[-1].strip().removesuffix(": unknown")
     )
     return ExecResult(code, f"{command}: cannot run it: {one_line(reason)}\n".encode())
+
+
+def create_failed(sandbox_id: str, runtime: str, error: SandboxError) -> SandboxFailed:
+    """The one-line error for a refused create, naming the setting to change when known."""
+    reason = engine_reason(error)
+    if runtime and "runtime" in reason.lower():
+        return SandboxFailed(
+            f"Docker has no runtime {runtime!r} ({reason}); install it and register it "
+            "with dockerd (gVisor: runsc), or unset SANDBOX_KERNEL_RUNTIME / c.SandboxConfig.runtime"
+        )
+    return SandboxFailed(f"Docker could not create {sandbox_id}: {reason}")

@@ -204,3 +204,15 @@ def parse_time(value: str) -> float:
     except ValueError:
         return 0.0
     return stamp + (float("0." + frac[:6]) if frac[:6].isdigit() else 0.0)
+
+
+def stats_usage(raw: dict[str, Any]) -> dict[str, float]:
+    """Memory in use (less the cache it could give back) and processes, from the engine's
+    one-shot stats of a container (where its cgroup files are not on this host)."""
+    mem = raw.get("memory_stats") or {}
+    stats = mem.get("stats") or {}
+    cache = stats.get("total_inactive_file", 0) or stats.get("cache", 0)
+    return {
+        "memory": max(0, (mem.get("usage") or 0) - cache),
+        "pids": (raw.get("pids_stats") or {}).get("current", 0),
+    }

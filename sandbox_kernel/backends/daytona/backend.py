@@ -54,9 +54,9 @@ from daytona.common.errors import (
     DaytonaRateLimitError,
 )
 
-from ..errors import FileMissing
-from ..identity import ScopeKey, safe_id
-from .base import (
+from ...errors import FileMissing
+from ...identity import ScopeKey, safe_id
+from ..base import (
     LABEL_FLAVOR,
     LABEL_IMAGE,
     LABEL_INSTALLATION,
@@ -80,8 +80,8 @@ from .base import (
     EngineUnavailable,
     ExecResult,
     Health,
+    PortTarget,
     Progress,
-    Pty,
     SandboxError,
     SandboxFailed,
     SandboxInfo,
@@ -93,6 +93,8 @@ from .base import (
     not_found,
     sandbox_id_of,
 )
+from .channel import DaytonaPty, PtyChannel, bash_word
+from .preview import PreviewLinks, preview_target
 
 T = TypeVar("T")
 
@@ -138,16 +140,6 @@ def _epoch(stamp: str | None) -> float:
 PTY_RETRY_DELAYS = (1.0, 3.0)  # seconds between tries of a PTY session's handshake
 
 
-def _bash_word(arg: str) -> str:
-    """Quote one word for a line typed into bash: ANSI-C quoting when it holds newlines,
-    so the whole command stays on one terminal line."""
-    if re.search(r"[\x00-\x1f]", arg):
-        escaped = arg.replace("\\", "\\\\").replace("'", "\\'")
-        escaped = re.sub(r"[\x00-\x1f]", lambda m: f"\\x{ord(m.group()):02x}", escaped)
-        return f"$'{escaped}'"
-    return shlex.quote(arg)
-
-
 # Daytona sizes a sandbox made from a snapshot (as ours are) by that snapshot: the
 # flavor's cpus, memory and disk are recorded, not applied; volumes have no size.
 DISK_NOTE = (
@@ -156,102 +148,10 @@ DISK_NOTE = (
 )
 
 
-class PtyChannel(Channel):
-    """Our agent's stdin/stdout over a Daytona PTY session in raw mode.
-
-    The shell first echoes what we type; :meth:`DaytonaBackend.open_channel` discards
-    everything up to a marker printed after ``stty raw -echo``, so the agent's first
-    byte is the channel's first byte.
-    """
-
-    def __init__(self, handle: Any, kill: Callable[[], None], log: Callable[[], str]) -> None:
-        self._handle = handle
-        self._events = iter(handle)
-        self._kill = kill
-        self._log = log
-        self._buf = bytearray()
-        self._lock = threading.Lock()
-        self._closed = False
-
-    @property
-    def stderr_tail(self) -> str:
-        """What the agent wrote to stderr before it took over fd 2 (why it did not start)."""
-        try:
-            return self._log()
-        except SandboxError:
-            return ""
-
-    def write(self, data: bytes) -> None:
-        with self._lock:
-            try:
-                self._handle.send_input(data)
-            except DaytonaError as exc:
-                raise SandboxError(f"the sandbox process is gone ({exc})") from exc
-
-    def read(self, size: int = 65536) -> bytes:
-        if not self._buf:
-            try:
-                self._buf += next(self._events)
-            except (StopIteration, DaytonaError):
-                return b""
-        chunk = bytes(self._buf[:size])
-        del self._buf[:size]
-        return chunk
-
-    def read_until(self, marker: bytes, timeout: float) -> None:
-        """Drop output until ``marker``; keep what follows it for :meth:`read`."""
-        deadline = time.monotonic() + timeout
-        seen = bytearray()
-        for chunk in self._handle._handle_events(deadline):
-            seen += chunk
-            at = seen.find(marker)
-            if at >= 0:
-                self._buf += seen[at + len(marker) :]
-                return
-        raise SandboxFailed(
-            "the sandbox's terminal did not start our agent"
-            + (f": {self._handle.error}" if self._handle.error else "")
-            + f" (output: {bytes(seen[-300:]).decode('utf-8', 'replace')!r})"
-        )
-
-    def exit_status(self) -> int | None:
-        return self._handle.exit_code
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._kill()
-        except Exception:  # already gone with its sandbox: nothing left to end
-            pass
-        self._handle.disconnect()
-
-
-class DaytonaPty(PtyChannel, Pty):
-    """A user's terminal over a Daytona PTY session: its bytes as they are (no raw mode:
-    the shell's terminal is the user's), resized through the toolbox API."""
-
-    def __init__(
-        self,
-        handle: Any,
-        kill: Callable[[], None],
-        log: Callable[[], str],
-        resize: Callable[[int, int], Any],
-    ) -> None:
-        super().__init__(handle, kill, log)
-        self._resize = resize
-
-    def resize(self, rows: int, cols: int) -> None:
-        try:
-            self._resize(rows, cols)
-        except (SandboxError, DaytonaError):
-            pass  # the session has ended: its end shows on the next read
-
-
 class DaytonaBackend(Backend):
     name = "daytona"
     workspace_on_host = False
+    previews = True
 
     def __init__(self, settings: EngineSettings) -> None:
         super().__init__(settings)
@@ -261,6 +161,7 @@ class DaytonaBackend(Backend):
         # One maker of each files sandbox per process (other processes meet at its name).
         self._files_locks: dict[str, threading.Lock] = {}
         self._files_guard = threading.Lock()
+        self._links = PreviewLinks()
 
     # -- client and errors ---------------------------------------------------------------
     @property
@@ -610,6 +511,24 @@ class DaytonaBackend(Backend):
     def disk_bound(self) -> str:
         return DISK_NOTE
 
+    # -- ports ---------------------------------------------------------------------------
+    def port_target(self, info: SandboxInfo, port: int) -> PortTarget:
+        """Daytona's preview link of ``port`` of that very sandbox (by its Daytona id): its
+        proxy's URL, with the sandbox's preview token as a header (see :mod:`.preview`)."""
+        sandbox = self._running(info.id)
+        if info.engine_id and sandbox.id != info.engine_id:
+            raise not_found(info.id)
+
+        def fetch() -> PortTarget:
+            link = self._call(
+                sandbox.get_preview_link,
+                port,
+                what=f"give the preview link of port {port} of {info.id}",
+            )
+            return preview_target(str(link.url), str(link.token or ""))
+
+        return self._links.get((sandbox.id, port, info.started), fetch)
+
     # -- processes -----------------------------------------------------------------------
     def exec(
         self,
@@ -677,13 +596,13 @@ class DaytonaBackend(Backend):
                 sandbox_id, ["tail", "-c", "2000", AGENT_LOG], timeout=10
             ).output.decode("utf-8", "replace"),
         )
-        assignments = " ".join(_bash_word(f"{k}={v}") for k, v in (env or {}).items())
+        assignments = " ".join(bash_word(f"{k}={v}") for k, v in (env or {}).items())
         # Raw mode makes the terminal a plain byte pipe (no echo, no line editing, no
         # CR/LF rewriting, no signals from ^C); the marker's printf format differs from
         # its echo, so the echo of this line can never be taken for it.
         line = (
             "stty raw -echo -iexten; printf '\\001SK%s\\n' READY; "
-            f"exec env {assignments} {' '.join(_bash_word(a) for a in cmd)} 2>>{AGENT_LOG}\n"
+            f"exec env {assignments} {' '.join(bash_word(a) for a in cmd)} 2>>{AGENT_LOG}\n"
         )
         try:
             handle.send_input(line)
@@ -730,7 +649,7 @@ class DaytonaBackend(Backend):
         )
         # The marker ends in \001, not a newline the terminal would turn into \r\n, and
         # its printf format differs from its echo, so the echo is never taken for it.
-        line = f"printf '\\001SK%s\\001' SHELL; exec {' '.join(_bash_word(a) for a in cmd)}\n"
+        line = f"printf '\\001SK%s\\001' SHELL; exec {' '.join(bash_word(a) for a in cmd)}\n"
         try:
             handle.send_input(line)
             pty.read_until(SHELL_READY, timeout=min(60.0, self.settings.start_timeout))
