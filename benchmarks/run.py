@@ -242,11 +242,15 @@ class Bench:
             stderr=subprocess.DEVNULL,
         )
         url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
+        deadline = time.monotonic() + 120  # a loaded machine starts a server slowly
+        while True:
             try:
                 request(url + "/api/status", token)
                 break
             except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError("the Jupyter server for the file measures did not start")
                 time.sleep(0.1)
         return proc, url, token
 
