@@ -250,7 +250,9 @@ class Bench:
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     proc.kill()
-                    raise RuntimeError("the Jupyter server for the file measures did not start")
+                    raise RuntimeError(
+                        "the Jupyter server for the file measures did not start"
+                    ) from None
                 time.sleep(0.1)
         return proc, url, token
 
