@@ -144,24 +144,31 @@ class Proxy:
             if not self.rules.networks_for(port):
                 raise Denied("address", "%s:%d is not in the allowlist" % (host, port))
             named = []
-            candidates = [(address, port)]
+            candidates = [address]
+            kind, unlisted = "address", ""
         else:
             try:
                 name = normal_name(host)
             except ValueError:
                 raise Denied("request", "%r is not a host name" % host, 400) from None
             named = self.rules.names_for(name, port)
+            if named:
+                kind, unlisted = "address", ""
+            elif any(e.matches(name) for e in self.rules.entries if e.kind != "network"):
+                kind, unlisted = "port", "port %d of %s is not in the allowlist" % (port, name)
+            else:
+                kind, unlisted = "name", "%s is not in the allowlist" % name
             if not self.rules.needs_lookup(name, port):
-                if any(e.matches(name) for e in self.rules.entries if e.kind != "network"):
-                    raise Denied("port", "port %d of %s is not in the allowlist" % (port, name))
-                raise Denied("name", "%s is not in the allowlist" % name)
+                raise Denied(kind, unlisted)
             try:
                 infos = socket.getaddrinfo(name, port, 0, socket.SOCK_STREAM)
             except socket.gaierror as exc:
+                if unlisted:
+                    raise Denied(kind, unlisted) from None
                 raise Denied("dns", "cannot resolve %s: %s" % (name, exc.strerror), 502) from None
-            candidates = [(address_of(info[4][0]), port) for info in infos]
+            candidates = [address_of(info[4][0]) for info in infos]
         policy, failures = [], []
-        for candidate, _ in candidates:
+        for candidate in candidates:
             why = self.rules.address_allowed(candidate, port, named)
             if why:
                 policy.append(why)
@@ -174,7 +181,10 @@ class Proxy:
             raise Denied(
                 "unreachable", "cannot connect to %s:%d (%s)" % (host, port, failures[-1]), 502
             )
-        raise Denied("address", "%s:%d: %s" % (host, port, policy[0] if policy else "no address"))
+        why = policy[0] if policy else "no address"
+        if unlisted:  # a name (or port) not listed, whose address no listed network holds
+            raise Denied(kind, "%s, nor its address (%s)" % (unlisted, why))
+        raise Denied(kind, "%s:%d: %s" % (host, port, why))
 
     # -- serving -----------------------------------------------------------------------
     def handle(self, conn):
