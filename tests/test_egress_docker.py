@@ -37,6 +37,7 @@ from sandbox_kernel.service import SandboxService
 from .conftest import TEST_IMAGE, remove_user_containers
 from .helpers import make_wheel
 from .kernel_env import make_kernel_env
+from .test_metrics import until, value
 
 pytestmark = pytest.mark.docker
 
@@ -483,4 +484,46 @@ def test_pip_and_git_in_cells_need_no_proxy_setting(world: World, tmp_path: Path
         assert "cloned through the egress proxy" in outputs[2]
     finally:
         remove_user_containers(kenv.user)
+        _remove_proxies(cfg.state_dir)
+
+
+@pytest.fixture
+def jp_server_config(rest_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setenv("SANDBOX_KERNEL_EGRESS_ALLOW", "index.test")
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_ext": True}},
+        "SandboxExtension": {"gc_interval": 0, "metrics_interval": 0.2},
+    }
+
+
+async def test_refusals_are_counted_on_metrics(
+    jp_fetch: Any, rest_env: dict[str, str], test_user: str
+) -> None:
+    """A sandbox of the server's user asks its proxy for a name not on the list: the
+    server's /metrics counts it, by allowlist and reason."""
+    cfg = load_config(
+        environ={},
+        backend="docker",
+        image=TEST_IMAGE,
+        workspace_root=rest_env["SANDBOX_KERNEL_WORKSPACE_ROOT"],
+        state_dir=rest_env["SANDBOX_KERNEL_STATE_DIR"],
+        egress_allow=["index.test"],
+    )
+    service = SandboxService(cfg)
+    try:
+        info = service.ensure(ScopeKey(test_user)).info
+        ask = (
+            "import urllib.request\n"
+            "try: urllib.request.urlopen('https://denied.test/', timeout=20)\n"
+            "except Exception as exc: print(exc)\n"
+        )
+        result = service.backend.exec(info.id, ["python3", "-c", ask])
+        assert "403 egress denied: denied.test is not in the allowlist" in result.output.decode()
+        text = await until(
+            jp_fetch, lambda t: value(t, "sandbox_kernel_egress_denied_total", reason="name") >= 1
+        )
+        assert value(text, "sandbox_kernel_egress_denied_total", reason="name") == 1
+        assert "# HELP sandbox_kernel_egress_denied_total Connections refused" in text
+    finally:
+        remove_user_containers(test_user)
         _remove_proxies(cfg.state_dir)
