@@ -303,3 +303,19 @@ def test_a_tls_name_other_than_the_connect_host_is_refused(
     good = _client_hello("localhost")
     reply = _ask(path, f"CONNECT localhost:{upstream} HTTP/1.1\r\n\r\n".encode(), then=good)
     assert b"400" in reply  # http.server's answer to a ClientHello
+
+
+def test_what_daytona_can_take_of_a_list() -> None:
+    from sandbox_kernel.backends.daytona.egress import daytona_egress
+
+    assert daytona_egress(()) == ({}, [])
+    settings, lost = daytona_egress(("pypi.org", "*.github.com", "10.0.0.0/8", "git.corp:22"))
+    assert settings == {
+        "domain_allow_list": "pypi.org,*.github.com,git.corp",
+        "network_allow_list": "10.0.0.0/8",
+    }
+    assert lost == ["git.corp:22: no port rules (Daytona's ports apply)"]
+    # Nothing it can say: closed, not open.
+    assert daytona_egress(("2001:db8::/32",))[0] == {"network_block_all": True}
+    # Any public name: Daytona cannot tell public from private; left as it gives it.
+    assert daytona_egress(("*",))[0] == {}
