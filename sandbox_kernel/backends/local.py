@@ -254,7 +254,7 @@ class LocalBackend(Backend):
                 "cpus": 0,
                 "pids": 0,
                 "network": record.get("network", True),
-                "egress_allow": record.get("egress_allow", []),
+                **({"egress_allow": record["egress_allow"]} if record.get("egress_allow") else {}),
             },
             finished=record.get("stopped_at", 0.0) if record["state"] == "stopped" else 0.0,
             started=record.get("started_at", record["created"])

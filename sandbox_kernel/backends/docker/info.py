@@ -113,8 +113,9 @@ def container_info(installation: str, container: Any) -> SandboxInfo:
         "memory": host.get("Memory") or 0,
         "pids": host.get("PidsLimit") or 0,
         "network": host.get("NetworkMode") != "none" or bool(egress_of(container.labels)),
-        "egress_allow": egress_of(container.labels),
     }
+    if egress_of(container.labels):
+        info.limits["egress_allow"] = egress_of(container.labels)
     info.exit_reason = _exit_reason(state, host)
     if state.get("Status") != "running":
         info.finished = parse_time(state.get("FinishedAt", ""))
@@ -149,7 +150,7 @@ def summary_info(installation: str, summary: dict[str, Any]) -> SandboxInfo:
             "pids": int(labels.get(LABEL_PIDS) or 0),
             "network": (summary.get("HostConfig") or {}).get("NetworkMode") != "none"
             or bool(egress_of(labels)),
-            "egress_allow": egress_of(labels),
+            **({"egress_allow": egress_of(labels)} if egress_of(labels) else {}),
         },
         snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
         spec=labels.get(LABEL_SPEC, ""),
