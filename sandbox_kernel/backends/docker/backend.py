@@ -71,7 +71,6 @@ from ..base import (
     SandboxNotFound,
     SnapshotInfo,
     Spec,
-    egress_of,
     engine_name,
     not_found,
     sandbox_id_of,
@@ -79,7 +78,7 @@ from ..base import (
 from .cgroups import cgroup_usage, end_stuck_starts
 from .channel import DockerChannel, DockerPty
 from .disk import IMAGE, STORAGE_OPT, DockerDisks, disk_label, read_label
-from .egress import LABEL_EGRESS_IMAGE, EgressProxies
+from .egress import EgressProxies
 from .egress import sandbox_config as egress_config
 from .env import DEFAULT_PATH, HOME, env_of, exec_env, path_of, sandbox_path
 from .errors import create_failed, engine_errors, engine_reason, exec_failure, unreachable
@@ -280,8 +279,7 @@ class DockerBackend(Backend):
         if spec.egress and spec.network:  # its one way out, before it can need it
             # Never a user's snapshot: the proxy would keep it from being deleted.
             base = self._ensure_image(spec.image, progress) if spec.snapshot_ref else image
-            labels = {**labels, LABEL_EGRESS_IMAGE: base.id}
-            self._egress.ensure(spec.egress, base.id, path_of(base.attrs))
+            labels = self._egress.for_sandbox(spec.egress, labels, base)
         config = self._create_config(sandbox_id, key, spec, labels, image)
         try:
             engine_id = self._disks.create_container(name, sandbox_id, config)
@@ -494,10 +492,8 @@ class DockerBackend(Backend):
         them; ``fresh``: all made just now); the sandbox as it runs."""
         disk_folder = None if fresh else self._disks.remount(container)
         self._mounts.remount(container.labels, disk_folder)
-        egress = egress_of(container.labels)
-        if egress and not fresh:  # its proxy may have been removed since
-            base = container.labels.get(LABEL_EGRESS_IMAGE, "")
-            self._egress.ensure(tuple(egress), base, path_of(container.attrs))
+        if not fresh:  # its egress proxy, if it has one, may have been removed since
+            self._egress.again(container.labels, path_of(container.attrs))
         with engine_errors("start", self._id(container), refused=SandboxFailed):
             self._engine.start_container(container.id)
         started = self._reinspect(container)

@@ -37,7 +37,9 @@ from ..base import (
     SandboxFailed,
     SandboxNotFound,
     egress_label,
+    egress_of,
 )
+from .env import path_of
 from .errors import engine_errors
 from .network import NETWORK, shared_network
 from .security import seccomp_profile
@@ -105,6 +107,21 @@ class EgressProxies:
         self.installation = installation
         self._engine = engine
         self._client = client
+
+    def for_sandbox(
+        self, entries: tuple[str, ...], labels: dict[str, str], image: Any
+    ) -> dict[str, str]:
+        """Ensure the proxy of a sandbox about to be made, from ``image`` (an image's
+        model, never a user's snapshot: the proxy would keep it from being deleted); the
+        sandbox's labels with the proxy's image, for its later starts."""
+        self.ensure(entries, image.id, path_of(image.attrs))
+        return {**labels, LABEL_EGRESS_IMAGE: image.id}
+
+    def again(self, labels: dict[str, str], path: str) -> None:
+        """Ensure the proxy of a sandbox about to start again (labelled ``labels``)."""
+        entries = egress_of(labels)
+        if entries:
+            self.ensure(tuple(entries), labels.get(LABEL_EGRESS_IMAGE, ""), path)
 
     def ensure(self, entries: tuple[str, ...], image: str, path: str) -> None:
         """The proxy for ``entries`` running, made from ``image`` (any image of ours
