@@ -14,7 +14,10 @@ Three sources, by where things happen:
   scrape never waits for the engine), with ``sandbox_kernel_engine_up`` saying whether
   the last listing worked and ``sandbox_kernel_listing_age_seconds`` how old it is.
   A scrape that finds the listing older than that starts the next one in a thread and
-  answers with the one it has.
+  answers with the one it has;
+* **egress refusals**: connections the egress proxies refused (sandboxes with an
+  ``egress_allow`` list), read from the proxies with the same listing, as
+  ``sandbox_kernel_egress_denied_total`` by allowlist and reason.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class SandboxCollector(Collector):
         self.listing: list[tuple[str, str, str]] = []  # (state, backend, flavor) per sandbox
         self.listed_at = 0.0
         self.engine_up = False
+        self.egress: list[tuple[str, str, str, int]] = []  # backend, allowlist, reason, count
 
     def refresh_soon(self) -> None:
         """Start a listing in a thread when the last one is older than ``interval``."""
@@ -106,6 +110,12 @@ class SandboxCollector(Collector):
         self.listing = [(i.state, backend, i.flavor or "") for i in infos]
         self.listed_at = time.time()
         self.engine_up = True
+        try:
+            counts = service.backend.egress_denied()
+        except Exception as exc:  # the last counts stay
+            log.debug("egress counts for metrics failed: %s", exc)
+            return
+        self.egress = [(backend, c.allowlist, c.reason, c.count) for c in counts]
 
     def collect(self) -> Iterator[Metric]:
         service = self.service
@@ -149,6 +159,16 @@ class SandboxCollector(Collector):
         )
         age.add_metric([backend], time.time() - self.listed_at if self.listed_at else -1)
         yield age
+        denied = CounterMetricFamily(
+            PREFIX + "egress_denied",
+            "Connections refused by the egress proxies of sandboxes with an allowlist, by "
+            "allowlist (a digest) and reason (name, port, address, sni, request), since each "
+            "proxy started.",
+            labels=["backend", "allowlist", "reason"],
+        )
+        for name, allowlist, reason, count in self.egress:
+            denied.add_metric([name, allowlist, reason], count)
+        yield denied
 
 
 def _families(rows: list[tuple[str, str, float]]) -> Iterator[Metric]:
@@ -197,6 +217,7 @@ def register(service: SandboxService, interval: float) -> SandboxCollector:
     COLLECTOR.service = service
     COLLECTOR.interval = interval
     COLLECTOR.listing, COLLECTOR.listed_at, COLLECTOR.engine_up = [], 0.0, False
+    COLLECTOR.egress = []
     COLLECTOR._tried = 0.0
     if not _registered:
         REGISTRY.register(COLLECTOR)

@@ -34,6 +34,8 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, d
 from traitlets.config import Config, Configurable
 from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
 
+from .agent.egress_rules import parse_entry
+
 log = logging.getLogger("sandbox_kernel")
 
 ENV_PREFIX = "SANDBOX_KERNEL_"
@@ -81,12 +83,13 @@ ENGINE_ENTRY_POINTS = "sandbox_kernel.backends"
 
 # Flavors fix CPUs, memory and disk together so a quota can count them. These three
 # always exist; c.SandboxConfig.flavors adds others (or redefines these).
-FLAVORS: dict[str, dict[str, float | int]] = {
+FLAVORS: dict[str, dict[str, Any]] = {
     "small": {"cpus": 1.0, "memory": 1 << 30, "disk": 10 << 30},
     "medium": {"cpus": 2.0, "memory": 2 << 30, "disk": 20 << 30},
     "large": {"cpus": 4.0, "memory": 4 << 30, "disk": 40 << 30},
 }
 FLAVOR_KEYS = ("cpus", "memory", "disk")
+FLAVOR_OPTIONAL = ("egress_allow",)  # replaces c.SandboxConfig.egress_allow for the flavor
 FLAVOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 MIN_MEMORY = 64 << 20  # less and no interpreter starts
 MIN_DISK = 64 << 20  # less and the sandbox's own files do not fit
@@ -224,6 +227,18 @@ class SandboxConfig(Configurable):
         ),
     ).tag(config=True)
     network = Bool(True, help="Whether sandboxes can reach the network.").tag(config=True)
+    egress_allow = List(
+        Unicode(),
+        default_value=[],
+        help=(
+            "Where sandboxes may connect, when network is on: names (pypi.org), wildcards "
+            "(*.pythonhosted.org), * (any public name), addresses and networks (10.1.0.0/16), "
+            "each with an optional :PORT (80 and 443 without). Enforced outside the sandbox by "
+            "an egress proxy; private addresses need an exact name or a listed network, the "
+            "machine's own (loopback, link-local metadata) a listed network. A flavor's "
+            "egress_allow replaces it for that flavor. Empty: no restriction beyond network."
+        ),
+    ).tag(config=True)
     pids_limit = Int(
         512, help=f"Maximum number of processes and threads in one sandbox (at least {MIN_PIDS})."
     ).tag(config=True)
@@ -321,16 +336,20 @@ class SandboxConfig(Configurable):
     file_values: dict[str, Any] = {}
 
     @default("flavors")
-    def _default_flavors(self) -> dict[str, dict[str, float | int]]:
+    def _default_flavors(self) -> dict[str, dict[str, Any]]:
         return {name: dict(sizes) for name, sizes in FLAVORS.items()}
 
     @validate("flavors")
-    def _flavor_table(self, proposal: Any) -> dict[str, dict[str, float | int]]:
+    def _flavor_table(self, proposal: Any) -> dict[str, dict[str, Any]]:
         given = proposal["value"]
         table = {name: dict(sizes) for name, sizes in FLAVORS.items()}
         for name, entry in given.items():
             table[str(name)] = check_flavor(name, entry)
         return table
+
+    @validate("egress_allow")
+    def _egress(self, proposal: Any) -> list[str]:
+        return check_egress(proposal["value"])
 
     @validate("flavor")
     def _flavor_name(self, proposal: Any) -> str:
@@ -484,7 +503,7 @@ class SandboxConfig(Configurable):
         """max_total_memory in bytes (0: no limit)."""
         return parse_size(self.max_total_memory)
 
-    def flavor_sizes(self, name: str | None = None) -> dict[str, float | int]:
+    def flavor_sizes(self, name: str | None = None) -> dict[str, Any]:
         """{"cpus", "memory", "disk"} of flavor ``name`` (the configured one by default);
         :class:`ConfigError` naming the flavors there are for an unknown one."""
         name = self.flavor if name is None else name
@@ -495,6 +514,15 @@ class SandboxConfig(Configurable):
                 f"unknown flavor {name!r} ({setting_names('flavor')}); flavors here: "
                 f"{', '.join(sorted(self.flavors))} (c.SandboxConfig.flavors defines more)"
             ) from None
+
+    def egress(self, flavor: str | None = None) -> tuple[str, ...]:
+        """The egress allowlist of sandboxes of ``flavor`` (the configured one by default):
+        the flavor's own when its entry has one, else egress_allow; () for no list (and
+        always when network is off, which allows nothing)."""
+        if not self.network:
+            return ()
+        own = self.flavor_sizes(flavor).get("egress_allow")
+        return tuple(self.egress_allow if own is None else own)
 
     @property
     def cpus(self) -> float:
@@ -512,7 +540,7 @@ class SandboxConfig(Configurable):
         return int(self.flavor_sizes()["disk"])
 
 
-def check_flavor(name: Any, entry: Any) -> dict[str, float | int]:
+def check_flavor(name: Any, entry: Any) -> dict[str, Any]:
     """One entry of the flavors table as {"cpus": float, "memory": bytes, "disk": bytes};
     TraitError naming the entry and what is wrong with it."""
     shown = f"flavor {name!r}"
@@ -523,11 +551,11 @@ def check_flavor(name: Any, entry: Any) -> dict[str, float | int]:
             f"{shown} must be a table like {{'cpus': 2, 'memory': '2G', 'disk': '20G'}}, "
             f"not {type(entry).__name__}"
         )
-    unknown = sorted(set(map(str, entry)) - set(FLAVOR_KEYS))
+    unknown = sorted(set(map(str, entry)) - set(FLAVOR_KEYS) - set(FLAVOR_OPTIONAL))
     missing = [key for key in FLAVOR_KEYS if key not in entry]
     if unknown or missing:
         what = f"unknown key {unknown[0]!r}" if unknown else f"no {missing[0]!r}"
-        raise TraitError(f"{shown} has {what}: give cpus, memory and disk")
+        raise TraitError(f"{shown} has {what}: give cpus, memory and disk (and egress_allow)")
     cpus = entry["cpus"]
     if isinstance(cpus, bool) or not isinstance(cpus, (int, float)):
         try:
@@ -536,7 +564,7 @@ def check_flavor(name: Any, entry: Any) -> dict[str, float | int]:
             raise TraitError(f"{shown}: cpus {entry['cpus']!r} is not a number") from None
     if not math.isfinite(cpus) or cpus <= 0:
         raise TraitError(f"{shown}: cpus must be a number above 0, got {entry['cpus']!r}")
-    sizes: dict[str, float | int] = {"cpus": float(cpus)}
+    sizes: dict[str, Any] = {"cpus": float(cpus)}
     for key, least in (("memory", MIN_MEMORY), ("disk", MIN_DISK)):
         raw = entry[key]
         if isinstance(raw, bool) or not isinstance(raw, (int, str)):
@@ -548,7 +576,28 @@ def check_flavor(name: Any, entry: Any) -> dict[str, float | int]:
         if size < least:
             raise TraitError(f"{shown}: {key} {raw!r} is too small; give at least {least >> 20}M")
         sizes[key] = size
+    if "egress_allow" in entry:
+        try:
+            sizes["egress_allow"] = check_egress(entry["egress_allow"])
+        except TraitError as exc:
+            raise TraitError(f"{shown}: egress_allow {exc}") from None
     return sizes
+
+
+def check_egress(entries: Any) -> list[str]:
+    """An egress allowlist as its entries' text; TraitError naming the first bad entry
+    and what an entry may be."""
+    if isinstance(entries, str) or not isinstance(entries, (list, tuple)):
+        raise TraitError(
+            f"must be a list of names, *.domains, addresses and networks, not {entries!r}"
+        )
+    found = []
+    for raw in entries:
+        try:
+            found.append(parse_entry(raw).text)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+    return found
 
 
 def _file_config(paths: list[str]) -> Config:
@@ -666,6 +715,8 @@ def _apply(cfg: SandboxConfig, values: list[tuple[str, Any, str]]) -> None:
         try:
             if isinstance(value, str) and isinstance(trait, Dict):
                 value = _json_table(value)
+            elif isinstance(value, str) and isinstance(trait, List):
+                value = _text_list(value)
             elif isinstance(value, str) and not isinstance(trait, Unicode):
                 value = trait.from_string(value)
             setattr(cfg, name, value)
@@ -692,6 +743,20 @@ def _json_table(text: str) -> Any:
     if not isinstance(value, dict):
         raise TraitError(f"expected a JSON table ({{...}}), not {type(value).__name__}")
     return value
+
+
+def _text_list(text: str) -> list[str]:
+    """A list setting given as text (an environment variable): a JSON list, or words
+    separated by commas or spaces."""
+    if text.strip().startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise TraitError('expected a JSON list, e.g. ["pypi.org", "10.0.0.0/8"]') from None
+        if not isinstance(value, list):
+            raise TraitError("expected a JSON list")
+        return value
+    return [word for word in re.split(r"[,\s]+", text) if word]
 
 
 def _check_allowed(cfg: SandboxConfig) -> None:

@@ -97,6 +97,13 @@ def _as_for(spec: Spec, info: SandboxInfo) -> Spec:
     return spec if spec.work_folder else replace(spec, work_folder=info.work_folder)
 
 
+def _of_flavor(spec: Spec, config: SandboxConfig, flavor: str) -> Spec:
+    """``spec`` with the egress allowlist of ``flavor`` (a sandbox's own, in listings)."""
+    if not flavor or flavor not in config.flavors:
+        return spec
+    return replace(spec, egress=config.egress(flavor))
+
+
 def workspace_dir(config: SandboxConfig, key: ScopeKey) -> Path:
     """The host folder of ``key``'s user, mounted at /workspace (one per user, shared by threads)."""
     return Path(config.workspace_root) / key.user_id
@@ -148,6 +155,7 @@ class SandboxService:
             disk=cfg.disk,
             pids=cfg.pids_limit,
             network=cfg.network,
+            egress=cfg.egress(),
             shared_folder=cfg.shared_folder,
             runtime=cfg.runtime,
             work_folder=work_folder,
@@ -448,10 +456,13 @@ class SandboxService:
                 info.flavor = record.flavor  # resized since its labels were written
             if (
                 info.spec
-                and info.spec != _as_for(self.spec(info.user), info).fingerprint()
+                and info.spec
+                != _of_flavor(
+                    _as_for(self.spec(info.user), info), self.config, info.flavor
+                ).fingerprint()
                 and VARIANT not in info.id
             ):
-                info.outdated = "made from other settings than the current ones (image, snapshot, network or mounts)"
+                info.outdated = "made from other settings than the current ones (image, snapshot, network, egress_allow or mounts)"
             item = info.to_dict()
             item["usage"] = {
                 **self._with_cpu_rate(info.id, usage.get(info.id, {})),

@@ -112,6 +112,10 @@ class FakeSandbox:
     auto_delete: int = -1
     auto_archive: int = 10080
     network_block_all: bool = False
+    # Kept and shown as Daytona does; not enforced here (the fake's containers are
+    # on Docker's bridge or on no network).
+    network_allow_list: str | None = None
+    domain_allow_list: str | None = None
     container_id: str = ""
     created_at: str = field(default_factory=_now)
     updated_at: str = field(default_factory=_now)
@@ -353,6 +357,8 @@ class FakeDaytona:
             "labels": box.labels,
             "public": False,
             "networkBlockAll": box.network_block_all,
+            "networkAllowList": box.network_allow_list,
+            "domainAllowList": box.domain_allow_list,
             "kvm": False,
             "target": "us",
             "cpu": box.cpu,
@@ -404,6 +410,8 @@ class FakeDaytona:
             env=body.get("env") or {},
             volumes=body.get("volumes") or [],
             network_block_all=bool(body.get("networkBlockAll")),
+            network_allow_list=body.get("networkAllowList"),
+            domain_allow_list=body.get("domainAllowList"),
         )
         box.name = box.name or box.id
         if body.get("autoStopInterval") is not None:

@@ -706,3 +706,21 @@ def test_notebook_folder_is_copied_in_and_changes_come_back(
     ]
     assert out["text"] == "['data.csv', 'out.csv', 'report.ipynb']\n"  # no dot-entry went in
     assert (folder / "out.csv").read_text() == "2"  # the result came back beside the notebook
+
+
+def test_an_egress_allowlist_goes_to_daytonas_own(
+    fake: FakeDaytona, service_for: Callable[..., SandboxService]
+) -> None:
+    """Names and IPv4 networks become Daytona's domain and network allowlists; what it
+    cannot hold (ports, IPv6 networks) the listing says."""
+    user = f"u{uuid.uuid4().hex[:6]}"
+    service = service_for(
+        egress_allow=["pypi.org", "*.pythonhosted.org", "10.20.0.0/16", "2001:db8::/32"]
+    )
+    info = service.ensure(user_key(user)).info
+    box = box_named(fake, f"sk-{user}")
+    assert box.domain_allow_list == "pypi.org,*.pythonhosted.org"
+    assert box.network_allow_list == "10.20.0.0/16"
+    assert box.network_block_all is False
+    assert "egress_allow through Daytona's own allowlists" in info.isolation
+    assert "2001:db8::/32: Daytona takes IPv4 networks only (not allowed)" in info.isolation

@@ -12,7 +12,9 @@ modules run there are standard library only (IPython is used when the image has 
 * ``spare``: the warm interpreter that waits for the next kernel;
 * ``restrict``: a user's command under the rules of host folders (no links, FIFOs);
 * ``user_command``, ``command`` (an agent's shell command), ``fs_helper`` (files the
-  host cannot reach directly), ``hangup`` (a terminal's end), ``timeout_runner``.
+  host cannot reach directly), ``hangup`` (a terminal's end), ``timeout_runner``;
+* ``egress_forward`` (the main process of a sandbox with an egress allowlist) and
+  ``egress_proxy`` (the proxy it reaches, in a container of its own; :mod:`.egress_rules`).
 
 Programs the host runs for itself start isolated (``-I``): the user's site-packages
 and any working folder are the sandbox user's to write. The kernel's interpreter is the
@@ -47,6 +49,8 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "fs_helper": ("beneath", "fs_helper"),
     "hangup": ("hangup",),
     "timeout_runner": ("timeout_runner",),
+    "egress_forward": ("egress_forward",),
+    "egress_proxy": ("egress_rules", "egress_proxy"),
 }
 
 

@@ -56,6 +56,8 @@ LABEL_IMAGE = LABEL_PREFIX + "image"  # what it was made from, as shown to users
 LABEL_SNAPSHOT_OF = LABEL_PREFIX + "from-snapshot"  # the user's snapshot it started from
 LABEL_WORK_FOLDER = LABEL_PREFIX + "work-folder"  # host folder mounted at the same path
 LABEL_WORK_MODE = LABEL_PREFIX + "work-mode"  # "ro" when it is mounted read-only
+# Its egress allowlist as JSON ("" or absent: none beyond the network switch).
+LABEL_EGRESS = LABEL_PREFIX + "egress-allow"
 # Host folder mounted read-only where its interpreters reach their kernels (agent_sockets).
 LABEL_AGENT_SOCKETS = LABEL_PREFIX + "agent-sockets"
 # "files" on a user's files sandbox (see Backend.files_sandbox); code sandboxes have none.
@@ -91,6 +93,7 @@ class Spec:
     work_folder: str = ""  # host folder mounted at the same path ("": none)
     work_read_only: bool = False  # mounted read-only (work_mount = "ro")
     masks: tuple[tuple[str, str], ...] = ()  # (path, "hide") inside it
+    egress: tuple[str, ...] = ()  # where it may connect (egress_allow); (): anywhere network allows
 
     def fingerprint(self, work: bool = True) -> str:
         """A short hash of what cannot change without making the sandbox anew (``work``:
@@ -102,6 +105,8 @@ class Spec:
             "shared": self.shared_folder,
             "runtime": self.runtime,
         }
+        if self.egress:  # absent otherwise: sandboxes made before it keep their fingerprint
+            fixed["egress"] = sorted(self.egress)
         if work and self.work_folder:
             fixed["work"] = self.work_folder
             if self.work_read_only:
@@ -183,7 +188,22 @@ def sandbox_labels(key: ScopeKey, spec: Spec, installation: str, workspace: str)
         LABEL_SNAPSHOT_OF: spec.snapshot,
         LABEL_WORK_FOLDER: spec.work_folder,
         LABEL_WORK_MODE: "ro" if spec.work_read_only else "",
+        LABEL_EGRESS: egress_label(spec.egress),
     }
+
+
+def egress_label(entries: tuple[str, ...]) -> str:
+    """The egress allowlist as a label's value ("" for none)."""
+    return json.dumps(sorted(entries), separators=(",", ":")) if entries else ""
+
+
+def egress_of(labels: dict[str, str]) -> list[str]:
+    """The egress allowlist a sandbox's labels record ([] for none)."""
+    try:
+        found = json.loads(labels.get(LABEL_EGRESS) or "[]")
+    except ValueError:
+        return []
+    return [str(e) for e in found] if isinstance(found, list) else []
 
 
 def files_sandbox_id(user: str) -> str:
@@ -284,6 +304,15 @@ def check_snapshot_name(name: str) -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+@dataclass(frozen=True)
+class EgressCount:
+    """Refusals of one egress proxy of one kind (its allowlist named by a digest)."""
+
+    allowlist: str
+    reason: str  # name | port | address | sni | request
+    count: int
 
 
 @dataclass(frozen=True)
@@ -576,6 +605,11 @@ class Backend(abc.ABC):
         """Bytes used per sandbox id, running or not: ``disk`` (its own files) and
         ``workspace_disk``, each where a bound makes it measurable; empty otherwise."""
         return {}
+
+    def egress_denied(self) -> builtins.list[EgressCount]:
+        """Connections the egress proxies of this installation refused, per allowlist
+        and reason, counted since each proxy started (empty where there are none)."""
+        return []
 
     # Snapshots are named by the orchestrator: ``ref`` is owner-qualified (see
     # :func:`snapshot_ref`), so two users can each have a snapshot called "base".

@@ -53,6 +53,7 @@ from .base import (
     Progress,
     Pty,
     SandboxError,
+    SandboxFailed,
     SandboxInfo,
     Spec,
     not_found,
@@ -63,6 +64,10 @@ BWRAP_ISOLATION = (
     "bubblewrap (own namespaces, read-only system; no memory/CPU limits: weaker than a container)"
 )
 PLAIN_ISOLATION = "none: plain host processes in the workspace folder, no isolation"
+# An egress allowlist needs a proxy outside the sandbox that only it can reach; this
+# backend has none yet, so a sandbox with a list gets no network at all (closed, never
+# open) and says so.
+EGRESS_CLOSED = "; egress_allow: no network at all (this backend cannot enforce an allowlist)"
 
 
 @lru_cache(maxsize=1)
@@ -228,6 +233,8 @@ class LocalBackend(Backend):
 
     def _info(self, record: dict[str, Any]) -> SandboxInfo:
         isolation = BWRAP_ISOLATION if bwrap_works() else PLAIN_ISOLATION
+        if record.get("egress_allow"):
+            isolation += EGRESS_CLOSED
         labels = record.get("labels", {})
         return SandboxInfo(
             id=record["id"],
@@ -247,6 +254,7 @@ class LocalBackend(Backend):
                 "cpus": 0,
                 "pids": 0,
                 "network": record.get("network", True),
+                **({"egress_allow": record["egress_allow"]} if record.get("egress_allow") else {}),
             },
             finished=record.get("stopped_at", 0.0) if record["state"] == "stopped" else 0.0,
             started=record.get("started_at", record["created"])
@@ -270,6 +278,12 @@ class LocalBackend(Backend):
     def create(
         self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
     ) -> SandboxInfo:
+        if spec.egress and spec.network and not bwrap_works():
+            raise SandboxFailed(
+                "egress_allow is set, and the local backend cannot hold a sandbox to it (nor "
+                "keep it off the network) without bubblewrap: install bubblewrap, use Docker, "
+                "or clear egress_allow"
+            )
         self.root.mkdir(parents=True, exist_ok=True)
         workspace = make_folder(Path(self.settings.workspace_root), key.user_id)
         progress(f"creating local sandbox {sandbox_id} in {workspace}")
@@ -283,7 +297,8 @@ class LocalBackend(Backend):
             "engine_id": uuid.uuid4().hex,
             "flavor": spec.flavor,
             "memory": spec.memory,
-            "network": spec.network,
+            "network": spec.network and not spec.egress,
+            "egress_allow": list(spec.egress) if spec.network else [],
             "shared_folder": spec.shared_folder,
             "work_folder": spec.work_folder,
             "masks": [list(m) for m in spec.masks],

@@ -87,6 +87,7 @@ from ..base import (
     SandboxInfo,
     SnapshotInfo,
     Spec,
+    egress_of,
     engine_name,
     files_sandbox_id,
     is_files_sandbox,
@@ -94,6 +95,7 @@ from ..base import (
     sandbox_id_of,
 )
 from .channel import DaytonaPty, PtyChannel, bash_word
+from .egress import daytona_egress, egress_note
 from .preview import PreviewLinks, preview_target
 
 T = TypeVar("T")
@@ -266,7 +268,7 @@ class DaytonaBackend(Backend):
             created=_epoch(sandbox.created_at),
             engine_id=sandbox.id,
             flavor=labels.get(LABEL_FLAVOR, ""),
-            isolation="Daytona sandbox (remote, its own kernel)",
+            isolation="Daytona sandbox (remote, its own kernel)" + egress_note(egress_of(labels)),
             workspace=f"daytona volume {_volume_name(labels.get(LABEL_USER, ''))}",
             limits={
                 "cpus": sandbox.cpu,
@@ -307,6 +309,7 @@ class DaytonaBackend(Backend):
             if self.settings.idle_delete
             else -1,
             network_block_all=not spec.network,
+            **(daytona_egress(spec.egress)[0] if spec.network else {}),
         )
         try:
             sandbox = self._call(

@@ -58,6 +58,7 @@ from ..base import (
     Backend,
     BadRequest,
     Conflict,
+    EgressCount,
     EngineSettings,
     EngineUnavailable,
     ExecResult,
@@ -77,7 +78,9 @@ from ..base import (
 from .cgroups import cgroup_usage, end_stuck_starts
 from .channel import DockerChannel, DockerPty
 from .disk import IMAGE, STORAGE_OPT, DockerDisks, disk_label, read_label
-from .env import DEFAULT_PATH, HOME, env_of, exec_env, sandbox_path
+from .egress import EgressProxies
+from .egress import sandbox_config as egress_config
+from .env import DEFAULT_PATH, HOME, env_of, exec_env, path_of, sandbox_path
 from .errors import create_failed, engine_errors, engine_reason, exec_failure, unreachable
 from .files import HelperOpener, home_archive, home_in_layer, read_file, write_file
 from .info import (
@@ -143,6 +146,9 @@ class DockerBackend(Backend):
         self._wire = EngineWire.from_env()
         self._disks = DockerDisks(
             settings, lambda: self._engine, lambda: self._wire is not None, self._mounts.release
+        )
+        self._egress = EgressProxies(
+            settings.installation, lambda: self._engine, lambda: self.client
         )
 
     @property
@@ -270,6 +276,10 @@ class DockerBackend(Backend):
             if spec.snapshot_ref
             else self._ensure_image(spec.image, progress)
         )
+        if spec.egress and spec.network:  # its one way out, before it can need it
+            # Never a user's snapshot: the proxy would keep it from being deleted.
+            base = self._ensure_image(spec.image, progress) if spec.snapshot_ref else image
+            labels = self._egress.for_sandbox(spec.egress, labels, base)
         config = self._create_config(sandbox_id, key, spec, labels, image)
         try:
             engine_id = self._disks.create_container(name, sandbox_id, config)
@@ -418,7 +428,7 @@ class DockerBackend(Backend):
         way = self._disks.layer_way(self._engine_info()) if spec.disk else ""
         if way == STORAGE_OPT:
             host["StorageOpt"] = {"size": str(spec.disk)}
-        return {
+        config = {
             "Image": image.id,
             "Cmd": IDLE_COMMAND,
             "Entrypoint": [],
@@ -446,6 +456,9 @@ class DockerBackend(Backend):
             },
             "HostConfig": host,
         }
+        if spec.egress and spec.network:
+            egress_config(config, self._installation, spec.egress)
+        return config
 
     def _cpus(self, spec: Spec) -> float:
         # Docker refuses more CPUs than the engine's machine has: a large flavor on a
@@ -479,6 +492,8 @@ class DockerBackend(Backend):
         them; ``fresh``: all made just now); the sandbox as it runs."""
         disk_folder = None if fresh else self._disks.remount(container)
         self._mounts.remount(container.labels, disk_folder)
+        if not fresh:  # its egress proxy, if it has one, may have been removed since
+            self._egress.again(container.labels, path_of(container.attrs))
         with engine_errors("start", self._id(container), refused=SandboxFailed):
             self._engine.start_container(container.id)
         started = self._reinspect(container)
@@ -826,6 +841,9 @@ class DockerBackend(Backend):
 
     def disk_usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, int]]:
         return self._disks.usage(infos)
+
+    def egress_denied(self) -> builtins.list[EgressCount]:
+        return self._egress.denied()
 
     # -- snapshots (docker_snapshots.py) ---------------------------------------------------
     def create_snapshot(self, sandbox_id: str, ref: str, labels: dict[str, str]) -> SnapshotInfo:

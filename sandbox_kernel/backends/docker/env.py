@@ -35,6 +35,11 @@ def exec_env(attrs: dict[str, Any], env: dict[str, str] | None = None) -> dict[s
     return {"PATH": sandbox_path(env_of(attrs).get("PATH", DEFAULT_PATH)), **(env or {})}
 
 
+def path_of(attrs: dict[str, Any]) -> str:
+    """The PATH that finds an image's (or a container's) programs, made safe."""
+    return sandbox_path(env_of(attrs).get("PATH", DEFAULT_PATH))
+
+
 def env_of(attrs: dict[str, Any]) -> dict[str, str]:
     """The environment an image's or a container's inspect (``attrs``) declares."""
     items = (attrs.get("Config") or {}).get("Env") or []

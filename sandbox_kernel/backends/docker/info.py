@@ -28,6 +28,7 @@ from ..base import (
     LABEL_WORK_FOLDER,
     LABEL_WORKSPACE,
     SandboxInfo,
+    egress_of,
     sandbox_id_of,
 )
 
@@ -111,8 +112,10 @@ def container_info(installation: str, container: Any) -> SandboxInfo:
         "cpus": (host.get("NanoCpus") or 0) / 1e9,
         "memory": host.get("Memory") or 0,
         "pids": host.get("PidsLimit") or 0,
-        "network": host.get("NetworkMode") != "none",
+        "network": host.get("NetworkMode") != "none" or bool(egress_of(container.labels)),
     }
+    if egress_of(container.labels):
+        info.limits["egress_allow"] = egress_of(container.labels)
     info.exit_reason = _exit_reason(state, host)
     if state.get("Status") != "running":
         info.finished = parse_time(state.get("FinishedAt", ""))
@@ -145,7 +148,9 @@ def summary_info(installation: str, summary: dict[str, Any]) -> SandboxInfo:
             "cpus": float(labels.get(LABEL_CPUS) or 0),
             "memory": int(labels.get(LABEL_MEMORY) or 0),
             "pids": int(labels.get(LABEL_PIDS) or 0),
-            "network": (summary.get("HostConfig") or {}).get("NetworkMode") != "none",
+            "network": (summary.get("HostConfig") or {}).get("NetworkMode") != "none"
+            or bool(egress_of(labels)),
+            **({"egress_allow": egress_of(labels)} if egress_of(labels) else {}),
         },
         snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
         spec=labels.get(LABEL_SPEC, ""),

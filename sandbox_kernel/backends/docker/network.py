@@ -109,7 +109,8 @@ def port_target_of(sandbox_id: str, attrs: dict[str, Any], port: int) -> PortTar
     address = (networks.get(NETWORK) or {}).get("IPAddress") or ""
     if not address:
         raise Conflict(
-            f"sandbox {sandbox_id} has no network (it was made with network off), so "
-            "nothing outside it reaches its ports"
+            f"sandbox {sandbox_id} has no network of its own (network off, or an egress "
+            "allowlist: it reaches out only through its proxy), so nothing outside it "
+            "reaches its ports"
         )
     return PortTarget(f"http://{address}:{port}")
