@@ -119,6 +119,19 @@ def release_disks(folder: Path) -> None:
             remove_mount_folder(Path(target).parent)
 
 
+@pytest.fixture(autouse=True)
+def _end_local_sandboxes(tmp_path: Path) -> Iterator[None]:
+    """Local sandboxes made under this test's folder end with it: each running one has a
+    holder process (its namespaces) and, where the host allows, a cgroup."""
+    yield
+    from sandbox_kernel.backends.base import EngineSettings, installation_id
+    from sandbox_kernel.backends.local import LocalBackend
+
+    for state in {p.parent.parent.parent for p in tmp_path.glob("**/local/*/holder.json")}:
+        settings = EngineSettings(installation_id(str(state)), str(tmp_path), str(state))
+        LocalBackend(settings).end_all()
+
+
 @pytest.fixture
 def test_user() -> str:
     """A user name no other test (or person) uses, so cleanup can find what we made."""

@@ -1,44 +1,47 @@
-"""Sandboxes without an engine: the workspace folder plus processes started in it.
+"""Sandboxes without an engine: the workspace folder plus processes started for it.
 
 This is the embedded default when no container engine answers (``backend=auto``).
-When bubblewrap (``bwrap``) works, each process gets its own namespaces and sees only
-the system folders (read-only), its workspace at /workspace, a private HOME at
-/home/sandbox and an empty /tmp; otherwise the processes are plain children of the
-host with the workspace as working folder. Either way the isolation is weaker than a
-container's (no memory/CPU cgroup limits), and ``SandboxInfo.isolation`` says so.
+When bubblewrap works, every process of a sandbox runs as uid 1000 ``sandbox`` in
+namespaces of its own (:mod:`.view` says what it sees), inside the sandbox's user and
+network namespaces (:mod:`.holder`), its cgroup where the host allows one
+(:mod:`.cgroup`), under a seccomp filter (:mod:`..seccomp`). With a root server it
+runs as a host uid of its own, and sees the workspace, home and work folder through
+idmapped mounts (:mod:`.launch`): what it writes there is root's on disk, and root's
+other files are no more its than any stranger's. Without bubblewrap, processes are
+plain children of the host in the workspace folder; ``SandboxInfo.isolation`` says
+which, and what does not hold.
 
 Everything that must outlive a process is on disk under ``<state_dir>/local/``:
 ``<id>.json`` (the record), ``<id>/home`` (tier-2 files: ``pip install`` lands here),
-``<id>/procs/<pgid>`` (live process groups, so stop and destroy can end them from any
-process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
+``<id>/etc`` (the files of /etc made for it), ``<id>/holder.json`` (its namespaces'
+holder while it runs), ``<id>/procs/<pid>`` (live processes, so stop and destroy can
+end them from any process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import fcntl
 import json
 import os
 import resource
 import shutil
-import signal
 import struct
 import subprocess
 import sys
 import tempfile
 import termios
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from ..errors import FileMissing
-from ..identity import ScopeKey
-from ..safefs import Beneath, make_folder
-from .base import (
+from ...errors import FileMissing
+from ...identity import ScopeKey
+from ...safefs import Beneath, make_folder
+from ..base import (
     LABEL_INSTALLATION,
     LABEL_SPEC,
     LABEL_WORKSPACE,
@@ -46,155 +49,27 @@ from .base import (
     WORKSPACE,
     AlreadyExists,
     Backend,
-    Channel,
     EngineSettings,
     ExecResult,
     Health,
     Progress,
-    Pty,
     SandboxError,
+    SandboxFailed,
     SandboxInfo,
     Spec,
     not_found,
 )
-
-HOME = "/home/sandbox"
-BWRAP_ISOLATION = (
-    "bubblewrap (own namespaces, read-only system; no memory/CPU limits: weaker than a container)"
-)
-PLAIN_ISOLATION = "none: plain host processes in the workspace folder, no isolation"
-
-
-@lru_cache(maxsize=1)
-def bwrap_works() -> bool:
-    """Whether bubblewrap can create namespaces here (it can't in some containers)."""
-    if os.environ.get("SANDBOX_KERNEL_LOCAL_NO_BWRAP") == "1" or not shutil.which("bwrap"):
-        return False
-    try:
-        probe = subprocess.run(
-            ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
-            capture_output=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
-class LocalChannel(Channel):
-    """stdin/stdout pipes of a child process; closing ends its whole process group."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], marker: Path) -> None:
-        self.proc = proc
-        self._marker = marker
-        self._lock = threading.Lock()
-
-    def write(self, data: bytes) -> None:
-        assert self.proc.stdin is not None
-        with self._lock:
-            try:
-                self.proc.stdin.write(data)
-                self.proc.stdin.flush()
-            except (OSError, ValueError) as exc:
-                raise SandboxError(f"the sandbox process is gone ({exc})") from exc
-
-    def read(self, size: int = 65536) -> bytes:
-        assert self.proc.stdout is not None
-        try:
-            return os.read(self.proc.stdout.fileno(), size)
-        except (OSError, ValueError):
-            return b""
-
-    def exit_status(self) -> int | None:
-        code = self.proc.poll()
-        return None if code is None else (128 - code if code < 0 else code)
-
-    def close(self) -> None:
-        locked = self._lock.acquire(timeout=0.5)
-        if not locked:
-            # A write is blocked on a process that does not read (one a cell froze, with
-            # the agent's source bigger than a pipe holds): ending the process ends that
-            # write, which holds stdin until then (unless a process outside the group
-            # holds the pipe too: then stdin is left to the writer).
-            _kill_group(self.proc.pid)
-            locked = self._lock.acquire(timeout=5)
-        if locked:
-            try:
-                if self.proc.stdin:
-                    self.proc.stdin.close()
-            except OSError:
-                pass
-            finally:
-                self._lock.release()
-        try:
-            self.proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            _kill_group(self.proc.pid)
-            self.proc.wait()
-        self._marker.unlink(missing_ok=True)
-
-
-class LocalPty(Pty):
-    """The master side of the pseudo-terminal of a (bubblewrap'd) child process.
-
-    Closing it hangs the terminal up (SIGHUP to the shell's session), then ends the
-    child's process group if it has not gone within a second."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], marker: Path, master: int) -> None:
-        self.proc = proc
-        self._marker = marker
-        self._master = master
-        self._closed = False
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(self._master, view) :]
-            except OSError as exc:
-                raise SandboxError(f"the sandbox's terminal is gone ({exc})") from exc
-
-    def read(self, size: int = 65536) -> bytes:
-        try:
-            return os.read(self._master, size)
-        except OSError:  # EIO: every process holding the terminal has gone
-            return b""
-
-    def resize(self, rows: int, cols: int) -> None:
-        try:
-            fcntl.ioctl(self._master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        except OSError:
-            pass
-
-    def exit_status(self) -> int | None:
-        try:
-            code = self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
-        return 128 - code if code < 0 else code
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        os.close(self._master)
-        try:
-            self.proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            _kill_group(self.proc.pid)
-            self.proc.wait()
-        self._marker.unlink(missing_ok=True)
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+from . import cgroup, holder
+from .channels import LocalChannel, LocalPty, kill_spawn
+from .folders import folder_binds, identity
+from .folders import seccomp_fd as filter_fd
+from .launch import Launch, close_all, pass_fds, start
+from .status import bwrap_works, isolation, limits_report
+from .view import HOME, bwrap_command, generated_etc, system_args
 
 
 class LocalBackend(Backend):
-    """Sandboxes as workspace folders and (bubblewrap'd) child processes."""
+    """Sandboxes as workspace folders and (bubblewrap'd) processes."""
 
     # Each channel is its own bubblewrap with its own /tmp: a spare could never be reached.
     keeps_spares = False
@@ -226,9 +101,15 @@ class LocalBackend(Backend):
             json.dump(record, fh)
         os.replace(tmp, path)
 
+    def _place(self) -> cgroup.Place:
+        return cgroup.place(self.settings.installation) if bwrap_works() else cgroup.Place()
+
+    def _isolation(self, record: dict[str, Any]) -> str:
+        return isolation(self._place(), bool(record.get("network", True)))
+
     def _info(self, record: dict[str, Any]) -> SandboxInfo:
-        isolation = BWRAP_ISOLATION if bwrap_works() else PLAIN_ISOLATION
         labels = record.get("labels", {})
+        place = self._place()
         return SandboxInfo(
             id=record["id"],
             backend=self.name,
@@ -240,13 +121,15 @@ class LocalBackend(Backend):
             created=record["created"],
             engine_id=record["engine_id"],
             flavor=record["flavor"],
-            isolation=isolation,
+            isolation=self._isolation(record),
             workspace=record["workspace"],
+            # What holds, not what was asked: 0 where nothing bounds it.
             limits={
-                "memory": record.get("memory", 0),
-                "cpus": 0,
-                "pids": 0,
-                "network": record.get("network", True),
+                "memory": record.get("memory", 0) if "memory" in place.controllers else 0,
+                "cpus": record.get("cpus", 0) if "cpu" in place.controllers else 0,
+                "pids": record.get("pids", 0) if bwrap_works() else 0,
+                "network": bool(record.get("network", True))
+                and (not bwrap_works() or bool(holder.slirp_program())),
             },
             finished=record.get("stopped_at", 0.0) if record["state"] == "stopped" else 0.0,
             started=record.get("started_at", record["created"])
@@ -259,8 +142,12 @@ class LocalBackend(Backend):
 
     # -- engine -------------------------------------------------------------------
     def health(self) -> Health:
-        how = "bubblewrap works" if bwrap_works() else "bubblewrap unavailable: plain processes"
-        return Health(True, self.name, f"local sandboxes ({how})")
+        if not bwrap_works():
+            return Health(
+                True, self.name, "local sandboxes (bubblewrap unavailable: plain processes)"
+            )
+        report = "; ".join(limits_report(self.settings.installation))
+        return Health(True, self.name, f"local sandboxes under bubblewrap ({report})")
 
     # -- sandboxes ------------------------------------------------------------------
     def find(self, sandbox_id: str) -> SandboxInfo | None:
@@ -283,15 +170,22 @@ class LocalBackend(Backend):
             "engine_id": uuid.uuid4().hex,
             "flavor": spec.flavor,
             "memory": spec.memory,
+            "cpus": spec.cpus,
+            "pids": spec.pids,
             "network": spec.network,
             "shared_folder": spec.shared_folder,
             "work_folder": spec.work_folder,
             "masks": [list(m) for m in spec.masks],
             "workspace": str(workspace),
+            # The folders it was made with: a later start shows only these very ones.
+            "identities": {
+                "workspace": identity(str(workspace)),
+                "work": identity(spec.work_folder) if spec.work_folder else "",
+            },
             "labels": {**labels, LABEL_WORKSPACE: str(workspace)},
         }
-        (self.root / sandbox_id / "home").mkdir(parents=True, exist_ok=True)
-        (self.root / sandbox_id / "procs").mkdir(parents=True, exist_ok=True)
+        for part in ("home", "procs", "etc"):
+            (self.root / sandbox_id / part).mkdir(parents=True, exist_ok=True)
         try:  # O_EXCL: of many processes creating at once, exactly one writes the record
             fd = os.open(self._record_path(sandbox_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -304,12 +198,17 @@ class LocalBackend(Backend):
         return self._info(record)
 
     def resize(self, sandbox_id: str, spec: Spec) -> bool:
-        """Local processes get their memory limit at start: the record is all there is."""
+        """The record, and the cgroup's limits at once when it has one."""
         record = self._load(sandbox_id)
         if record is None:
             raise not_found(sandbox_id)
-        record["flavor"], record["memory"] = spec.flavor, spec.memory
+        record.update(flavor=spec.flavor, memory=spec.memory, cpus=spec.cpus, pids=spec.pids)
         self._save(record)
+        place = self._place()
+        folders = place.folders(sandbox_id).values() if place else []
+        if record["state"] == "running" and folders and all(f.is_dir() for f in folders):
+            with contextlib.suppress(OSError):  # the record holds it for the next start
+                place.limit(sandbox_id, spec.memory, spec.pids, spec.cpus)
         return True
 
     def get(self, sandbox_id: str) -> SandboxInfo:
@@ -327,12 +226,57 @@ class LocalBackend(Backend):
             key=lambda i: i.id,
         )
 
+    def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:
+        place = self._place()
+        if not place:
+            return {}
+        return {i.id: u for i in infos if i.backend == self.name and (u := place.usage(i.id))}
+
+    def _folder(self, record: dict[str, Any]) -> Path:
+        return self.root / record["id"]
+
+    @contextlib.contextmanager
+    def _locked(self, sandbox_id: str) -> Iterator[None]:
+        """One process at a time starts or ends a sandbox's holder."""
+        folder = self.root / sandbox_id
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "holder.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def _end_processes(self, sandbox_id: str) -> None:
-        procs = self.root / sandbox_id / "procs"
-        for marker in procs.glob("*") if procs.is_dir() else []:
-            if marker.name.isdigit():
-                _kill_group(int(marker.name))
-            marker.unlink(missing_ok=True)
+        """End every process of the sandbox, its holder and network helper."""
+        with self._locked(sandbox_id):
+            procs = self.root / sandbox_id / "procs"
+            for marker in procs.glob("*") if procs.is_dir() else []:
+                if marker.name.isdigit() and _marker_matches(marker):
+                    kill_spawn(int(marker.name))
+                marker.unlink(missing_ok=True)
+            holder.end(self.root / sandbox_id)
+            place = self._place()
+            if place:
+                place.remove(sandbox_id)
+
+    def sweep(self) -> None:
+        """End the processes of sandboxes whose record is gone (removed by hand, or a
+        destroy that died half-way): a holder would otherwise run for ever."""
+        if not self.root.is_dir():
+            return
+        for folder in self.root.iterdir():
+            if (
+                folder.is_dir()
+                and not folder.name.startswith(".")
+                and self._load(folder.name) is None
+            ):
+                self._end_processes(folder.name)
+
+    def end_all(self) -> None:
+        """End every process of every sandbox of this installation (they stay as they
+        are on disk, and start again at their next use)."""
+        if self.root.is_dir():
+            for folder in self.root.iterdir():
+                if folder.is_dir() and not folder.name.startswith("."):
+                    self._end_processes(folder.name)
 
     def stop(self, sandbox_id: str) -> SandboxInfo:
         record = self._load(sandbox_id)
@@ -390,27 +334,14 @@ class LocalBackend(Backend):
             )
         return record
 
-    def _command(
-        self,
-        record: dict[str, Any],
-        cmd: builtins.list[str],
-        cwd: str,
-        env: dict[str, str] | None,
-        new_session: bool = True,
-    ) -> tuple[builtins.list[str], dict[str, str], str]:
-        """argv, environment and host cwd for a process of this sandbox.
+    def workspace_source(self, record: dict[str, Any]) -> str:
+        """The host folder shown at /workspace: the user's workspace folder. (A bound on
+        its size, a file system image per workspace, would be mounted and returned here.)"""
+        return str(record["workspace"])
 
-        ``new_session=False`` (a terminal of ours, see :meth:`open_pty`): bubblewrap does
-        not call setsid, since the process already leads a session whose controlling
-        terminal is a new pseudo-terminal, never the host's."""
-        if cmd and cmd[0] in ("python3", "python"):
-            cmd = [
-                sys.executable,
-                *cmd[1:],
-            ]  # the interpreter running sandbox-kernel: it has IPython
-        home = self.root / record["id"] / "home"
-        home.mkdir(parents=True, exist_ok=True)
-        base_env = {
+    @staticmethod
+    def _base_env(env: dict[str, str] | None, home: str) -> dict[str, str]:
+        return {
             # No ~/.local/bin: the host's programs must not find a planted python3 (the
             # agent puts it first for cells, agent.as_user for the user's commands).
             "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
@@ -420,50 +351,58 @@ class LocalBackend(Backend):
             "PYTHONUNBUFFERED": "1",
             "PIP_BREAK_SYSTEM_PACKAGES": "1",
             "PIP_USER": "1",  # the interpreter's site-packages are the host's: never write there
+            "HOME": home,
+            **(env or {}),
         }
-        if not bwrap_works():
-            work = record.get("work_folder") or ""
-            if cwd.startswith(WORKSPACE):
-                host_cwd = str(self.host_path(record["id"], cwd))
-            elif work and (cwd == work or cwd.startswith(work + "/")):
-                host_cwd = cwd  # the work folder is at its own path
-            else:
-                host_cwd = record["workspace"]
-            return cmd, {**base_env, "HOME": str(home), **(env or {})}, host_cwd
-        # No --die-with-parent: it fires when the *thread* that started the child ends,
-        # and connections are made from worker threads. Processes end on EOF of stdin
-        # (the channel's close or the kernel's death) or with their process group.
-        argv = ["bwrap", "--unshare-all"] + (["--new-session"] if new_session else [])
-        if record.get("network", True):
-            argv.append("--share-net")
-        if os.getuid() == 0:
-            argv += ["--uid", "1000", "--gid", "1000"]
-        for top in ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc"):
-            if os.path.islink(top):
-                argv += ["--symlink", os.readlink(top), top]
-            elif os.path.isdir(top):
-                argv += ["--ro-bind", top, top]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        for prefix in {sys.prefix, sys.base_prefix}:
-            if not prefix.startswith("/usr/"):
-                argv += ["--ro-bind", prefix, prefix]
-        argv += ["--bind", record["workspace"], WORKSPACE, "--bind", str(home), HOME]
-        if record.get("shared_folder"):
-            argv += ["--ro-bind", record["shared_folder"], SHARED]
-        work = record.get("work_folder") or ""
-        if work and os.path.isdir(work):
-            argv += ["--bind", work, work]
-            for path, kind in record.get("masks") or []:
-                if kind == "read-only":
-                    argv += ["--ro-bind", path, path]
-                elif os.path.isdir(path):
-                    argv += ["--tmpfs", path]
+
+    def _holder(self, record: dict[str, Any]) -> tuple[holder.Holder, builtins.list[str]]:
+        """The sandbox's holder, started when it is not running, and the cgroup files its
+        processes join."""
+        sandbox_id, folder = record["id"], self._folder(record)
+        place = self._place()
+        with self._locked(sandbox_id):
+            files: builtins.list[str] = []
+            if place:
+                try:
+                    made = place.make(
+                        sandbox_id,
+                        record.get("memory", 0),
+                        record.get("pids", 0),
+                        record.get("cpus", 0),
+                    )
+                except OSError as exc:
+                    raise SandboxFailed(
+                        f"cannot make the cgroup of sandbox {sandbox_id}: {exc.strerror or exc}"
+                    ) from None
+                files = [str(f) for f in made]
+            found = holder.load(folder)
+            if found is None:
+                if os.geteuid() == 0:
+                    uid, claim = holder.claim_uid(self.settings.installation, sandbox_id)
+                    gid = uid
                 else:
-                    argv += ["--ro-bind", "/dev/null", path]
-        argv += ["--chdir", cwd, "--clearenv"]
-        for name, value in {**base_env, "HOME": HOME, **(env or {})}.items():
-            argv += ["--setenv", name, value]
-        return argv + ["--", *cmd], {}, record["workspace"]
+                    uid, gid, claim = os.getuid(), os.getgid(), -1
+                found = holder.make(
+                    folder, uid, gid, claim, bool(record.get("network", True)), files, system_args()
+                )
+            self._write_etc(record, found)
+            return found, files
+
+    def _write_etc(self, record: dict[str, Any], running: holder.Holder) -> None:
+        """The files of /etc made for the sandbox (see view.generated_etc), where they
+        are missing or say something else (its network changed)."""
+        etc = self._folder(record) / "etc"
+        etc.mkdir(exist_ok=True)
+        for name, text in generated_etc(record["id"], holder.resolv_conf(running.network)).items():
+            try:
+                if (etc / name).read_text() == text:
+                    continue
+            except OSError:
+                pass
+            tmp = etc / f".{name}.new"
+            tmp.write_text(text)
+            os.chmod(tmp, 0o644)
+            tmp.replace(etc / name)
 
     def _spawn(
         self,
@@ -475,32 +414,115 @@ class LocalBackend(Backend):
         **kw: Any,
     ) -> tuple[subprocess.Popen[bytes], Path]:
         record = self._running(sandbox_id)
-        argv, child_env, host_cwd = self._command(record, cmd, cwd, env, new_session=not terminal)
+        if cmd and cmd[0] in ("python3", "python"):
+            cmd = [
+                sys.executable,
+                *cmd[1:],
+            ]  # the interpreter running sandbox-kernel: it has IPython
+        folder = self._folder(record)
+        (folder / "home").mkdir(parents=True, exist_ok=True)
+        if bwrap_works():
+            proc = self._spawn_bwrap(record, cmd, cwd, env, terminal, **kw)
+        else:
+            proc = self._spawn_plain(record, cmd, cwd, env, terminal, **kw)
+        marker = folder / "procs" / str(proc.pid)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(holder.start_time(proc.pid))
+        return proc, marker
+
+    def _spawn_plain(
+        self,
+        record: dict[str, Any],
+        cmd: builtins.list[str],
+        cwd: str,
+        env: dict[str, str] | None,
+        terminal: bool,
+        **kw: Any,
+    ) -> subprocess.Popen[bytes]:
+        """A plain child process of the host (no bubblewrap): no isolation at all."""
+        work = record.get("work_folder") or ""
+        if cwd.startswith(WORKSPACE):
+            host_cwd = str(self.host_path(record["id"], cwd))
+        elif work and (cwd == work or cwd.startswith(work + "/")):
+            host_cwd = cwd  # the work folder is at its own path
+        else:
+            host_cwd = record["workspace"]
         memory = int(record.get("memory") or 1 << 30)
+        launch = Launch(limits=[(resource.RLIMIT_DATA, memory)], terminal=terminal)
+        return start(
+            cmd,
+            launch,
+            cmd[0],
+            cwd=host_cwd,
+            env=self._base_env(env, str(self._folder(record) / "home")),
+            start_new_session=True,
+            **kw,
+        )
 
-        def limits() -> None:  # runs in the child before exec
-            try:
-                resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
-            except (ValueError, OSError):
-                pass
-            if terminal:  # new session (start_new_session): stdin, a new pty, becomes its tty
-                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
+    def _spawn_bwrap(
+        self,
+        record: dict[str, Any],
+        cmd: builtins.list[str],
+        cwd: str,
+        env: dict[str, str] | None,
+        terminal: bool,
+        **kw: Any,
+    ) -> subprocess.Popen[bytes]:
+        """``cmd`` under bubblewrap in the sandbox's namespaces (see the module)."""
+        found, cgroup_files = self._holder(record)
+        namespaces = found.namespaces()
+        opened = [fd for fd, _ in namespaces]
+        staged: builtins.list[tuple[int, str, bool]] = []
+        kept: builtins.list[int] = []
         try:
-            proc = subprocess.Popen(
+            binds, etc_folder, masks = folder_binds(
+                record,
+                self._folder(record),
+                self.workspace_source(record),
+                namespaces[0][0],
+                staged,
+                kept,
+                opened,
+            )
+            place = self._place()
+            memory, pids = int(record.get("memory") or 1 << 30), int(record.get("pids") or 512)
+            limits = [(resource.RLIMIT_NPROC, pids)]
+            if "memory" not in place.controllers:
+                limits.append((resource.RLIMIT_DATA, memory))
+            seccomp_fd = filter_fd(opened)
+            argv = bwrap_command(
+                cmd,
+                binds=binds,
+                etc_folder=etc_folder,
+                masks=masks,
+                hostname=record["id"],
+                cwd=cwd,
+                env=self._base_env(env, HOME),
+                tmp_size=memory,
+                seccomp_fd=seccomp_fd,
+                new_session=not terminal,
+            )
+            root = os.geteuid() == 0
+            launch = Launch(
+                cgroup_files=cgroup_files,
+                staged=staged,
+                become=(found.uid, found.gid) if root else None,
+                namespaces=namespaces,
+                limits=limits,
+                terminal=terminal,
+            )
+            return start(
                 argv,
-                cwd=host_cwd,
-                env=child_env or None,
+                launch,
+                f"{cmd[0]} in {record['id']}",
+                cwd="/",
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                 start_new_session=True,
-                preexec_fn=limits,
+                pass_fds=pass_fds(kept, [seccomp_fd] if seccomp_fd >= 0 else []),
                 **kw,
             )
-        except OSError as exc:
-            raise SandboxError(f"cannot start {cmd[0]} in {sandbox_id}: {exc}") from None
-        marker = self.root / sandbox_id / "procs" / str(proc.pid)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        return proc, marker
+        finally:
+            close_all(opened)
 
     def open_channel(
         self,
@@ -579,7 +601,7 @@ class LocalBackend(Backend):
             out, _ = proc.communicate(timeout=timeout)
             code = proc.returncode
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            kill_spawn(proc.pid)
             out, _ = proc.communicate()
             out += f"timed out after {timeout} s\n".encode()
             code = 124
@@ -624,3 +646,12 @@ class LocalBackend(Backend):
         except FileMissing:
             raise SandboxError(f"no file {path!r} in sandbox {sandbox_id}") from None
         yield from chunks
+
+
+def _marker_matches(marker: Path) -> bool:
+    """Whether the process a marker names is still the one it was written for."""
+    try:
+        said = marker.read_text().strip()
+    except OSError:
+        return False
+    return not said or holder.start_time(int(marker.name)) == said

@@ -1,0 +1,209 @@
+"""What a process of a local sandbox sees: the bubblewrap command line.
+
+The host's programs read-only (``/usr``, and ``/bin``, ``/lib``... as the host has them),
+of ``/etc`` only what programs need to run (the loader's cache, CA certificates, time
+zone, name service and terminal settings; never ``shadow``, ``sudoers``, SSH or TLS
+keys) plus files made for the sandbox (a ``passwd`` naming its user ``sandbox``,
+``group``, ``hosts``, ``hostname``, ``resolv.conf``), its own ``/proc``, a minimal
+``/dev``, a ``/tmp`` and ``/dev/shm`` of its own (tmpfs, as large as its memory),
+the interpreter's installation read-only, and the sandbox's folders: the workspace,
+the home, the shared folder (read-only) and the work folder with its masks.
+
+The folders come as :class:`Bind` entries; where bubblewrap finds them (a host path,
+or a folder staged for it by :mod:`.launch`) is the backend's decision.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+
+HOME = "/home/sandbox"
+SANDBOX_UID = 1000
+
+# What of /etc a sandbox sees (when the host has it): what programs need to start,
+# resolve names, verify TLS, tell the time and draw a terminal.
+ETC = (
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "fonts",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "locale.conf",
+    "localtime",
+    "lsb-release",
+    "magic",
+    "mailcap",
+    "matplotlibrc",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "pip.conf",
+    "pki/ca-trust",
+    "pki/tls/certs",
+    "profile",
+    "profile.d",
+    "protocols",
+    "python3*",
+    "rpc",
+    "services",
+    "ssl/cert.pem",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "terminfo",
+    "timezone",
+    "vim",
+    "xdg",
+)
+# Made for each sandbox (see generated_etc).
+GENERATED = ("passwd", "group", "hosts", "hostname", "resolv.conf")
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host folder or file shown at ``dest``: ``source`` is where bubblewrap finds it
+    (a path, or ``fd:N`` for a descriptor it binds, checking it is that very file)."""
+
+    source: str
+    dest: str
+    writable: bool = False
+
+
+@lru_cache(maxsize=1)
+def bwrap_features() -> frozenset[str]:
+    """The options this bubblewrap knows of those not every version has."""
+    try:
+        said = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(o for o in ("--size", "--bind-fd", "--ro-bind-fd") if o in said.stdout)
+
+
+def system_args() -> list[str]:
+    """The host's programs and libraries, read-only, as the host lays them out."""
+    args: list[str] = []
+    for top in ("/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    return args
+
+
+def etc_args() -> list[str]:
+    """The part of the host's /etc a sandbox sees, read-only (see :data:`ETC`)."""
+    args: list[str] = []
+    for pattern in ETC:
+        for path in sorted(glob.glob(os.path.join("/etc", pattern))):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def generated_etc(hostname: str, resolv: str) -> dict[str, str]:
+    """The files of /etc made for a sandbox: its user is ``sandbox`` (uid 1000) with its
+    home, so a prompt or ``getpass.getuser()`` names it; names resolve as its network
+    allows."""
+    shell = "/bin/bash" if shutil.which("bash", path="/usr/bin:/bin") else "/bin/sh"
+    return {
+        "passwd": (
+            "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+            f"sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:sandbox:{HOME}:{shell}\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        ),
+        "group": f"root:x:0:\nsandbox:x:{SANDBOX_UID}:\nnogroup:x:65534:\n",
+        "hosts": (
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            f"127.0.1.1\t{hostname}\n"
+        ),
+        "hostname": f"{hostname}\n",
+        "resolv.conf": resolv,
+    }
+
+
+def bwrap_command(
+    cmd: list[str],
+    *,
+    binds: list[Bind],
+    etc_folder: str,
+    masks: list[tuple[str, str, str]],
+    hostname: str,
+    cwd: str,
+    env: dict[str, str],
+    tmp_size: int,
+    seccomp_fd: int,
+    new_session: bool,
+) -> list[str]:
+    """The bubblewrap command that runs ``cmd`` as the sandbox user (uid 1000 in a user
+    namespace of its own, inside the sandbox's, whose network it keeps), with its own
+    mounts, processes, IPC and host name.
+
+    ``etc_folder`` holds the :data:`GENERATED` files; ``masks`` are (path, how,
+    source) for the work folder's masked paths ("hide", or "read-only" shown from
+    ``source``)."""
+    features = bwrap_features()
+    size = ["--size", str(tmp_size)] if "--size" in features and tmp_size else []
+    argv = [
+        "bwrap",
+        "--unshare-user",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        hostname,
+    ]
+    if new_session:
+        argv.append("--new-session")
+    argv += system_args()
+    argv += etc_args()
+    for name in GENERATED:
+        argv += ["--ro-bind", f"{etc_folder}/{name}", f"/etc/{name}"]
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        *size,
+        "--tmpfs",
+        "/dev/shm",
+        *size,
+        "--tmpfs",
+        "/tmp",
+    ]
+    for bind in binds:
+        argv += _bind(bind)
+    for path, how, source in masks:
+        if how == "read-only":
+            argv += _bind(Bind(source, path))
+        elif os.path.isdir(path) and not os.path.islink(path):
+            argv += [*(["--size", str(1 << 20)] if size else []), "--tmpfs", path]
+        else:
+            argv += ["--ro-bind", "/dev/null", path]
+    if seccomp_fd >= 0:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv += ["--chdir", cwd, "--clearenv"]
+    for name, value in env.items():
+        argv += ["--setenv", name, value]
+    return [*argv, "--", *cmd]
+
+
+def _bind(bind: Bind) -> list[str]:
+    if bind.source.startswith("fd:"):
+        return ["--bind-fd" if bind.writable else "--ro-bind-fd", bind.source[3:], bind.dest]
+    return ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
