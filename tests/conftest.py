@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_kernel.config import SandboxConfig, load_config
 
-pytest_plugins = ("pytest_jupyter.jupyter_server",)
+pytest_plugins = ("pytest_jupyter.jupyter_server", "tests.local_host")
 
 TEST_IMAGE = os.environ.get("SANDBOX_KERNEL_TEST_IMAGE", "sandbox-kernel-test:bookworm")
 
