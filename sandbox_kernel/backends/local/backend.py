@@ -5,15 +5,15 @@ When bubblewrap works, every process of a sandbox runs as uid 1000 ``sandbox`` i
 namespaces of its own (:mod:`.view` says what it sees), inside the sandbox's user and
 network namespaces (:mod:`.holder`), its cgroup where the host allows one
 (:mod:`.cgroup`), under a seccomp filter (:mod:`..seccomp`). With a root server it
-runs as a host uid of its own, and sees the workspace, home and work folder through
+runs as a host uid of its own, and sees the workspace, home, /tmp and work folder through
 idmapped mounts (:mod:`.launch`): what it writes there is root's on disk, and root's
 other files are no more its than any stranger's. Without bubblewrap, processes are
 plain children of the host in the workspace folder; ``SandboxInfo.isolation`` says
 which, and what does not hold.
 
 Everything that must outlive a process is on disk under ``<state_dir>/local/``:
-``<id>.json`` (the record), ``<id>/home`` (tier-2 files: ``pip install`` lands here),
-``<id>/etc`` (the files of /etc made for it), ``<id>/holder.json`` (its namespaces'
+``<id>.json`` (the record), ``<id>/home`` and ``<id>/tmp`` (tier-2 files: ``pip
+install`` lands in the home), ``<id>/etc`` (the files of /etc made for it), ``<id>/holder.json`` (its namespaces'
 holder while it runs), ``<id>/procs/<pid>`` (live processes, so stop and destroy can
 end them from any process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
 """
@@ -71,7 +71,8 @@ from .view import HOME, bwrap_command, generated_etc, system_args
 class LocalBackend(Backend):
     """Sandboxes as workspace folders and (bubblewrap'd) processes."""
 
-    # Each channel is its own bubblewrap with its own /tmp: a spare could never be reached.
+    # Each process is its own bubblewrap with its own pid namespace: no kernel could
+    # vouch for a spare's pid.
     keeps_spares = False
     uses_images = False
 
@@ -110,6 +111,7 @@ class LocalBackend(Backend):
     def _info(self, record: dict[str, Any]) -> SandboxInfo:
         labels = record.get("labels", {})
         place = self._place()
+        memory, pids, cpus = resources(record)
         return SandboxInfo(
             id=record["id"],
             backend=self.name,
@@ -125,9 +127,9 @@ class LocalBackend(Backend):
             workspace=record["workspace"],
             # What holds, not what was asked: 0 where nothing bounds it.
             limits={
-                "memory": record.get("memory", 0) if "memory" in place.controllers else 0,
-                "cpus": record.get("cpus", 0) if "cpu" in place.controllers else 0,
-                "pids": record.get("pids", 0) if bwrap_works() else 0,
+                "memory": memory if "memory" in place.controllers else 0,
+                "cpus": cpus if "cpu" in place.controllers else 0,
+                "pids": pids if bwrap_works() else 0,
                 "network": bool(record.get("network", True))
                 and (not bwrap_works() or bool(holder.slirp_program())),
             },
@@ -186,6 +188,7 @@ class LocalBackend(Backend):
         }
         for part in ("home", "procs", "etc"):
             (self.root / sandbox_id / part).mkdir(parents=True, exist_ok=True)
+        _make_tmp(self.root / sandbox_id)
         try:  # O_EXCL: of many processes creating at once, exactly one writes the record
             fd = os.open(self._record_path(sandbox_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -364,12 +367,7 @@ class LocalBackend(Backend):
             files: builtins.list[str] = []
             if place:
                 try:
-                    made = place.make(
-                        sandbox_id,
-                        record.get("memory", 0),
-                        record.get("pids", 0),
-                        record.get("cpus", 0),
-                    )
+                    made = place.make(sandbox_id, *resources(record))
                 except OSError as exc:
                     raise SandboxFailed(
                         f"cannot make the cgroup of sandbox {sandbox_id}: {exc.strerror or exc}"
@@ -421,6 +419,7 @@ class LocalBackend(Backend):
             ]  # the interpreter running sandbox-kernel: it has IPython
         folder = self._folder(record)
         (folder / "home").mkdir(parents=True, exist_ok=True)
+        _make_tmp(folder)
         if bwrap_works():
             proc = self._spawn_bwrap(record, cmd, cwd, env, terminal, **kw)
         else:
@@ -485,7 +484,7 @@ class LocalBackend(Backend):
                 opened,
             )
             place = self._place()
-            memory, pids = int(record.get("memory") or 1 << 30), int(record.get("pids") or 512)
+            memory, pids, _ = resources(record)
             limits = [(resource.RLIMIT_NPROC, pids)]
             if "memory" not in place.controllers:
                 limits.append((resource.RLIMIT_DATA, memory))
@@ -646,6 +645,25 @@ class LocalBackend(Backend):
         except FileMissing:
             raise SandboxError(f"no file {path!r} in sandbox {sandbox_id}") from None
         yield from chunks
+
+
+def _make_tmp(folder: Path) -> None:
+    """The sandbox's /tmp on disk: every process of it may write there, as in /tmp."""
+    tmp = folder / "tmp"
+    if not tmp.is_dir():
+        tmp.mkdir(parents=True, exist_ok=True)
+        os.chmod(tmp, 0o1777)
+
+
+def resources(record: dict[str, Any]) -> tuple[int, int, float]:
+    """(memory bytes, processes, CPUs) of a sandbox; a record made before they were kept
+    gets a Spec's defaults."""
+    default = Spec()
+    return (
+        int(record.get("memory") or default.memory),
+        int(record.get("pids") or default.pids),
+        float(record.get("cpus") or default.cpus),
+    )
 
 
 def _marker_matches(marker: Path) -> bool:

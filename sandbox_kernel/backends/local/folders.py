@@ -44,6 +44,7 @@ def folder_binds(
     ] = [  # name, host, inside, writable, idmapped
         ("workspace", workspace, WORKSPACE, True, True),
         ("home", str(folder / "home"), HOME, True, True),
+        ("tmp", str(folder / "tmp"), "/tmp", True, True),
     ]
     if record.get("shared_folder"):
         wanted.append(("shared", record["shared_folder"], SHARED, False, False))

@@ -5,9 +5,10 @@ of ``/etc`` only what programs need to run (the loader's cache, CA certificates,
 zone, name service and terminal settings; never ``shadow``, ``sudoers``, SSH or TLS
 keys) plus files made for the sandbox (a ``passwd`` naming its user ``sandbox``,
 ``group``, ``hosts``, ``hostname``, ``resolv.conf``), its own ``/proc``, a minimal
-``/dev``, a ``/tmp`` and ``/dev/shm`` of its own (tmpfs, as large as its memory),
-the interpreter's installation read-only, and the sandbox's folders: the workspace,
-the home, the shared folder (read-only) and the work folder with its masks.
+``/dev`` with a ``/dev/shm`` of its own (tmpfs, as large as its memory), the
+interpreter's installation read-only, and the sandbox's folders: the workspace, the
+home, ``/tmp`` (shared by the sandbox's processes, kept until it is destroyed, as a
+container's), the shared folder (read-only) and the work folder with its masks.
 
 The folders come as :class:`Bind` entries; where bubblewrap finds them (a host path,
 or a folder staged for it by :mod:`.launch`) is the backend's decision.
@@ -151,7 +152,7 @@ def bwrap_command(
 
     ``etc_folder`` holds the :data:`GENERATED` files; ``masks`` are (path, how,
     source) for the work folder's masked paths ("hide", or "read-only" shown from
-    ``source``)."""
+    ``source``); ``tmp_size`` bounds ``/dev/shm`` (0: no bound)."""
     features = bwrap_features()
     size = ["--size", str(tmp_size)] if "--size" in features and tmp_size else []
     argv = [
@@ -182,9 +183,6 @@ def bwrap_command(
         *size,
         "--tmpfs",
         "/dev/shm",
-        *size,
-        "--tmpfs",
-        "/tmp",
     ]
     for bind in binds:
         argv += _bind(bind)
