@@ -13,7 +13,7 @@ which, and what does not hold.
 
 Everything that must outlive a process is on disk under ``<state_dir>/local/``:
 ``<id>.json`` (the record), ``<id>/home`` and ``<id>/tmp`` (tier-2 files: ``pip
-install`` lands in the home), ``<id>/etc`` (the files of /etc made for it), ``<id>/holder.json`` (its namespaces'
+install`` lands in the home), ``.etc/`` (the /etc sandboxes see, see view.shared_etc), ``<id>/holder.json`` (its namespaces'
 holder while it runs), ``<id>/procs/<pid>`` (live processes, so stop and destroy can
 end them from any process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
 """
@@ -34,7 +34,8 @@ import tempfile
 import termios
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -65,7 +66,7 @@ from .folders import folder_binds, identity
 from .folders import seccomp_fd as filter_fd
 from .launch import Launch, close_all, pass_fds, start
 from .status import bwrap_works, isolation, limits_report
-from .view import HOME, bwrap_command, generated_etc, system_args
+from .view import HOME, bwrap_command, shared_etc, system_args
 
 
 class LocalBackend(Backend):
@@ -186,7 +187,7 @@ class LocalBackend(Backend):
             },
             "labels": {**labels, LABEL_WORKSPACE: str(workspace)},
         }
-        for part in ("home", "procs", "etc"):
+        for part in ("home", "procs"):
             (self.root / sandbox_id / part).mkdir(parents=True, exist_ok=True)
         _make_tmp(self.root / sandbox_id)
         try:  # O_EXCL: of many processes creating at once, exactly one writes the record
@@ -247,8 +248,9 @@ class LocalBackend(Backend):
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def _end_processes(self, sandbox_id: str) -> None:
-        """End every process of the sandbox, its holder and network helper."""
+    def _end_processes(self, sandbox_id: str, then: Callable[[], None] | None = None) -> None:
+        """End every process of the sandbox, its holder and network helper; then, still
+        holding the lock no process starts without (see :meth:`_holder`), ``then``."""
         with self._locked(sandbox_id):
             procs = self.root / sandbox_id / "procs"
             for marker in procs.glob("*") if procs.is_dir() else []:
@@ -259,6 +261,8 @@ class LocalBackend(Backend):
             place = self._place()
             if place:
                 place.remove(sandbox_id)
+            if then is not None:
+                then()
 
     def sweep(self) -> None:
         """End the processes of sandboxes whose record is gone (removed by hand, or a
@@ -285,10 +289,12 @@ class LocalBackend(Backend):
         record = self._load(sandbox_id)
         if record is None:
             raise not_found(sandbox_id)
-        self._end_processes(sandbox_id)
-        record["state"] = "stopped"
-        record["stopped_at"] = time.time()
-        self._save(record)
+
+        def stopped() -> None:  # before a process waiting to start may look
+            record.update(self._load(sandbox_id) or {}, state="stopped", stopped_at=time.time())
+            self._save(record)
+
+        self._end_processes(sandbox_id, then=stopped)
         return self._info(record)
 
     def start(self, sandbox_id: str, progress: Progress | None = None) -> SandboxInfo:
@@ -304,14 +310,19 @@ class LocalBackend(Backend):
     def destroy(self, sandbox_id: str) -> bool:
         if self._load(sandbox_id) is None:
             return False
-        self._end_processes(sandbox_id)
-        try:
-            self._record_path(sandbox_id).unlink()
-        except FileNotFoundError:
-            return False  # another process destroyed it first
-        shutil.rmtree(
-            self.root / sandbox_id, ignore_errors=True
-        )  # HOME: tier 2 goes; workspace stays
+        removed: builtins.list[bool] = []
+
+        def forget() -> None:  # before a process waiting to start may look
+            try:
+                self._record_path(sandbox_id).unlink()
+                removed.append(True)
+            except FileNotFoundError:
+                pass  # another process destroyed it first
+
+        self._end_processes(sandbox_id, then=forget)
+        if not removed:
+            return False
+        shutil.rmtree(self.root / sandbox_id, ignore_errors=True)  # tier 2 goes; workspace stays
         return True
 
     # -- processes -------------------------------------------------------------------
@@ -364,6 +375,7 @@ class LocalBackend(Backend):
         sandbox_id, folder = record["id"], self._folder(record)
         place = self._place()
         with self._locked(sandbox_id):
+            record = self._running(sandbox_id)  # a stop or destroy may have come first
             files: builtins.list[str] = []
             if place:
                 try:
@@ -383,24 +395,10 @@ class LocalBackend(Backend):
                 found = holder.make(
                     folder, uid, gid, claim, bool(record.get("network", True)), files, system_args()
                 )
-            self._write_etc(record, found)
+            if not os.path.isdir(found.etc):  # its /etc, as of this start
+                found.etc = str(shared_etc(self.root / ".etc", found.network))
+                (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
             return found, files
-
-    def _write_etc(self, record: dict[str, Any], running: holder.Holder) -> None:
-        """The files of /etc made for the sandbox (see view.generated_etc), where they
-        are missing or say something else (its network changed)."""
-        etc = self._folder(record) / "etc"
-        etc.mkdir(exist_ok=True)
-        for name, text in generated_etc(record["id"], holder.resolv_conf(running.network)).items():
-            try:
-                if (etc / name).read_text() == text:
-                    continue
-            except OSError:
-                pass
-            tmp = etc / f".{name}.new"
-            tmp.write_text(text)
-            os.chmod(tmp, 0o644)
-            tmp.replace(etc / name)
 
     def _spawn(
         self,
@@ -478,6 +476,7 @@ class LocalBackend(Backend):
                 record,
                 self._folder(record),
                 self.workspace_source(record),
+                found.etc,
                 namespaces[0][0],
                 staged,
                 kept,
@@ -494,7 +493,6 @@ class LocalBackend(Backend):
                 binds=binds,
                 etc_folder=etc_folder,
                 masks=masks,
-                hostname=record["id"],
                 cwd=cwd,
                 env=self._base_env(env, HOME),
                 tmp_size=memory,

@@ -25,6 +25,7 @@ def folder_binds(
     record: dict[str, Any],
     folder: Path,
     workspace: str,
+    etc: str,
     userns: int,
     staged: builtins.list[tuple[int, str, bool]],
     kept: builtins.list[int],
@@ -78,12 +79,12 @@ def folder_binds(
         binds.append(Bind(source, inside, writable))
     if root:
         os.makedirs(STAGE, mode=0o755, exist_ok=True)
-        fd = detached(str(folder / "etc"), -1, read_only=True)
+        fd = detached(etc, -1, read_only=True)
         opened.append(fd)
         staged.append((fd, "etc", True))
         etc_folder = f"{STAGE}/etc"
     else:
-        etc_folder = str(folder / "etc")
+        etc_folder = etc
     masks: builtins.list[tuple[str, str, str]] = []
     if "work" in sources:
         base = sources["work"] if root else work

@@ -54,7 +54,6 @@ UID_BASE = 0x78000000
 UID_SPAN = 1 << 24
 CLAIMS = Path("/run/sandbox-kernel/uids")
 LINK_LOCAL = "169.254.0.0/16"
-SLIRP_DNS = "10.0.2.3"
 READY_SECONDS = 10.0
 
 
@@ -67,6 +66,7 @@ class Holder:
     uid: int  # the sandbox's host uid and gid
     gid: int
     network: str  # "slirp4netns" or "none"
+    etc: str = ""  # the folder its processes see as /etc (see view.shared_etc)
 
     def namespaces(self) -> list[tuple[int, int]]:
         """Descriptors of its user and network namespaces, to enter (close them after).
@@ -384,8 +384,3 @@ def _slirp(
             "cannot start the sandbox's network (slirp4netns): "
             + (_tail(log_path) or "it did not say it was ready")
         )
-
-
-def resolv_conf(network: str) -> str:
-    """The sandbox's /etc/resolv.conf: slirp4netns forwards DNS from its own address."""
-    return f"nameserver {SLIRP_DNS}\n" if network == "slirp4netns" else ""
