@@ -496,6 +496,57 @@ RESULT["stopped"] = svc.backend.stop(info.id).state
     assert result["limits"]["pids"] == 64 and result["stopped"] == "stopped"
 
 
+_DAEMON = r"""
+import os, subprocess, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        subprocess.Popen(["sleep", sys.argv[1]]).wait()
+    os._exit(0)
+print("started", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_stop_leaves_no_process(limited_host: LocalHost) -> None:
+    """Attack: a command leaves a daemon (double fork, a session of its own) and a fork
+    loop, then the sandbox is stopped. Nothing of it runs after the stop."""
+    marker = str(4000 + os.getpid() % 997)
+    result = limited_host.run(
+        """
+def running(marker):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if ("sleep" + chr(0) + marker).encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+svc = service()
+info = svc.ensure(ScopeKey("leaver")).info
+channel = svc.backend.open_channel(info.id, ["python3", "-c", ARGS["daemon"], ARGS["marker"]])
+said = b""
+while b"started" not in said:
+    chunk = channel.read()
+    if not chunk:
+        break
+    said += chunk
+deadline = time.monotonic() + 10
+while not running(ARGS["marker"]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+RESULT["before"] = running(ARGS["marker"])
+svc.backend.stop(info.id)
+RESULT["after"] = running(ARGS["marker"])
+channel.close()
+""",
+        daemon=_DAEMON,
+        marker=marker,
+    )
+    assert result["before"], "the daemon did not start (test bug)"
+    assert result["after"] == [], result
+
+
 _HOG = r"""
 hog = []
 while len(hog) < 80:  # 4 GB at most: past any flavor this test uses

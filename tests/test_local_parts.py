@@ -130,6 +130,34 @@ def test_cgroup_v2_without_cpu_says_so(tmp_path: Path) -> None:
     assert "CPU is not limited" in place.describe()
 
 
+def test_cgroup_v2_delegated_to_an_ordinary_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ordinary user's sandboxes go under the highest cgroup delegated to them above
+    their own (systemd's user manager), with what that level may hand down."""
+    mount = tmp_path / "cg"
+    own = "/user.slice/user-12345.slice/user@12345.service/app.slice/term.scope"
+    path = mount
+    for part in ["", *own.strip("/").split("/")]:
+        path = path / part if part else path
+        path.mkdir(exist_ok=True)
+        (path / "cgroup.controllers").write_text("memory pids\n")
+        (path / "cgroup.subtree_control").write_text("")
+        if "12345.service" in str(path):
+            os.chown(path, 12345, 12345)  # what systemd delegates to the user
+    delegated = mount / "user.slice" / "user-12345.slice" / "user@12345.service"
+    for folder in (delegated / "sandbox-kernel", delegated / "sandbox-kernel" / "inst1234"):
+        folder.mkdir()
+        (folder / "cgroup.subtree_control").write_text("")  # the kernel's file
+    monkeypatch.setattr(cgroup.os, "geteuid", lambda: 12345)
+    place = cgroup._place_v2(mount, own, {"memory", "pids", "cpu"}, "inst1234")
+    assert place.parents == {"": delegated / "sandbox-kernel" / "inst1234"}
+    assert place.controllers == ("memory", "pids")
+    assert "CPU is not limited" in place.reason
+    assert (delegated / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (mount / "user.slice" / "cgroup.subtree_control").read_text() == ""  # root's
+
+
 def test_no_cgroup_says_why(tmp_path: Path) -> None:
     place = cgroup._place_v2(tmp_path / "missing", "/", {"memory", "pids"}, "inst1234")
     assert not place and "cannot enable" in place.reason

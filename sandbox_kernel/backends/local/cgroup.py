@@ -276,7 +276,6 @@ def _place_v1(mounts: dict[str, str], own: dict[str, str], tag: str) -> Place:
 
 
 def _place_v2(mount: Path, own: str, available: set[str], tag: str) -> Place:
-    wanted = [c for c in ("memory", "pids", "cpu") if c in available]
     if os.geteuid() == 0:
         candidates = [mount]
     else:  # a delegated subtree: a folder we own above our own cgroup, highest first
@@ -287,6 +286,12 @@ def _place_v2(mount: Path, own: str, available: set[str], tag: str) -> Place:
         "no cgroup delegated to this user (systemd: run the server in a scope with Delegate=yes)"
     )
     for top in candidates:
+        # What this level may hand down (a delegated one may lack cpu).
+        here = available if top == mount else set(_read(top / "cgroup.controllers").split())
+        wanted = [c for c in ("memory", "pids", "cpu") if c in here]
+        if not all(c in wanted for c in NEEDED):
+            problem = f"cgroup v2: {top} has no {'/'.join(c for c in NEEDED if c not in wanted)} controller"
+            continue
         chain = [top / ROOT_PARENT, top / ROOT_PARENT / tag]
         try:
             _hand_down(top, chain, tuple(wanted))
