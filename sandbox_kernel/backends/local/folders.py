@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import seccomp
 from ..base import SHARED, WORKSPACE, SandboxFailed
-from .launch import STAGE, detached
+from .launch import STAGE, detached, make_stage
 from .view import HOME, Bind, bwrap_features
 
 
@@ -78,7 +78,7 @@ def folder_binds(
         sources[name] = source
         binds.append(Bind(source, inside, writable))
     if root:
-        os.makedirs(STAGE, mode=0o755, exist_ok=True)
+        make_stage()
         fd = detached(etc, -1, read_only=True)
         opened.append(fd)
         staged.append((fd, "etc", True))

@@ -35,14 +35,15 @@ import subprocess
 import termios
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..base import SandboxFailed
 
 #: Where a root server's spawns see the host folders they hand to bubblewrap (a private
-#: tmpfs over an empty folder, in a mount namespace of the spawn's own).
-STAGE = "/run/sandbox-kernel/stage"
+#: tmpfs over an empty folder, in a mount namespace of the spawn's own). Every folder
+#: above it must be one the sandbox's uid may pass through: not /run/sandbox-kernel,
+#: which may be root's alone.
+STAGE = "/run/sandbox-kernel-stage"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -229,6 +230,9 @@ def close_all(fds: Sequence[int]) -> None:
                 pass
 
 
-def stage_path(name: str) -> str:
-    """Where a staged mount ``name`` is, as bubblewrap (in the spawn's namespace) sees it."""
-    return str(Path(STAGE, name))
+def make_stage() -> None:
+    """The empty folder each spawn mounts its own tmpfs over (anyone may pass through)."""
+    if not os.path.isdir(STAGE):
+        os.makedirs(STAGE, exist_ok=True)
+    if os.stat(STAGE).st_mode & 0o7777 != 0o755:
+        os.chmod(STAGE, 0o755)
