@@ -24,6 +24,7 @@ import builtins
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import resource
 import shutil
@@ -40,6 +41,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from ...errors import FileMissing
+from ...folders import protect
 from ...identity import ScopeKey
 from ...safefs import Beneath, make_folder
 from ..base import (
@@ -67,6 +69,8 @@ from .folders import seccomp_fd as filter_fd
 from .launch import Launch, close_all, pass_fds, start
 from .status import bwrap_works, isolation, limits_report
 from .view import HOME, bwrap_command, shared_etc, system_args
+
+log = logging.getLogger("sandbox_kernel")
 
 
 class LocalBackend(Backend):
@@ -178,6 +182,7 @@ class LocalBackend(Backend):
             "network": spec.network,
             "shared_folder": spec.shared_folder,
             "work_folder": spec.work_folder,
+            "work_read_only": spec.work_read_only,
             "masks": [list(m) for m in spec.masks],
             "workspace": str(workspace),
             # The folders it was made with: a later start shows only these very ones.
@@ -395,10 +400,27 @@ class LocalBackend(Backend):
                 found = holder.make(
                     folder, uid, gid, claim, bool(record.get("network", True)), files, system_args()
                 )
+                found.protected = self._protected(record)
+                (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
             if not os.path.isdir(found.etc):  # its /etc, as of this start
                 found.etc = str(shared_etc(self.root / ".etc", found.network))
                 (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
             return found, files
+
+    def _protected(self, record: dict[str, Any]) -> builtins.list[builtins.list[str]]:
+        """What host tools trust in the writable work folder (``protected_paths``), found
+        afresh at each start of the sandbox, before any of its processes runs: each is
+        read-only in every process of it, every folder on its way pinned."""
+        work = record.get("work_folder") or ""
+        if not work or record.get("work_read_only") or not self.settings.protected_paths:
+            return []
+        hidden = [path for path, _ in record.get("masks") or []]
+        found = protect(work, list(self.settings.protected_paths), hidden)
+        if not found.complete:
+            log.warning(
+                "sandbox %s: protected paths %s; deeper ones stay writable", record["id"], found.why
+            )
+        return [[m.path, m.how] for m in found.masks]
 
     def _spawn(
         self,
@@ -477,6 +499,7 @@ class LocalBackend(Backend):
                 self._folder(record),
                 self.workspace_source(record),
                 found.etc,
+                found.protected,
                 namespaces[0][0],
                 staged,
                 kept,

@@ -26,13 +26,16 @@ def folder_binds(
     folder: Path,
     workspace: str,
     etc: str,
+    protected: builtins.list[builtins.list[str]],
     userns: int,
     staged: builtins.list[tuple[int, str, bool]],
     kept: builtins.list[int],
     opened: builtins.list[int],
 ) -> tuple[builtins.list[Bind], str, builtins.list[tuple[str, str, str]]]:
     """The sandbox's folders for bubblewrap: (binds, the folder of its /etc files,
-    work folder masks as (path, how, source)).
+    work folder masks as (path, how, source), outer first). ``protected`` are the work
+    folder's protected paths and the folders on their way, (path, "read-only" | "pin"),
+    as found when the sandbox started (see folders.protect).
 
     A root server stages them (see :mod:`.launch`): its own folders idmapped through
     the sandbox's user namespace, the rest as they are. Otherwise bubblewrap binds
@@ -50,7 +53,7 @@ def folder_binds(
     if record.get("shared_folder"):
         wanted.append(("shared", record["shared_folder"], SHARED, False, False))
     if work and os.path.isdir(work):
-        wanted.append(("work", work, work, True, True))
+        wanted.append(("work", work, work, not record.get("work_read_only"), True))
     for n, prefix in enumerate(sorted({sys.prefix, sys.base_prefix})):
         if not prefix.startswith("/usr/") and prefix != "/usr":
             wanted.append((f"python{n}", prefix, prefix, False, False))
@@ -88,10 +91,11 @@ def folder_binds(
     masks: builtins.list[tuple[str, str, str]] = []
     if "work" in sources:
         base = sources["work"] if root else work
-        for path, how in record.get("masks") or []:
-            if how == "read-only" and os.path.islink(path):
-                how = "hide"  # a link planted where a read-only path was: show nothing
+        for path, how in [*(record.get("masks") or []), *protected]:
+            if how != "hide" and os.path.islink(path):
+                how = "hide"  # a link planted where a folder or file was: show nothing
             masks.append((path, how, base + path[len(work) :]))
+    masks.sort(key=lambda m: m[0])
     return binds, etc_folder, masks
 
 

@@ -37,7 +37,8 @@ import select
 import shutil
 import signal
 import subprocess
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import IO
@@ -67,6 +68,8 @@ class Holder:
     gid: int
     network: str  # "slirp4netns" or "none"
     etc: str = ""  # the folder its processes see as /etc (see view.shared_etc)
+    # The work folder's protected paths as found at this start: (path, "read-only" | "pin")
+    protected: list[list[str]] = field(default_factory=list)
 
     def namespaces(self) -> list[tuple[int, int]]:
         """Descriptors of its user and network namespaces, to enter (close them after).
@@ -314,8 +317,9 @@ def detached_start(
 
 
 def _tail(path: Path) -> str:
-    lines = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
-    return lines[-1] if lines else ""
+    """What a helper said (stderr comes before its buffered stdout in the log: all of it)."""
+    text = path.read_text(errors="replace").strip() if path.exists() else ""
+    return "; ".join(text.splitlines())[-500:]
 
 
 def _child_pid(info_r: int, log_path: Path) -> int:
@@ -328,11 +332,28 @@ def _child_pid(info_r: int, log_path: Path) -> int:
             break
         data += chunk
     try:
-        return int(json.loads(data)["child-pid"])
+        pid = int(json.loads(data)["child-pid"])
     except (ValueError, KeyError, TypeError):
         raise SandboxFailed(
             f"cannot make the sandbox's namespaces: {_tail(log_path) or 'bubblewrap said nothing'}"
         ) from None
+    # bubblewrap says the pid before its child has mapped the ids of its user namespace;
+    # whatever joins that namespace must wait until it has (the child runs sleep then).
+    deadline = time.monotonic() + READY_SECONDS
+    while _command_of(pid) != "sleep":
+        if time.monotonic() > deadline or not start_time(pid):
+            raise SandboxFailed(
+                f"cannot make the sandbox's namespaces: {_tail(log_path) or 'the holder did not start'}"
+            )
+        time.sleep(0.002)
+    return pid
+
+
+def _command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _slirp(

@@ -213,8 +213,8 @@ def bwrap_command(
     mounts, processes, IPC and host name.
 
     ``etc_folder`` is its /etc (see :func:`assemble_etc`); ``masks`` are (path, how,
-    source) for the work folder's masked paths ("hide", or "read-only" shown from
-    ``source``); ``tmp_size`` bounds ``/dev/shm`` (0: no bound)."""
+    source) for the work folder's masked paths: "hide", or "read-only" or "pin" (a
+    folder mounted onto itself, writable) shown from ``source``; ``tmp_size`` bounds ``/dev/shm`` (0: no bound)."""
     features = bwrap_features()
     size = ["--size", str(tmp_size)] if "--size" in features and tmp_size else []
     argv = [
@@ -247,8 +247,8 @@ def bwrap_command(
     for bind in binds:
         argv += _bind(bind)
     for path, how, source in masks:
-        if how == "read-only":
-            argv += _bind(Bind(source, path))
+        if how in ("read-only", "pin"):  # a pin: onto itself, so it cannot be moved
+            argv += _bind(Bind(source, path, writable=how == "pin"))
         elif os.path.isdir(path) and not os.path.islink(path):
             argv += [*(["--size", str(1 << 20)] if size else []), "--tmpfs", path]
         else:
