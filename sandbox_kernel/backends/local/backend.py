@@ -166,7 +166,10 @@ class LocalBackend(Backend):
     ) -> SandboxInfo:
         self.root.mkdir(parents=True, exist_ok=True)
         workspace = make_folder(Path(self.settings.workspace_root), key.user_id)
-        progress(f"creating local sandbox {sandbox_id} in {workspace}")
+        said = f"creating local sandbox {sandbox_id} in {workspace}"
+        if bwrap_works() and spec.network and not holder.slirp_program():
+            said += " (no network: slirp4netns is not installed; apt-get install slirp4netns)"
+        progress(said)
         record = {
             "id": sandbox_id,
             "user": key.user,
@@ -376,36 +379,34 @@ class LocalBackend(Backend):
 
     def _holder(self, record: dict[str, Any]) -> tuple[holder.Holder, builtins.list[str]]:
         """The sandbox's holder, started when it is not running, and the cgroup files its
-        processes join."""
+        processes join (with the sandbox's lock held)."""
         sandbox_id, folder = record["id"], self._folder(record)
         place = self._place()
-        with self._locked(sandbox_id):
-            record = self._running(sandbox_id)  # a stop or destroy may have come first
-            files: builtins.list[str] = []
-            if place:
-                try:
-                    made = place.make(sandbox_id, *resources(record))
-                except OSError as exc:
-                    raise SandboxFailed(
-                        f"cannot make the cgroup of sandbox {sandbox_id}: {exc.strerror or exc}"
-                    ) from None
-                files = [str(f) for f in made]
-            found = holder.load(folder)
-            if found is None:
-                if os.geteuid() == 0:
-                    uid, claim = holder.claim_uid(self.settings.installation, sandbox_id)
-                    gid = uid
-                else:
-                    uid, gid, claim = os.getuid(), os.getgid(), -1
-                found = holder.make(
-                    folder, uid, gid, claim, bool(record.get("network", True)), files, system_args()
-                )
-                found.protected = self._protected(record)
-                (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
-            if not os.path.isdir(found.etc):  # its /etc, as of this start
-                found.etc = str(shared_etc(self.root / ".etc", found.network))
-                (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
-            return found, files
+        files: builtins.list[str] = []
+        if place:
+            try:
+                made = place.make(sandbox_id, *resources(record))
+            except OSError as exc:
+                raise SandboxFailed(
+                    f"cannot make the cgroup of sandbox {sandbox_id}: {exc.strerror or exc}"
+                ) from None
+            files = [str(f) for f in made]
+        found = holder.load(folder)
+        if found is None:
+            if os.geteuid() == 0:
+                uid, claim = holder.claim_uid(self.settings.installation, sandbox_id)
+                gid = uid
+            else:
+                uid, gid, claim = os.getuid(), os.getgid(), -1
+            found = holder.make(
+                folder, uid, gid, claim, bool(record.get("network", True)), files, system_args()
+            )
+            found.protected = self._protected(record)
+            (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
+        if not os.path.isdir(found.etc):  # its /etc, as of this start
+            found.etc = str(shared_etc(self.root / ".etc", found.network))
+            (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
+        return found, files
 
     def _protected(self, record: dict[str, Any]) -> builtins.list[builtins.list[str]]:
         """What host tools trust in the writable work folder (``protected_paths``), found
@@ -440,13 +441,17 @@ class LocalBackend(Backend):
         folder = self._folder(record)
         (folder / "home").mkdir(parents=True, exist_ok=True)
         _make_tmp(folder)
-        if bwrap_works():
-            proc = self._spawn_bwrap(record, cmd, cwd, env, terminal, **kw)
-        else:
-            proc = self._spawn_plain(record, cmd, cwd, env, terminal, **kw)
-        marker = folder / "procs" / str(proc.pid)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(holder.start_time(proc.pid))
+        # Under the sandbox's lock until the process is recorded: a stop or destroy
+        # waits for it and ends it, and none starts after them.
+        with self._locked(sandbox_id):
+            record = self._running(sandbox_id)
+            if bwrap_works():
+                proc = self._spawn_bwrap(record, cmd, cwd, env, terminal, **kw)
+            else:
+                proc = self._spawn_plain(record, cmd, cwd, env, terminal, **kw)
+            marker = folder / "procs" / str(proc.pid)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(holder.start_time(proc.pid))
         return proc, marker
 
     def _spawn_plain(
