@@ -126,9 +126,10 @@ def _signal(pid: int, start: str) -> None:
 
 
 def end(folder: Path) -> None:
-    """End the sandbox's holder (its network helper ends with it). With a root server, also every
-    process of the sandbox's own uid (kill(-1) as that uid reaches exactly those, in
-    every namespace), while the holder still holds the uid, so no other sandbox can."""
+    """End the sandbox's holder (its network helper ends with it). With a root server,
+    first every process of the sandbox's own uid (kill(-1) as that uid reaches exactly
+    those, in every namespace), while the holder still holds the uid, so that no other
+    sandbox can have it yet."""
     holder = load(folder)
     if holder is not None:
         if os.geteuid() == 0 and holder.uid >= UID_BASE:
