@@ -9,12 +9,14 @@ import struct
 import subprocess
 import termios
 import threading
+import time
 from pathlib import Path
 
 from ..base import Channel, Pty, SandboxError
+from .holder import start_time
 
 
-def kill_spawn(pid: int) -> None:
+def kill_spawn(pid: int, wait: float = 5.0) -> None:
     """End one started process of a sandbox and everything it started.
 
     Under bubblewrap ``pid`` is bubblewrap's, whose child is the init of the process's
@@ -35,6 +37,12 @@ def kill_spawn(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    # An init ends only once every process of its namespace has: wait for that, so that
+    # whoever asked (a stop) finds nothing left.
+    deadline = time.monotonic() + wait
+    for child in children:
+        while child.isdigit() and start_time(int(child)) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 class LocalChannel(Channel):
