@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_kernel.config import SandboxConfig, load_config
 
-pytest_plugins = ("pytest_jupyter.jupyter_server",)
+pytest_plugins = ("pytest_jupyter.jupyter_server", "tests.local_host")
 
 TEST_IMAGE = os.environ.get("SANDBOX_KERNEL_TEST_IMAGE", "sandbox-kernel-test:bookworm")
 
@@ -117,6 +117,19 @@ def release_disks(folder: Path) -> None:
     for target in disks.release_beneath(folder):
         if target.startswith("/run/sandbox-kernel/"):
             remove_mount_folder(Path(target).parent)
+
+
+@pytest.fixture(autouse=True)
+def _end_local_sandboxes(tmp_path: Path) -> Iterator[None]:
+    """Local sandboxes made under this test's folder end with it: each running one has a
+    holder process (its namespaces) and, where the host allows, a cgroup."""
+    yield
+    from sandbox_kernel.backends.base import EngineSettings, installation_id
+    from sandbox_kernel.backends.local import LocalBackend
+
+    for state in {p.parent.parent.parent for p in tmp_path.glob("**/local/*/holder.json")}:
+        settings = EngineSettings(installation_id(str(state)), str(tmp_path), str(state))
+        LocalBackend(settings).end_all()
 
 
 @pytest.fixture

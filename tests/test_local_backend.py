@@ -15,12 +15,8 @@ import nbformat
 import pytest
 
 from sandbox_kernel.backends import SandboxError, SandboxNotFound, make_backend
-from sandbox_kernel.backends.local import (
-    BWRAP_ISOLATION,
-    PLAIN_ISOLATION,
-    LocalBackend,
-    bwrap_works,
-)
+from sandbox_kernel.backends.local import PLAIN_ISOLATION, LocalBackend, bwrap_works
+from sandbox_kernel.backends.local.holder import start_time
 from sandbox_kernel.config import SandboxConfig, load_config
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.kernelspec import kernelspec
@@ -147,6 +143,59 @@ def test_stop_ends_live_processes(backend: LocalBackend, service: SandboxService
     channel.proc.wait(timeout=5)
 
 
+def _running(marker: str) -> list[int]:
+    """Host pids of processes whose command line holds ``marker``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in Path(entry.path, "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+_DAEMON = """
+import os, subprocess, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        subprocess.Popen(["sleep", sys.argv[1]]).wait()
+    os._exit(0)
+print("started", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_stop_leaves_no_process_of_the_sandbox(
+    backend: LocalBackend, service: SandboxService, request: pytest.FixtureRequest
+) -> None:
+    """A daemon a cell left (double fork, a session of its own) ends with the sandbox's
+    stop, and so does the sandbox's holder; a command of a stopped sandbox is refused."""
+    if not bwrap_works():
+        pytest.skip("plain processes (no bubblewrap) are not bounded by anything")
+    info = service.ensure(ScopeKey("ann")).info
+    marker = str(3000 + os.getpid() % 997)  # sleep's argument: our process to find
+    channel = backend.open_channel(info.id, ["python3", "-c", _DAEMON, marker])
+    got = b""
+    while b"started" not in got:
+        chunk = channel.read()
+        assert chunk, f"the daemon did not start: {got!r}"
+        got += chunk
+    deadline = time.monotonic() + 10
+    while not _running(f"sleep\0{marker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running(f"sleep\0{marker}"), "the daemon is not running (test bug)"
+    holder = json.loads((backend.root / info.id / "holder.json").read_text())
+    backend.stop(info.id)
+    assert _running(f"sleep\0{marker}") == []
+    assert start_time(holder["pid"]) == ""  # gone (or a zombie its parent reaps)
+    with pytest.raises(SandboxError, match="start it with"):
+        backend.exec(info.id, ["true"])
+    channel.close()
+
+
 def _ensure(args: tuple[str, str]) -> str:
     ws, st = args
     cfg = load_config(environ={}, backend="local", workspace_root=ws, state_dir=st)
@@ -204,7 +253,7 @@ def test_bubblewrap_hides_the_host(tmp_path: Path) -> None:
     secret = tmp_path / "outside.txt"
     secret.write_text("host only")
     info = service.ensure(ScopeKey("ann")).info
-    assert info.isolation == BWRAP_ISOLATION
+    assert info.isolation.startswith("bubblewrap") and "weaker than a container" in info.isolation
     assert (
         py(backend, info.id, f"import os; print(os.path.exists({str(secret)!r}), os.getcwd())")
         == "False /workspace"

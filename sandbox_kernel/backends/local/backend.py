@@ -1,0 +1,716 @@
+"""Sandboxes without an engine: the workspace folder plus processes started for it.
+
+This is the embedded default when no container engine answers (``backend=auto``).
+When bubblewrap works, every process of a sandbox runs as uid 1000 ``sandbox`` in
+namespaces of its own (:mod:`.view` says what it sees), inside the sandbox's user and
+network namespaces (:mod:`.holder`), its cgroup where the host allows one
+(:mod:`.cgroup`), under a seccomp filter (:mod:`..seccomp`). With a root server it
+runs as a host uid of its own, and sees the workspace, home, /tmp and work folder through
+idmapped mounts (:mod:`.launch`): what it writes there is root's on disk, and root's
+other files are no more its than any stranger's. Without bubblewrap, processes are
+plain children of the host in the workspace folder; ``SandboxInfo.isolation`` says
+which, and what does not hold.
+
+Everything that must outlive a process is on disk under ``<state_dir>/local/``:
+``<id>.json`` (the record), ``<id>/home`` and ``<id>/tmp`` (tier-2 files: ``pip
+install`` lands in the home), ``.etc/`` (the /etc sandboxes see, see view.shared_etc), ``<id>/holder.json`` (its namespaces'
+holder while it runs), ``<id>/procs/<pid>`` (live processes, so stop and destroy can
+end them from any process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from ...errors import FileMissing
+from ...folders import protect
+from ...identity import ScopeKey
+from ...safefs import Beneath, make_folder
+from ..base import (
+    LABEL_INSTALLATION,
+    LABEL_SPEC,
+    LABEL_WORKSPACE,
+    SHARED,
+    WORKSPACE,
+    AlreadyExists,
+    Backend,
+    EngineSettings,
+    ExecResult,
+    Health,
+    Progress,
+    SandboxError,
+    SandboxFailed,
+    SandboxInfo,
+    Spec,
+    not_found,
+)
+from . import cgroup, holder
+from .channels import LocalChannel, LocalPty, kill_spawn
+from .folders import folder_binds, identity
+from .folders import seccomp_fd as filter_fd
+from .launch import Launch, close_all, pass_fds, start
+from .status import bwrap_works, isolation, limits_report
+from .view import HOME, bwrap_command, shared_etc, system_args
+
+log = logging.getLogger("sandbox_kernel")
+
+
+# An egress allowlist needs a proxy outside the sandbox that only it can reach; this
+# backend has none yet, so a sandbox with a list gets no network at all (closed, never
+# open) and says so.
+EGRESS_CLOSED = "; egress_allow: no network at all (this backend cannot enforce an allowlist)"
+
+
+class LocalBackend(Backend):
+    """Sandboxes as workspace folders and (bubblewrap'd) processes."""
+
+    # Each process is its own bubblewrap with its own pid namespace: no kernel could
+    # vouch for a spare's pid.
+    keeps_spares = False
+    uses_images = False
+
+    name = "local"
+    resizes = True
+
+    def __init__(self, settings: EngineSettings) -> None:
+        super().__init__(settings)
+        self.root = Path(settings.state_dir) / "local"
+
+    # -- records ----------------------------------------------------------------
+    def _record_path(self, sandbox_id: str) -> Path:
+        if "/" in sandbox_id or sandbox_id.startswith("."):
+            raise not_found(sandbox_id)
+        return self.root / f"{sandbox_id}.json"
+
+    def _load(self, sandbox_id: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self._record_path(sandbox_id).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _save(self, record: dict[str, Any]) -> None:
+        path = self._record_path(record["id"])
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".rec-")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, path)
+
+    def _place(self) -> cgroup.Place:
+        return cgroup.place(self.settings.installation) if bwrap_works() else cgroup.Place()
+
+    def _isolation(self, record: dict[str, Any]) -> str:
+        said = isolation(self._place(), bool(record.get("network", True)))
+        return said + (EGRESS_CLOSED if record.get("egress_allow") else "")
+
+    def _info(self, record: dict[str, Any]) -> SandboxInfo:
+        labels = record.get("labels", {})
+        place = self._place()
+        memory, pids, cpus = resources(record)
+        return SandboxInfo(
+            id=record["id"],
+            backend=self.name,
+            scope=record["scope"],
+            user=record["user"],
+            thread=record["thread"],
+            state=record["state"],
+            image=f"host python {'.'.join(map(str, sys.version_info[:3]))}",
+            created=record["created"],
+            engine_id=record["engine_id"],
+            flavor=record["flavor"],
+            isolation=self._isolation(record),
+            workspace=record["workspace"],
+            # What holds, not what was asked: 0 where nothing bounds it.
+            limits={
+                "memory": memory if "memory" in place.controllers else 0,
+                "cpus": cpus if "cpu" in place.controllers else 0,
+                "pids": pids if bwrap_works() else 0,
+                "network": bool(record.get("network", True))
+                and (not bwrap_works() or bool(holder.slirp_program())),
+                **({"egress_allow": record["egress_allow"]} if record.get("egress_allow") else {}),
+            },
+            finished=record.get("stopped_at", 0.0) if record["state"] == "stopped" else 0.0,
+            started=record.get("started_at", record["created"])
+            if record["state"] == "running"
+            else 0.0,
+            spec=labels.get(LABEL_SPEC, ""),
+            installation=labels.get(LABEL_INSTALLATION, ""),
+            work_folder=record.get("work_folder", ""),
+        )
+
+    # -- engine -------------------------------------------------------------------
+    def health(self) -> Health:
+        if not bwrap_works():
+            return Health(
+                True, self.name, "local sandboxes (bubblewrap unavailable: plain processes)"
+            )
+        report = "; ".join(limits_report(self.settings.installation))
+        return Health(True, self.name, f"local sandboxes under bubblewrap ({report})")
+
+    # -- sandboxes ------------------------------------------------------------------
+    def find(self, sandbox_id: str) -> SandboxInfo | None:
+        record = self._load(sandbox_id)
+        return None if record is None else self._info(record)
+
+    def create(
+        self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
+    ) -> SandboxInfo:
+        if spec.egress and spec.network and not bwrap_works():
+            raise SandboxFailed(
+                "egress_allow is set, and the local backend cannot hold a sandbox to it (nor "
+                "keep it off the network) without bubblewrap: install bubblewrap, use Docker, "
+                "or clear egress_allow"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        workspace = make_folder(Path(self.settings.workspace_root), key.user_id)
+        said = f"creating local sandbox {sandbox_id} in {workspace}"
+        if bwrap_works() and spec.network and not holder.slirp_program():
+            said += " (no network: slirp4netns is not installed; apt-get install slirp4netns)"
+        progress(said)
+        record = {
+            "id": sandbox_id,
+            "user": key.user,
+            "scope": key.scope,
+            "thread": key.thread,
+            "state": "running",
+            "created": time.time(),
+            "engine_id": uuid.uuid4().hex,
+            "flavor": spec.flavor,
+            "memory": spec.memory,
+            "cpus": spec.cpus,
+            "pids": spec.pids,
+            "network": spec.network and not spec.egress,
+            "egress_allow": list(spec.egress) if spec.network else [],
+            "shared_folder": spec.shared_folder,
+            "work_folder": spec.work_folder,
+            "work_read_only": spec.work_read_only,
+            "masks": [list(m) for m in spec.masks],
+            "workspace": str(workspace),
+            # The folders it was made with: a later start shows only these very ones.
+            "identities": {
+                "workspace": identity(str(workspace)),
+                "work": identity(spec.work_folder) if spec.work_folder else "",
+            },
+            "labels": {**labels, LABEL_WORKSPACE: str(workspace)},
+        }
+        for part in ("home", "procs"):
+            (self.root / sandbox_id / part).mkdir(parents=True, exist_ok=True)
+        _make_tmp(self.root / sandbox_id)
+        try:  # O_EXCL: of many processes creating at once, exactly one writes the record
+            fd = os.open(self._record_path(sandbox_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            deadline = time.monotonic() + 5
+            while self._load(sandbox_id) is None and time.monotonic() < deadline:
+                time.sleep(0.02)  # the winner is still writing it
+            raise AlreadyExists(f"{sandbox_id} was made by another process") from None
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        return self._info(record)
+
+    def resize(self, sandbox_id: str, spec: Spec) -> bool:
+        """The record, and the cgroup's limits at once when it has one."""
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        record.update(flavor=spec.flavor, memory=spec.memory, cpus=spec.cpus, pids=spec.pids)
+        self._save(record)
+        place = self._place()
+        folders = place.folders(sandbox_id).values() if place else []
+        if record["state"] == "running" and folders and all(f.is_dir() for f in folders):
+            with contextlib.suppress(OSError):  # the record holds it for the next start
+                place.limit(sandbox_id, spec.memory, spec.pids, spec.cpus)
+        return True
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        return self._info(record)
+
+    def list(self, user: str | None = None) -> list[SandboxInfo]:
+        if not self.root.is_dir():
+            return []
+        records = (self._load(p.stem) for p in self.root.glob("*.json"))
+        return sorted(
+            (self._info(r) for r in records if r and (user is None or r["user"] == user)),
+            key=lambda i: i.id,
+        )
+
+    def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:
+        place = self._place()
+        if not place:
+            return {}
+        return {i.id: u for i in infos if i.backend == self.name and (u := place.usage(i.id))}
+
+    def _folder(self, record: dict[str, Any]) -> Path:
+        return self.root / record["id"]
+
+    @contextlib.contextmanager
+    def _locked(self, sandbox_id: str) -> Iterator[None]:
+        """One process at a time starts or ends a sandbox's holder."""
+        folder = self.root / sandbox_id
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "holder.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _end_processes(self, sandbox_id: str, then: Callable[[], None] | None = None) -> None:
+        """End every process of the sandbox, its holder and network helper; then, still
+        holding the lock no process starts without (see :meth:`_holder`), ``then``."""
+        with self._locked(sandbox_id):
+            procs = self.root / sandbox_id / "procs"
+            for marker in procs.glob("*") if procs.is_dir() else []:
+                if marker.name.isdigit() and _marker_matches(marker):
+                    kill_spawn(int(marker.name))
+                marker.unlink(missing_ok=True)
+            holder.end(self.root / sandbox_id)
+            place = self._place()
+            if place:
+                place.remove(sandbox_id)
+            if then is not None:
+                then()
+
+    def sweep(self) -> None:
+        """End the processes of sandboxes whose record is gone (removed by hand, or a
+        destroy that died half-way): a holder would otherwise run for ever."""
+        if not self.root.is_dir():
+            return
+        for folder in self.root.iterdir():
+            if (
+                folder.is_dir()
+                and not folder.name.startswith(".")
+                and self._load(folder.name) is None
+            ):
+                self._end_processes(folder.name)
+
+    def end_all(self) -> None:
+        """End every process of every sandbox of this installation (they stay as they
+        are on disk, and start again at their next use)."""
+        if self.root.is_dir():
+            for folder in self.root.iterdir():
+                if folder.is_dir() and not folder.name.startswith("."):
+                    self._end_processes(folder.name)
+
+    def stop(self, sandbox_id: str) -> SandboxInfo:
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+
+        def stopped() -> None:  # before a process waiting to start may look
+            record.update(self._load(sandbox_id) or {}, state="stopped", stopped_at=time.time())
+            self._save(record)
+
+        self._end_processes(sandbox_id, then=stopped)
+        return self._info(record)
+
+    def start(self, sandbox_id: str, progress: Progress | None = None) -> SandboxInfo:
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        if record["state"] != "running":
+            record["state"] = "running"
+            record["started_at"] = time.time()
+            self._save(record)
+        return self._info(record)
+
+    def destroy(self, sandbox_id: str) -> bool:
+        if self._load(sandbox_id) is None:
+            return False
+        removed: builtins.list[bool] = []
+
+        def forget() -> None:  # before a process waiting to start may look
+            try:
+                self._record_path(sandbox_id).unlink()
+                removed.append(True)
+            except FileNotFoundError:
+                pass  # another process destroyed it first
+
+        self._end_processes(sandbox_id, then=forget)
+        if not removed:
+            return False
+        shutil.rmtree(self.root / sandbox_id, ignore_errors=True)  # tier 2 goes; workspace stays
+        return True
+
+    # -- processes -------------------------------------------------------------------
+    def host_path(self, sandbox_id: str, sandbox_path: str) -> Path:
+        """The host file behind a sandbox path under /workspace (or /shared)."""
+        record = self._running(sandbox_id)
+        path = PurePosixPath(sandbox_path)
+        for mount, host in (
+            (WORKSPACE, record["workspace"]),
+            (SHARED, record.get("shared_folder", "")),
+        ):
+            if host and (path == PurePosixPath(mount) or PurePosixPath(mount) in path.parents):
+                return Path(host, *path.relative_to(mount).parts)
+        raise SandboxError(f"{sandbox_path} is not under {WORKSPACE}")
+
+    def _running(self, sandbox_id: str) -> dict[str, Any]:
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        if record["state"] != "running":
+            raise SandboxError(
+                f"sandbox {sandbox_id} is {record['state']}; start it with `sandbox-kernel start {sandbox_id}`"
+            )
+        return record
+
+    def workspace_source(self, record: dict[str, Any]) -> str:
+        """The host folder shown at /workspace: the user's workspace folder. (A bound on
+        its size, a file system image per workspace, would be mounted and returned here.)"""
+        return str(record["workspace"])
+
+    @staticmethod
+    def _base_env(env: dict[str, str] | None, home: str) -> dict[str, str]:
+        return {
+            # No ~/.local/bin: the host's programs must not find a planted python3 (the
+            # agent puts it first for cells, agent.as_user for the user's commands).
+            "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "USER": "sandbox",
+            "LOGNAME": "sandbox",
+            "PYTHONUNBUFFERED": "1",
+            "PIP_BREAK_SYSTEM_PACKAGES": "1",
+            "PIP_USER": "1",  # the interpreter's site-packages are the host's: never write there
+            "HOME": home,
+            **(env or {}),
+        }
+
+    def _holder(self, record: dict[str, Any]) -> tuple[holder.Holder, builtins.list[str]]:
+        """The sandbox's holder, started when it is not running, and the cgroup files its
+        processes join (with the sandbox's lock held)."""
+        sandbox_id, folder = record["id"], self._folder(record)
+        place = self._place()
+        files: builtins.list[str] = []
+        if place:
+            try:
+                made = place.make(sandbox_id, *resources(record))
+            except OSError as exc:
+                raise SandboxFailed(
+                    f"cannot make the cgroup of sandbox {sandbox_id}: {exc.strerror or exc}"
+                ) from None
+            files = [str(f) for f in made]
+        found = holder.load(folder)
+        if found is None:
+            if os.geteuid() == 0:
+                uid, claim = holder.claim_uid(self.settings.installation, sandbox_id)
+                gid = uid
+            else:
+                uid, gid, claim = os.getuid(), os.getgid(), -1
+            found = holder.make(
+                folder, uid, gid, claim, bool(record.get("network", True)), files, system_args()
+            )
+            found.protected = self._protected(record)
+            (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
+        if not os.path.isdir(found.etc):  # its /etc, as of this start
+            found.etc = str(shared_etc(self.root / ".etc", found.network))
+            (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
+        return found, files
+
+    def _protected(self, record: dict[str, Any]) -> builtins.list[builtins.list[str]]:
+        """What host tools trust in the writable work folder (``protected_paths``), found
+        afresh at each start of the sandbox, before any of its processes runs: each is
+        read-only in every process of it, every folder on its way pinned."""
+        work = record.get("work_folder") or ""
+        if not work or record.get("work_read_only") or not self.settings.protected_paths:
+            return []
+        hidden = [path for path, _ in record.get("masks") or []]
+        found = protect(work, list(self.settings.protected_paths), hidden)
+        if not found.complete:
+            log.warning(
+                "sandbox %s: protected paths %s; deeper ones stay writable", record["id"], found.why
+            )
+        return [[m.path, m.how] for m in found.masks]
+
+    def _spawn(
+        self,
+        sandbox_id: str,
+        cmd: builtins.list[str],
+        cwd: str,
+        env: dict[str, str] | None,
+        terminal: bool = False,
+        **kw: Any,
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        record = self._running(sandbox_id)
+        if cmd and cmd[0] in ("python3", "python"):
+            cmd = [
+                sys.executable,
+                *cmd[1:],
+            ]  # the interpreter running sandbox-kernel: it has IPython
+        folder = self._folder(record)
+        (folder / "home").mkdir(parents=True, exist_ok=True)
+        _make_tmp(folder)
+        # Under the sandbox's lock until the process is recorded: a stop or destroy
+        # waits for it and ends it, and none starts after them.
+        with self._locked(sandbox_id):
+            record = self._running(sandbox_id)
+            if bwrap_works():
+                proc = self._spawn_bwrap(record, cmd, cwd, env, terminal, **kw)
+            else:
+                proc = self._spawn_plain(record, cmd, cwd, env, terminal, **kw)
+            marker = folder / "procs" / str(proc.pid)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(holder.start_time(proc.pid))
+        return proc, marker
+
+    def _spawn_plain(
+        self,
+        record: dict[str, Any],
+        cmd: builtins.list[str],
+        cwd: str,
+        env: dict[str, str] | None,
+        terminal: bool,
+        **kw: Any,
+    ) -> subprocess.Popen[bytes]:
+        """A plain child process of the host (no bubblewrap): no isolation at all."""
+        work = record.get("work_folder") or ""
+        if cwd.startswith(WORKSPACE):
+            host_cwd = str(self.host_path(record["id"], cwd))
+        elif work and (cwd == work or cwd.startswith(work + "/")):
+            host_cwd = cwd  # the work folder is at its own path
+        else:
+            host_cwd = record["workspace"]
+        memory = int(record.get("memory") or 1 << 30)
+        launch = Launch(limits=[(resource.RLIMIT_DATA, memory)], terminal=terminal)
+        return start(
+            cmd,
+            launch,
+            cmd[0],
+            cwd=host_cwd,
+            env=self._base_env(env, str(self._folder(record) / "home")),
+            start_new_session=True,
+            **kw,
+        )
+
+    def _spawn_bwrap(
+        self,
+        record: dict[str, Any],
+        cmd: builtins.list[str],
+        cwd: str,
+        env: dict[str, str] | None,
+        terminal: bool,
+        **kw: Any,
+    ) -> subprocess.Popen[bytes]:
+        """``cmd`` under bubblewrap in the sandbox's namespaces (see the module)."""
+        found, cgroup_files = self._holder(record)
+        namespaces = found.namespaces()
+        opened = [fd for fd, _ in namespaces]
+        staged: builtins.list[tuple[int, str, bool]] = []
+        kept: builtins.list[int] = []
+        try:
+            binds, etc_folder, masks = folder_binds(
+                record,
+                self._folder(record),
+                self.workspace_source(record),
+                found.etc,
+                found.protected,
+                namespaces[0][0],
+                staged,
+                kept,
+                opened,
+            )
+            place = self._place()
+            memory, pids, _ = resources(record)
+            limits = [(resource.RLIMIT_NPROC, pids)]
+            if "memory" not in place.controllers:
+                limits.append((resource.RLIMIT_DATA, memory))
+            seccomp_fd = filter_fd(opened)
+            argv = bwrap_command(
+                cmd,
+                binds=binds,
+                etc_folder=etc_folder,
+                masks=masks,
+                cwd=cwd,
+                env=self._base_env(env, HOME),
+                tmp_size=memory,
+                seccomp_fd=seccomp_fd,
+                new_session=not terminal,
+            )
+            root = os.geteuid() == 0
+            launch = Launch(
+                cgroup_files=cgroup_files,
+                staged=staged,
+                become=(found.uid, found.gid) if root else None,
+                namespaces=namespaces,
+                limits=limits,
+                terminal=terminal,
+            )
+            return start(
+                argv,
+                launch,
+                f"{cmd[0]} in {record['id']}",
+                cwd="/",
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                start_new_session=True,
+                pass_fds=pass_fds(kept, [seccomp_fd] if seccomp_fd >= 0 else []),
+                **kw,
+            )
+        finally:
+            close_all(opened)
+
+    def open_channel(
+        self,
+        sandbox_id: str,
+        cmd: builtins.list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+    ) -> LocalChannel:
+        log = (self.root / sandbox_id / "stderr.log").open("ab")
+        try:
+            proc, marker = self._spawn(
+                sandbox_id, cmd, cwd, env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+            )
+        finally:
+            log.close()
+        return LocalChannel(proc, marker)
+
+    def open_pty(
+        self,
+        sandbox_id: str,
+        cmd: builtins.list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+        rows: int = 24,
+        cols: int = 80,
+    ) -> LocalPty:
+        """``cmd`` in the sandbox's isolation on a pseudo-terminal made for it.
+
+        Never the host's own terminal: a sandboxed process holding the user's terminal
+        could push keystrokes into it (TIOCSTI) or rewrite its console (TIOCLINUX), and
+        they would run on the host. It gets the slave of a new pair as stdin, stdout,
+        stderr and controlling terminal of a session of its own (so Ctrl-C and job
+        control work); the host keeps the master and relays it.
+        """
+        master, slave = os.openpty()  # both close-on-exec: only fds 0-2 reach the child
+        try:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            proc, marker = self._spawn(
+                sandbox_id,
+                cmd,
+                cwd,
+                env,
+                terminal=True,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+            )
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        return LocalPty(proc, marker, master)
+
+    def exec(
+        self,
+        sandbox_id: str,
+        cmd: builtins.list[str],
+        *,
+        cwd: str = WORKSPACE,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        proc, marker = self._spawn(
+            sandbox_id,
+            cmd,
+            cwd,
+            env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            kill_spawn(proc.pid)
+            out, _ = proc.communicate()
+            out += f"timed out after {timeout} s\n".encode()
+            code = 124
+        finally:
+            marker.unlink(missing_ok=True)
+        return ExecResult(code if code >= 0 else 128 - code, out)
+
+    # -- files ------------------------------------------------------------------------
+    def _files(self, sandbox_id: str, path: str) -> tuple[Beneath, str]:
+        """The workspace (as a :class:`Beneath`) and the path in it, for a workspace path.
+
+        The workspace is as hostile here as under Docker (a bubblewrap'd cell can plant
+        links and FIFOs in it), so files are reached through descriptors only.
+        """
+        record = self._load(sandbox_id)
+        if record is None:
+            raise not_found(sandbox_id)
+        pure = PurePosixPath(path)
+        if pure.is_absolute():
+            if not (pure == PurePosixPath(WORKSPACE) or PurePosixPath(WORKSPACE) in pure.parents):
+                raise SandboxError(f"{path!r} is outside {WORKSPACE}")
+            pure = pure.relative_to(WORKSPACE)
+        return Beneath(record["workspace"]), str(pure)
+
+    def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
+        files, rel = self._files(sandbox_id, path)
+        upload = files.start_write(rel)
+        try:
+            if isinstance(data, bytes | bytearray):
+                upload.write(bytes(data))
+            else:
+                while chunk := data.read(1 << 20):
+                    upload.write(chunk)
+            upload.commit()
+        finally:
+            upload.abort()  # no-op after a commit
+
+    def get_file(self, sandbox_id: str, path: str) -> Iterator[bytes]:
+        files, rel = self._files(sandbox_id, path)
+        try:
+            _, chunks = files.read_chunks(rel)
+        except FileMissing:
+            raise SandboxError(f"no file {path!r} in sandbox {sandbox_id}") from None
+        yield from chunks
+
+
+def _make_tmp(folder: Path) -> None:
+    """The sandbox's /tmp on disk: every process of it may write there, as in /tmp."""
+    tmp = folder / "tmp"
+    if not tmp.is_dir():
+        tmp.mkdir(parents=True, exist_ok=True)
+        os.chmod(tmp, 0o1777)
+
+
+def resources(record: dict[str, Any]) -> tuple[int, int, float]:
+    """(memory bytes, processes, CPUs) of a sandbox; a record made before they were kept
+    gets a Spec's defaults."""
+    default = Spec()
+    return (
+        int(record.get("memory") or default.memory),
+        int(record.get("pids") or default.pids),
+        float(record.get("cpus") or default.cpus),
+    )
+
+
+def _marker_matches(marker: Path) -> bool:
+    """Whether the process a marker names is still the one it was written for."""
+    try:
+        said = marker.read_text().strip()
+    except OSError:
+        return False
+    return not said or holder.start_time(int(marker.name)) == said

@@ -1,0 +1,136 @@
+"""The host folders a local sandbox's processes see, handed to bubblewrap safely.
+
+A root server stages them (see :mod:`.launch`): the sandbox's own folders (workspace,
+home, work folder) idmapped through the sandbox's user namespace, the rest as they are.
+Otherwise bubblewrap binds the host paths itself, the workspace and work folder by
+descriptors checked to be the folders the sandbox was made with (bubblewrap checks
+again that what it mounted is what the descriptor holds).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import seccomp
+from ..base import SHARED, WORKSPACE, SandboxFailed
+from .launch import STAGE, detached, make_stage
+from .view import HOME, Bind, bwrap_features
+
+
+def folder_binds(
+    record: dict[str, Any],
+    folder: Path,
+    workspace: str,
+    etc: str,
+    protected: builtins.list[builtins.list[str]],
+    userns: int,
+    staged: builtins.list[tuple[int, str, bool]],
+    kept: builtins.list[int],
+    opened: builtins.list[int],
+) -> tuple[builtins.list[Bind], str, builtins.list[tuple[str, str, str]]]:
+    """The sandbox's folders for bubblewrap: (binds, the folder of its /etc files,
+    work folder masks as (path, how, source), outer first). ``protected`` are the work
+    folder's protected paths and the folders on their way, (path, "read-only" | "pin"),
+    as found when the sandbox started (see folders.protect).
+
+    A root server stages them (see :mod:`.launch`): its own folders idmapped through
+    the sandbox's user namespace, the rest as they are. Otherwise bubblewrap binds
+    the host paths itself, the workspace and work folder by descriptors checked to
+    be the folders the sandbox was made with."""
+    ids = record.get("identities") or {}
+    work = record.get("work_folder") or ""
+    wanted: builtins.list[
+        tuple[str, str, str, bool, bool]
+    ] = [  # name, host, inside, writable, idmapped
+        ("workspace", workspace, WORKSPACE, True, True),
+        ("home", str(folder / "home"), HOME, True, True),
+        ("tmp", str(folder / "tmp"), "/tmp", True, True),
+    ]
+    if record.get("shared_folder"):
+        wanted.append(("shared", record["shared_folder"], SHARED, False, False))
+    if work and os.path.isdir(work):
+        wanted.append(("work", work, work, not record.get("work_read_only"), True))
+    for n, prefix in enumerate(sorted({sys.prefix, sys.base_prefix})):
+        if not prefix.startswith("/usr/") and prefix != "/usr":
+            wanted.append((f"python{n}", prefix, prefix, False, False))
+    binds: builtins.list[Bind] = []
+    root = os.geteuid() == 0
+    sources: dict[str, str] = {}
+    for name, host, inside, writable, idmapped in wanted:
+        expect = ids.get(name, "") if name in ("workspace", "work") else ""
+        if root:
+            fd = detached(host, userns if idmapped else -1, read_only=not writable)
+            opened.append(fd)
+            check_identity(fd, host, expect)
+            staged.append((fd, name, True))
+            source = f"{STAGE}/{name}"
+        elif expect and "--bind-fd" in bwrap_features():
+            fd = os.open(host, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            opened.append(fd)
+            check_identity(fd, host, expect)
+            kept.append(fd)
+            source = f"fd:{fd}"
+        else:
+            if expect and identity(host) != expect:
+                check_identity(os.open(host, os.O_PATH | os.O_CLOEXEC), host, expect)
+            source = host
+        sources[name] = source
+        binds.append(Bind(source, inside, writable))
+    if root:
+        make_stage()
+        fd = detached(etc, -1, read_only=True)
+        opened.append(fd)
+        staged.append((fd, "etc", True))
+        etc_folder = f"{STAGE}/etc"
+    else:
+        etc_folder = etc
+    masks: builtins.list[tuple[str, str, str]] = []
+    if "work" in sources:
+        base = sources["work"] if root else work
+        for path, how in [*(record.get("masks") or []), *protected]:
+            if how != "hide" and os.path.islink(path):
+                how = "hide"  # a link planted where a folder or file was: show nothing
+            masks.append((path, how, base + path[len(work) :]))
+    masks.sort(key=lambda m: m[0])
+    return binds, etc_folder, masks
+
+
+def identity(path: str) -> str:
+    """ "device:inode" of a folder."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def check_identity(fd: int, path: str, expect: str) -> None:
+    """Refuse a folder that is not the one the sandbox was made with (another sandbox
+    whose folder holds this path may have put a link there meanwhile)."""
+    if not expect:
+        return
+    st = os.fstat(fd)
+    if f"{st.st_dev}:{st.st_ino}" != expect:
+        raise SandboxFailed(
+            f"{path} is no longer the folder this sandbox was made with (replaced, or a "
+            "link): destroy the sandbox (your files stay) and open the notebook again"
+        )
+
+
+def seccomp_fd(opened: builtins.list[int]) -> int:
+    """A pipe's read end holding the seccomp program, for ``bwrap --seccomp`` (-1 on an
+    architecture :mod:`..seccomp` has no table for)."""
+    if not seccomp.supported():
+        return -1
+    program = seccomp.bpf_program()
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    opened.append(read_end)
+    try:
+        os.write(write_end, program)  # a few KiB: a pipe holds it
+    finally:
+        os.close(write_end)
+    return read_end

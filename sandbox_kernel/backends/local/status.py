@@ -1,0 +1,102 @@
+"""What a local sandbox's isolation is on this machine, and what of it does not hold.
+
+Said in every listing (``SandboxInfo.isolation``), in the backend's health, and line by
+line by :func:`limits_report` (for ``sandbox-kernel doctor``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from functools import lru_cache
+
+from .. import seccomp
+from . import cgroup, holder
+
+PLAIN_ISOLATION = "none: plain host processes in the workspace folder, no isolation"
+
+
+@lru_cache(maxsize=1)
+def bwrap_works() -> bool:
+    """Whether bubblewrap can create namespaces here (it can't in some containers)."""
+    if os.environ.get("SANDBOX_KERNEL_LOCAL_NO_BWRAP") == "1" or not shutil.which("bwrap"):
+        return False
+    try:
+        probe = subprocess.run(
+            ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def limits_report(installation: str) -> list[str]:
+    """Which of a sandbox's bounds hold on this machine for this process's user, and
+    why not where one does not: one line each (for ``doctor`` and the backend's health)."""
+    if not bwrap_works():
+        why = (
+            "SANDBOX_KERNEL_LOCAL_NO_BWRAP=1"
+            if os.environ.get("SANDBOX_KERNEL_LOCAL_NO_BWRAP") == "1"
+            else "bubblewrap is missing or cannot make namespaces here (apt-get install bubblewrap)"
+        )
+        return [f"isolation: none ({why}): cells run as plain processes of yours"]
+    place = cgroup.place(installation)
+    lines = [
+        "user: "
+        + (
+            "a uid of its own per running sandbox (root server)"
+            if os.geteuid() == 0
+            else "yours (uid 1000 'sandbox' inside)"
+        ),
+        "network: "
+        + (
+            "a namespace of its own, out through slirp4netns without the host's loopback"
+            if holder.slirp_program()
+            else "a namespace of its own with only lo: slirp4netns is not installed "
+            "(apt-get install slirp4netns) so sandboxes have no network"
+        ),
+        "limits: " + _limits_text(place),
+        "system calls: "
+        + (
+            "seccomp filter (no setuid files, namespaces, mounts, keyrings, BPF, io_uring)"
+            if seccomp.supported()
+            else f"no seccomp filter (no system-call table for {os.uname().machine})"
+        ),
+        "disk: not bounded (the workspace and home are host folders)",
+    ]
+    return lines
+
+
+def _limits_text(place: cgroup.Place) -> str:
+    if place:
+        return place.describe()
+    return (
+        f"processes bounded per sandbox (RLIMIT_NPROC), memory per process only (RLIMIT_DATA), "
+        f"CPU not limited: {place.describe()}"
+    )
+
+
+def isolation(place: cgroup.Place, network: bool) -> str:
+    """What separates this sandbox from the host, and what does not hold, in a line."""
+    if not bwrap_works():
+        return PLAIN_ISOLATION
+    who = "a uid of its own" if os.geteuid() == 0 else "your uid"
+    if not network:
+        net = "no network"
+    elif holder.slirp_program():
+        net = "network through slirp4netns, not the host's loopback"
+    else:
+        net = "no network (slirp4netns is not installed)"
+    bounds = (
+        f"{'/'.join(place.controllers)} limited by cgroup v{place.version}"
+        + ("" if "cpu" in place.controllers else ", CPU not")
+        if place
+        else f"processes limited, memory per process only, CPU not (no cgroup: {place.reason})"
+    )
+    return (
+        f"bubblewrap as {who} (own namespaces, read-only system, minimal /etc, seccomp; "
+        f"{net}; {bounds}; disk not limited): weaker than a container"
+    )
