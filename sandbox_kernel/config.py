@@ -34,6 +34,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, List, TraitError, Unicode, d
 from traitlets.config import Config, Configurable
 from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
 
+from . import volumes as mappings
 from .agent.egress_rules import parse_entry
 
 log = logging.getLogger("sandbox_kernel")
@@ -185,6 +186,15 @@ class SandboxConfig(Configurable):
     ).tag(config=True)
     shared_folder = Unicode(
         "", help="Optional host folder mounted read-only at /shared in every sandbox."
+    ).tag(config=True)
+    volumes = List(
+        Unicode(),
+        default_value=[],
+        help=(
+            "Folders mapped into every sandbox, 'host_dir:sandbox_dir[:ro|rw]' (ro by default), "
+            "e.g. ['/data/corpora:/data', '/srv/cache:/cache:rw']; Daytona maps its volumes by "
+            "name ('team-data:/team:rw'). A writable one is shared and guarded like the work folder."
+        ),
     ).tag(config=True)
     work_root = Unicode(
         "auto",
@@ -415,6 +425,13 @@ class SandboxConfig(Configurable):
             raise TraitError("must be more than zero")
         return proposal["value"]
 
+    @validate("volumes")
+    def _mappings(self, proposal: Any) -> list[str]:
+        try:
+            return [str(mappings.parse(text)) for text in proposal["value"]]
+        except mappings.VolumeError as exc:
+            raise TraitError(str(exc)) from None
+
     @validate("shared_folder")
     def _existing_folder(self, proposal: Any) -> str:
         value = proposal["value"]
@@ -497,6 +514,11 @@ class SandboxConfig(Configurable):
         if not proposal["value"].strip():
             raise TraitError("must name an image")
         return proposal["value"].strip()
+
+    @property
+    def mappings(self) -> tuple[mappings.Volume, ...]:
+        """The folders mapped into every sandbox (``volumes``), parsed."""
+        return tuple(mappings.parse(text) for text in self.volumes)
 
     @property
     def max_total_memory_bytes(self) -> int:
@@ -703,6 +725,7 @@ def load_config(
             continue
         _apply(cfg, [(name, value, source)])
     _check_allowed(cfg)
+    _check_mappings(cfg)
     return cfg
 
 
@@ -725,8 +748,8 @@ def _apply(cfg: SandboxConfig, values: list[tuple[str, Any, str]]) -> None:
             if isinstance(trait, Enum):
                 accepted = f" (accepted: {', '.join(map(str, trait.values or []))})"
             where = source if source != name else setting_names(name)
-            # A table's error names its entry; the whole table would only drown it.
-            shown = "" if isinstance(trait, Dict) else f" {value!r}"
+            # A table's or list's error names its entry; the whole would only drown it.
+            shown = "" if isinstance(trait, (Dict, List)) else f" {value!r}"
             raise ConfigError(
                 f"bad value{shown} for {where}: {_short_trait_error(exc, trait)}{accepted}"
             ) from None
@@ -757,6 +780,15 @@ def _text_list(text: str) -> list[str]:
             raise TraitError("expected a JSON list")
         return value
     return [word for word in re.split(r"[,\s]+", text) if word]
+
+
+def _check_mappings(cfg: SandboxConfig) -> None:
+    """The mapped folders together, against what no sandbox may see on this host."""
+    guarded = mappings.guards(cfg.state_dir, cfg.workspace_root)
+    try:
+        mappings.check(cfg.mappings, guarded, cfg.shared_folder)
+    except mappings.VolumeError as exc:
+        raise ConfigError(f"bad value for {setting_names('volumes')}: {exc}") from None
 
 
 def _check_allowed(cfg: SandboxConfig) -> None:
