@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Enum, Float, Int
+from traitlets import Bool, Enum, Float, Int, List, Unicode
 
 from sandbox_kernel.config import ConfigError, load_config
 from sandbox_kernel.identity import OWNER_FROM_ENV, resolve_user
@@ -35,6 +35,15 @@ class SandboxExtension(ExtensionApp):
             "servers, JupyterHub single-user servers: every authenticated request acts for the "
             "owner, whatever name the identity provider invents). request: the request's "
             "Jupyter username (servers with several users)."
+        ),
+    ).tag(config=True)
+    admin_users = List(
+        Unicode(),
+        default_value=[],
+        help=(
+            "Jupyter usernames of the administrators of this installation (who may run the MCP "
+            "tool cleanup_orphan_sandboxes). Empty: on a single-user server (owner_from = "
+            "server) its owner; on a server with several users, no one."
         ),
     ).tag(config=True)
     max_upload_size = Int(
@@ -94,6 +103,7 @@ class SandboxExtension(ExtensionApp):
         self.settings.update(
             sandbox_service=SandboxService(config),
             sandbox_owner=None if self.owner_from == "request" else resolve_user(config),
+            sandbox_admin_users=tuple(self.admin_users),
             sandbox_max_upload=self.max_upload_size,
             sandbox_dav=DavService(self.serverapp.base_url),
             sandbox_preview_isolation=self.preview_isolation,

@@ -89,6 +89,16 @@ def request_owner(handler: JupyterHandler) -> str:
     return handler.settings.get("sandbox_owner") or handler.current_user.username
 
 
+def request_is_admin(handler: JupyterHandler) -> bool:
+    """Whether a request is an administrator's: a user ``SandboxExtension.admin_users``
+    names or, when it names none, the owner of a single-user server (owner_from =
+    "server": every request acts for that user)."""
+    admins = handler.settings.get("sandbox_admin_users") or ()
+    if admins:
+        return handler.current_user.username in admins
+    return bool(handler.settings.get("sandbox_owner"))
+
+
 def http_error(exc: SandboxError) -> web.HTTPError:
     """The HTTP error of a domain error: its status, its message, never a traceback."""
     status = http_status(exc)

@@ -42,13 +42,14 @@ from sandbox_kernel.agent_sessions import AgentSessions
 from sandbox_kernel.mcp_server import build_server
 from sandbox_kernel.service import SandboxService
 
-from .handlers import AUTH_RESOURCE, request_owner
+from .handlers import AUTH_RESOURCE, request_is_admin, request_owner
 
 MOUNT = "sandbox-kernel/mcp"
 BODY_LIMIT = 16 << 20  # bytes of one MCP request (write_file takes up to 8 MiB, base64'd)
 SESSION_IDLE = 4 * 3600.0  # seconds an MCP session may go unused before the SDK ends it
 MAX_MCP_SESSIONS = 1000
 OWNER_KEY = "sandbox_kernel.owner"
+ADMIN_KEY = "sandbox_kernel.admin"
 SERVER_URL_KEY = "sandbox_kernel.server_url"
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 HIDDEN_HEADERS = {"authorization", "cookie"}  # never handed on to the SDK or the tools
@@ -62,6 +63,13 @@ def owner_of(ctx: Context) -> str:
     if not isinstance(owner, str) or not owner:
         raise RuntimeError("an MCP call reached the tools without an authenticated owner")
     return owner
+
+
+def admin_of(ctx: Context) -> bool:
+    """Whether the request that carried the call is an administrator's (see
+    ``SandboxExtension.admin_users``)."""
+    request = ctx.request_context.request
+    return bool(getattr(request, "scope", {}).get(ADMIN_KEY)) if request is not None else False
 
 
 def server_url_of(ctx: Context) -> str:
@@ -78,7 +86,7 @@ class McpService:
     def __init__(self, service: SandboxService, home: str | None = None) -> None:
         root = home or os.environ.get("SANDBOX_KERNEL_SERVER_ROOT") or os.getcwd()
         self.sessions = AgentSessions(service, str(Path(root).resolve()))
-        self.server = build_server(self.sessions, owner_of, server_url_of)
+        self.server = build_server(self.sessions, owner_of, server_url_of, admin_of)
         self.server.streamable_http_app(
             streamable_http_path="/" + MOUNT,
             max_request_body_size=BODY_LIMIT,
@@ -258,6 +266,7 @@ class McpHandler(APIHandler):
                 AccessToken(token="", client_id=f"jupyter:{user}", scopes=[], subject=user)
             ),
             OWNER_KEY: request_owner(self),
+            ADMIN_KEY: request_is_admin(self),
             SERVER_URL_KEY: f"{request.protocol}://{request.host}{self.base_url}",
         }
 

@@ -97,7 +97,12 @@ def _print_table(items: list[dict[str, Any]]) -> None:
     for row in rows:
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
     for i in items:
-        if i.get("outdated"):
+        if i.get("volumes"):
+            mapped = ", ".join(f"{v['target']} ({v['mode']})" for v in i["volumes"])
+            print(f"{i['id']}: mapped folders: {mapped}")
+        if i.get("remake"):
+            print(f"{i['id']}: outdated ({i['outdated']}); {i['remake']}")
+        elif i.get("outdated"):
             print(
                 f"{i['id']}: outdated ({i['outdated']}); `sandbox-kernel destroy {i['id']}` to remake it"
             )

@@ -175,8 +175,21 @@ def plan(
     return actions
 
 
-def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[Action]:
-    """Apply the lifecycle policies to every sandbox of this installation on this backend."""
+# What an orphan's action says (see decide): made by us, owned by no one any more.
+ORPHAN_REASONS = ("orphan", "left half-", "files sandbox left half-")
+
+
+def is_orphan(action: Action) -> bool:
+    """Whether ``action`` removes an orphan (no owner record, an older incarnation, a
+    sandbox left half-made), not a sandbox someone owns."""
+    return action.action == "destroy" and action.reason.startswith(ORPHAN_REASONS)
+
+
+def gc(
+    backend: Backend, config: SandboxConfig, dry_run: bool = False, orphans_only: bool = False
+) -> list[Action]:
+    """Apply the lifecycle policies to every sandbox of this installation on this backend
+    (``orphans_only``: only remove orphans whose grace is over)."""
     store = Store(config)
     if not dry_run:
         try:
@@ -192,6 +205,8 @@ def gc(backend: Backend, config: SandboxConfig, dry_run: bool = False) -> list[A
                 continue
         infos.append(info)
     actions = plan(infos, config, store, backend.name)
+    if orphans_only:
+        actions = [a for a in actions if is_orphan(a)]
     if dry_run:
         return actions
     try:

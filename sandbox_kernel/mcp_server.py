@@ -34,6 +34,7 @@ from .errors import (
     error_label,
     shorten,
 )
+from .mcp_overview import cleanup_orphans, owns_state_folder, resource_stats, volume_mappings
 from .mcp_results import (
     Cut,
     cut_command,
@@ -51,6 +52,8 @@ from .service import SandboxService
 log = logging.getLogger("sandbox_kernel")
 
 OwnerOf = Callable[[Context], str]
+# Whether the caller administers this installation (see cleanup_orphan_sandboxes).
+AdminOf = Callable[[Context], bool]
 # The URL of the Jupyter server that serves previews, ending in "/" ("" when none runs).
 ServerUrlOf = Callable[[Context], str]
 READ_DEFAULT = 1 << 20  # bytes read_file returns unless asked for more
@@ -221,10 +224,14 @@ def running_server_url(_ctx: Context | None = None) -> str:
 
 
 def build_server(
-    sessions: AgentSessions, owner_of: OwnerOf, server_url_of: ServerUrlOf = running_server_url
+    sessions: AgentSessions,
+    owner_of: OwnerOf,
+    server_url_of: ServerUrlOf = running_server_url,
+    admin_of: AdminOf = lambda _ctx: False,
 ) -> MCPServer:
     """The MCP server with every tool, acting for ``owner_of(ctx)`` on each call;
-    ``server_url_of`` says where previews are served."""
+    ``server_url_of`` says where previews are served, ``admin_of`` whether the caller
+    administers this installation."""
     server: MCPServer = MCPServer(
         "sandbox-kernel",
         instructions=INSTRUCTIONS,
@@ -640,6 +647,63 @@ def build_server(
 
         return await guarded(work, result_limit)
 
+    @tool(
+        "The folders the administrator maps into your sandboxes (data sets, model weights, "
+        "tools, caches): where each appears, which host folder or volume it shows, and whether "
+        "it is read-only (ro) or writable (rw); also the mappings of the settings now, which a "
+        "sandbox made before gets at its next start.",
+        True,
+    )
+    async def get_volume_mappings(
+        ctx: Context,
+        sandbox_id: Annotated[
+            str,
+            Field(
+                description="Id of one of your sandboxes (see list_sandboxes); empty: all of them."
+            ),
+        ] = "",
+    ) -> CallToolResult:
+        owner = owner_of(ctx)
+
+        async def work() -> CallToolResult:
+            said, data = await asyncio.to_thread(volume_mappings, service, owner, sandbox_id)
+            return CallToolResult(content=[text(said)], structured_content=data)
+
+        return await guarded(work, result_limit)
+
+    @tool(
+        "Your sandboxes' resources: each one's CPUs, memory and disk (its own files and the "
+        "workspace) in use against its limits, your totals, and how far this installation's "
+        "quotas (number of sandboxes, total memory) are from full.",
+        True,
+    )
+    async def get_resource_stats(ctx: Context) -> CallToolResult:
+        owner = owner_of(ctx)
+
+        async def work() -> CallToolResult:
+            said, data = await asyncio.to_thread(resource_stats, service, owner)
+            return CallToolResult(content=[text(said)], structured_content=data)
+
+        return await guarded(work, result_limit)
+
+    @tool(
+        "For administrators of this installation: remove its orphan sandboxes (no owner "
+        "record, an older sandbox of a reused id, one left half-made) once their grace period "
+        "is over; workspaces are kept. Anyone else is told it is not theirs to run.",
+        destructive=True,
+    )
+    async def cleanup_orphan_sandboxes(
+        ctx: Context,
+        dry_run: Annotated[bool, Field(description="Only list what would be removed.")] = False,
+    ) -> CallToolResult:
+        admin = admin_of(ctx)
+
+        async def work() -> CallToolResult:
+            said, data = await asyncio.to_thread(cleanup_orphans, service, admin, dry_run)
+            return CallToolResult(content=[text(said)], structured_content=data)
+
+        return await guarded(work, result_limit)
+
     return server
 
 
@@ -647,7 +711,9 @@ async def serve_stdio(service: SandboxService, owner: str, home: str) -> None:
     """``sandbox-kernel mcp``: the tools over stdin/stdout for ``owner``, until the
     client closes the pipe; every interpreter is ended on the way out."""
     sessions = AgentSessions(service, home)
-    server = build_server(sessions, lambda _ctx: owner)
+    # The user who runs it administers the installation whose state folder is theirs.
+    admin = owns_state_folder(service.config)
+    server = build_server(sessions, lambda _ctx: owner, admin_of=lambda _ctx: admin)
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     if main is not None:  # a client ending us with SIGTERM still gets interpreters ended

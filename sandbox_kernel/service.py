@@ -52,8 +52,10 @@ from .backends.base import (
     check_snapshot_name,
     installation_id,
     is_files_sandbox,
+    mapped_volumes,
     sandbox_labels,
     snapshot_ref,
+    writable_host_folders,
 )
 from .config import SandboxConfig
 from .errors import (
@@ -84,6 +86,7 @@ from .lifecycle import decide, quota_check, stats
 from .preview import READ_TABLES, ListeningPort, check_port, listening_ports
 from .store import AGENT, Store
 from .units import format_size
+from .volumes import VolumeError, check_work_folder, described
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 PORTS_TIMEOUT = 10.0  # seconds reading a sandbox's listening ports may take
@@ -144,6 +147,10 @@ class SandboxService:
         image = cfg.image
         if self.backend.name == "daytona" and image == SandboxConfig.image.default_value:
             image = ""  # the Docker-oriented default means "not chosen": Daytona's default snapshot
+        try:
+            check_work_folder(cfg.mappings, work_folder)
+        except VolumeError as exc:
+            raise SandboxFailed(str(exc)) from None
         return Spec(
             image=image,
             snapshot=cfg.snapshot,
@@ -163,6 +170,7 @@ class SandboxService:
             masks=tuple((m.path, m.how) for m in masks(work_folder, self._never_shown()))
             if work_folder
             else (),
+            volumes=cfg.mappings,
         )
 
     def _never_shown(self) -> list[str]:
@@ -284,6 +292,8 @@ class SandboxService:
             )
         elif info is None:
             ensured = self._made(sid, key, spec, say, record)
+        elif info.state == "stopped" and self._remade_at_start(info, spec):
+            ensured = Ensured(self._remake(info, key, spec, say), "started")
         else:
             ensured = self._revive(info, spec, say)
         ensured = self._fit(ensured, spec)
@@ -310,6 +320,7 @@ class SandboxService:
         return Ensured(info, "created")
 
     def _create(self, sid: str, key: ScopeKey, spec: Spec, say: Progress) -> SandboxInfo:
+        self.backend.check_volumes(spec.volumes)
         with self._reservation(sid, spec.memory, new=True):
             if self.backend.uses_images:  # the local backend says where it makes its own
                 say(f"creating sandbox {sid} from {spec.source} ({spec.flavor})")
@@ -325,6 +336,66 @@ class SandboxService:
                 return info
             time.sleep(0.1)
         raise SandboxFailed(f"{sid} was being made by another process and did not appear")
+
+    def _remade_at_start(self, info: SandboxInfo, spec: Spec) -> bool:
+        """Whether ``info`` differs from ``spec`` only in its mapped folders: then its
+        next start makes it anew with them (see :meth:`_remake`)."""
+        spec = _as_for(spec, info)
+        mapped = mapped_volumes(info)
+        return (
+            bool(info.spec)
+            and mapped != spec.volumes
+            and info.spec == replace(spec, volumes=mapped).fingerprint()
+        )
+
+    def _remake(self, info: SandboxInfo, key: ScopeKey, spec: Spec, say: Progress) -> SandboxInfo:
+        """The stopped sandbox ``info`` made anew with the mapped folders of ``spec``
+        (keeping its own files where the engine can), under a quota reservation."""
+        self.backend.check_volumes(spec.volumes)
+        if info.work_folder and not spec.work_folder:  # (a caller with no folder of its own)
+            found = masks(info.work_folder, self._never_shown())
+            spec = replace(
+                spec, work_folder=info.work_folder, masks=tuple((m.path, m.how) for m in found)
+            )
+        with self._reservation(info.id, spec.memory, new=False):
+            labels = sandbox_labels(key, spec, self.installation, "")
+            try:
+                made = self.backend.remake(info.id, key, spec, labels, say)
+            except AlreadyExists:  # another process made it anew meanwhile
+                made = self.backend.start(self._wait_found(info.id).id, say)
+        self.store.put(
+            self.backend.name, info.id, info.user, made.engine_id, made.spec, made.flavor
+        )
+        say(f"sandbox {info.id} now maps {described(spec.volumes)}; {self._remake_words()}")
+        return made
+
+    def _own_spec(self, info: SandboxInfo) -> Spec:
+        """What the service's settings make of ``info`` for its start outside a kernel
+        (REST, CLI): its own work folder and flavor kept."""
+        spec = self.spec(info.user, work_folder=info.work_folder)
+        record = self.store.get(self.backend.name, info.id)
+        flavor = (
+            record.flavor if record and record.engine_id == info.engine_id else ""
+        ) or info.flavor
+        if flavor in self.config.flavors:
+            sizes = self.config.flavor_sizes(flavor)
+            spec = replace(
+                spec,
+                flavor=flavor,
+                cpus=float(sizes["cpus"]),
+                memory=int(sizes["memory"]),
+                disk=int(sizes["disk"]),
+            )
+        return _of_flavor(spec, self.config, flavor)
+
+    def _remake_words(self) -> str:
+        """What a remake keeps, as listings promise it before it happens."""
+        if self.backend.keeps_files_on_remake:
+            return "its files and installed packages are kept"
+        return (
+            f"its own files (installed packages) are not kept: the {self.backend.name} backend "
+            "cannot add folders to a sandbox; /workspace is kept"
+        )
 
     def _revive(self, info: SandboxInfo, spec: Spec, say: Progress) -> Ensured:
         """Bring an existing sandbox to running; say what the user lost, if anything."""
@@ -398,6 +469,12 @@ class SandboxService:
         return f"; its disk stays {format_size(disk)}: the engine cannot grow it"
 
     def _outdated_note(self, info: SandboxInfo, spec: Spec) -> str:
+        if info.state == "running" and self._remade_at_start(info, spec):
+            return (
+                f"sandbox {info.id} maps {described(mapped_volumes(info))}; the folders mapped now "
+                f"are {described(spec.volumes)}: it is made anew with them at its next start "
+                f"({self._remake_words()}); `sandbox-kernel stop {info.id}` to get there sooner"
+            )
         if spec.work_folder and info.work_folder != spec.work_folder:
             return (
                 f"sandbox {info.id} was made without your folder {spec.work_folder}, so cells run in "
@@ -454,15 +531,15 @@ class SandboxService:
             info.last_activity = record.last_activity if record else info.created
             if record is not None and record.flavor and record.engine_id == info.engine_id:
                 info.flavor = record.flavor  # resized since its labels were written
-            if (
-                info.spec
-                and info.spec
-                != _of_flavor(
-                    _as_for(self.spec(info.user), info), self.config, info.flavor
-                ).fingerprint()
-                and VARIANT not in info.id
-            ):
+            current = _of_flavor(_as_for(self.spec(info.user), info), self.config, info.flavor)
+            if info.spec and info.spec != current.fingerprint() and VARIANT not in info.id:
                 info.outdated = "made from other settings than the current ones (image, snapshot, network, egress_allow or mounts)"
+                if self._remade_at_start(info, current):
+                    info.outdated = (
+                        f"made with other folder mappings ({described(mapped_volumes(info))}; "
+                        f"now {described(current.volumes)})"
+                    )
+                    info.remake = f"made anew with them at its next start: {self._remake_words()}"
             item = info.to_dict()
             item["usage"] = {
                 **self._with_cpu_rate(info.id, usage.get(info.id, {})),
@@ -541,9 +618,15 @@ class SandboxService:
         info = self.owned(user, sandbox_id)
         if info.state != "running":
             began = time.monotonic()
+            spec = self._own_spec(info)
             try:
-                with self._reservation(sandbox_id, int(info.limits.get("memory") or 0), new=False):
-                    self.backend.start(sandbox_id, progress)
+                if info.state == "stopped" and self._remade_at_start(info, spec):
+                    key = ScopeKey(info.user, info.scope, info.thread)
+                    self._remake(info, key, spec, progress or (lambda _m: None))
+                else:
+                    memory = int(info.limits.get("memory") or 0)
+                    with self._reservation(sandbox_id, memory, new=False):
+                        self.backend.start(sandbox_id, progress)
             except SandboxError as exc:
                 self._count_start("quota" if isinstance(exc, QuotaExceeded) else "failed", exc)
                 raise
@@ -576,7 +659,7 @@ class SandboxService:
     def as_user(self, info: SandboxInfo, cmd: builtins.list[str]) -> builtins.list[str]:
         """``cmd`` as the user's own command in sandbox ``info``, as cells run: their PATH,
         and beneath its host work folder no links, FIFOs or sockets may be made."""
-        return as_user(cmd, [info.work_folder] if info.work_folder else [])
+        return as_user(cmd, writable_host_folders(info))
 
     def exec(
         self,

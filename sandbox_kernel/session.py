@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from . import sync
 from .agent import bootstrap_command, bundle
 from .backends import Backend, Channel, SandboxError, SandboxNotFound
-from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo
+from .backends.base import LOST_NOTICE, WORKSPACE, SandboxInfo, writable_host_folders
 from .backends.docker.sockets import SocketChannel
 from .config import MIN_PIDS, SandboxConfig
 from .folders import notebook_folder, usable
@@ -171,9 +171,7 @@ class SandboxSession:
             "SANDBOX_AGENT_OUTPUT_LIMIT": str(self.cfg.output_limit),
             "SANDBOX_AGENT_CELL_TIMEOUT": str(self.cfg.cell_timeout),
             # Host folders in the sandbox: its processes may not plant links or FIFOs there.
-            "SANDBOX_AGENT_NO_SPECIAL_FILES": json.dumps(
-                [info.work_folder] if info.work_folder else []
-            ),
+            "SANDBOX_AGENT_NO_SPECIAL_FILES": json.dumps(writable_host_folders(info)),
         }
         # Imported here, not at the top: a kernel's start seeks its sandbox before it
         # has imported asyncio (see early_start), and the connection needs it.

@@ -38,6 +38,7 @@ from ..errors import (  # noqa: F401  (re-exported: backends raise them)
     SandboxNotFound,
 )
 from ..identity import ScopeKey
+from ..volumes import Volume, from_label, to_label
 
 Progress = Callable[[str], None]
 
@@ -58,6 +59,8 @@ LABEL_WORK_FOLDER = LABEL_PREFIX + "work-folder"  # host folder mounted at the s
 LABEL_WORK_MODE = LABEL_PREFIX + "work-mode"  # "ro" when it is mounted read-only
 # Its egress allowlist as JSON ("" or absent: none beyond the network switch).
 LABEL_EGRESS = LABEL_PREFIX + "egress-allow"
+# The administrator's folders mapped into it when it was made (a JSON list, see volumes.py).
+LABEL_VOLUMES = LABEL_PREFIX + "volumes"
 # Host folder mounted read-only where its interpreters reach their kernels (agent_sockets).
 LABEL_AGENT_SOCKETS = LABEL_PREFIX + "agent-sockets"
 # "files" on a user's files sandbox (see Backend.files_sandbox); code sandboxes have none.
@@ -94,6 +97,7 @@ class Spec:
     work_read_only: bool = False  # mounted read-only (work_mount = "ro")
     masks: tuple[tuple[str, str], ...] = ()  # (path, "hide") inside it
     egress: tuple[str, ...] = ()  # where it may connect (egress_allow); (): anywhere network allows
+    volumes: tuple[Volume, ...] = ()  # the administrator's mapped folders (c.SandboxConfig.volumes)
 
     def fingerprint(self, work: bool = True) -> str:
         """A short hash of what cannot change without making the sandbox anew (``work``:
@@ -111,6 +115,8 @@ class Spec:
             fixed["work"] = self.work_folder
             if self.work_read_only:
                 fixed["work_mode"] = "ro"
+        if self.volumes:  # (absent when none: sandboxes made before mappings keep their hash)
+            fixed["volumes"] = [str(v) for v in self.volumes]
         return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -189,6 +195,7 @@ def sandbox_labels(key: ScopeKey, spec: Spec, installation: str, workspace: str)
         LABEL_WORK_FOLDER: spec.work_folder,
         LABEL_WORK_MODE: "ro" if spec.work_read_only else "",
         LABEL_EGRESS: egress_label(spec.egress),
+        LABEL_VOLUMES: to_label(spec.volumes),
     }
 
 
@@ -204,6 +211,24 @@ def egress_of(labels: dict[str, str]) -> list[str]:
     except ValueError:
         return []
     return [str(e) for e in found] if isinstance(found, list) else []
+
+
+def volumes_of(labels: dict[str, str]) -> tuple[Volume, ...]:
+    """The mapped folders a sandbox was made with, from its labels."""
+    return from_label(labels.get(LABEL_VOLUMES, ""))
+
+
+def mapped_volumes(info: SandboxInfo) -> tuple[Volume, ...]:
+    """The mapped folders sandbox ``info`` was made with."""
+    return tuple(Volume(v["source"], v["target"], v["mode"]) for v in info.volumes)
+
+
+def writable_host_folders(info: SandboxInfo) -> builtins.list[str]:
+    """Where host folders the sandbox writes appear in it (its work folder, its writable
+    mappings): beneath them no process of the sandbox may make links, FIFOs, sockets or
+    devices (see agent/restrict.py)."""
+    folders = [info.work_folder] if info.work_folder else []
+    return folders + [v["target"] for v in info.volumes if v.get("mode") == "rw"]
 
 
 def files_sandbox_id(user: str) -> str:
@@ -258,8 +283,11 @@ class SandboxInfo:
     file_owner: str = ""  # "uid:gid" the server gives new workspace files, when not its own
     work_folder: str = ""  # host folder mounted at the same path inside, if any
     agent_sockets: str = ""  # host folder its interpreters reach their kernels by, if any
+    # The administrator's folders mapped into it: source, target, mode, kind (volumes.py)
+    volumes: list[dict[str, str]] = field(default_factory=list)
     # Filled in by the orchestrator for listings:
     outdated: str = ""  # why it differs from what its owner's settings make now, if it does
+    remake: str = ""  # when outdated: what its next start does about it ("": nothing)
     kernels: int = 0
     kernel_ids: list[str] = field(default_factory=list)
     busy_kernel_ids: list[str] = field(default_factory=list)
@@ -417,6 +445,8 @@ class Backend(abc.ABC):
     # Whether sandboxes are made from the image or snapshot of the Spec (not so for the
     # local backend: the host's own Python).
     uses_images: bool = True
+    # Whether remake() keeps a sandbox's own files (its installed packages, its home).
+    keeps_files_on_remake: bool = False
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
@@ -467,6 +497,28 @@ class Backend(abc.ABC):
     def resize(self, sandbox_id: str, spec: Spec) -> bool:
         """Give a sandbox the resources of ``spec`` in place; False when the engine cannot."""
         return False
+
+    def remake(
+        self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
+    ) -> SandboxInfo:
+        """Make the stopped sandbox ``sandbox_id`` anew from ``spec``, whose mapped folders
+        differ from its own (no engine adds mounts to a sandbox), keeping what the engine
+        can of its own files (:attr:`keeps_files_on_remake`); running when it returns.
+
+        Here: removed and made again, so only its workspace is kept. Raises as
+        :meth:`create` does."""
+        self.destroy(sandbox_id)
+        return self.create(sandbox_id, key, spec, labels, progress)
+
+    def check_volumes(self, volumes: tuple[Volume, ...]) -> None:
+        """Refuse, in one line naming it, a mapping this engine cannot mount. Host folders
+        here; an engine with volumes of its own (Daytona) says otherwise."""
+        for volume in volumes:
+            if not volume.on_host:
+                raise NotSupported(
+                    f"mapping '{volume}': the {self.name} backend mounts host folders, not "
+                    f"volumes by name; give {volume.target} a host folder (an absolute path)"
+                )
 
     # -- processes -----------------------------------------------------------
     @abc.abstractmethod

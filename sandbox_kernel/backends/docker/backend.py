@@ -41,16 +41,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...agent import bootstrap_command, bundle, inline, program
-from ...folders import protect
 from ...identity import ScopeKey
 from .. import idmap
 from ..base import (
     LABEL_AGENT_SOCKETS,
     LABEL_INSTALLATION,
     LABEL_MANAGED,
+    LABEL_SPEC,
     LABEL_USER_ID,
-    LABEL_WORK_FOLDER,
-    LABEL_WORK_MODE,
     LABEL_WORKSPACE,
     SHARED,
     WORKSPACE,
@@ -75,6 +73,7 @@ from ..base import (
     not_found,
     sandbox_id_of,
 )
+from .carry import DockerCarry, remake_lock
 from .cgroups import cgroup_usage, end_stuck_starts
 from .channel import DockerChannel, DockerPty
 from .disk import IMAGE, STORAGE_OPT, DockerDisks, disk_label, read_label
@@ -94,6 +93,7 @@ from .info import (
     LABEL_RUNTIME,
     LABEL_SNAPSHOT_REF,
     LABEL_UID,
+    LABEL_VOLUME_MOUNTS,
     LABEL_WORK_MOUNT,
     LABEL_WORK_MOUNT_ID,
     LABEL_WORKSPACE_DISK,
@@ -105,7 +105,7 @@ from .info import (
 )
 from .mounts import DEFAULT_UID, WorkspaceMounts, bind_mount
 from .network import NETWORK, port_target_of, shared_network
-from .protect import apply as apply_protection
+from .protect import protect_writable
 from .security import seccomp_profile
 from .snapshots import DockerSnapshots
 from .sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
@@ -131,6 +131,7 @@ class DockerBackend(Backend):
     keeps_spares = True
     resizes = True
     previews = True
+    keeps_files_on_remake = True
 
     def __init__(self, settings: EngineSettings) -> None:
         super().__init__(settings)
@@ -141,6 +142,7 @@ class DockerBackend(Backend):
         self._mounts = WorkspaceMounts(settings)
         self._sockets = AgentSocketFolders(settings.state_dir)
         self._snapshots = DockerSnapshots(settings.installation, lambda: self.client)
+        self._carry = DockerCarry(settings.installation, lambda: self._engine, lambda: self.client)
         # The calls on a kernel's path go straight to a local engine's socket, without
         # the SDK (see docker_wire); None: the SDK carries them too (a remote engine).
         self._wire = EngineWire.from_env()
@@ -271,7 +273,7 @@ class DockerBackend(Backend):
         self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
     ) -> SandboxInfo:
         name = engine_name(self._installation, sandbox_id)
-        image = (
+        image = self._carry.find(sandbox_id, spec) or (
             self._snapshots.image(spec)
             if spec.snapshot_ref
             else self._ensure_image(spec.image, progress)
@@ -395,6 +397,8 @@ class DockerBackend(Backend):
         mounts += work_mounts
         if spec.shared_folder:
             mounts.append(bind_mount(SHARED, spec.shared_folder, read_only=True))
+        volume_mounts, volume_points = self._mounts.volumes(name, spec, uid, gid, how)
+        mounts += volume_mounts
         sockets = ""
         if self._wire is not None:  # a local engine: it mounts this host's folders
             sockets = str(self._sockets.ensure(name))
@@ -448,6 +452,7 @@ class DockerBackend(Backend):
                 LABEL_WORK_MOUNT: work_point,
                 LABEL_MOUNT_ID: idmap.identity(Path(source)) if how == "idmap" else "",
                 LABEL_WORK_MOUNT_ID: idmap.identity(Path(work_point)) if work_point else "",
+                LABEL_VOLUME_MOUNTS: volume_points,
                 LABEL_RUNTIME: spec.runtime,
                 LABEL_SNAPSHOT_REF: spec.snapshot_ref,
                 LABEL_AGENT_SOCKETS: sockets,
@@ -512,35 +517,22 @@ class DockerBackend(Backend):
         return self._disks.describe(container_info(self._installation, started), started.labels)
 
     def _protect(self, container: Inspected) -> None:
-        """Make what host tools trust in the writable work folder read-only inside the
-        container, found afresh, before any process of the user's runs (see protect.py):
-        a root server on a local engine with runc, whose namespaces it may enter. Other
-        servers got the same mounts when the container was made (mounts.py)."""
-        labels = container.labels
-        work = labels.get(LABEL_WORK_FOLDER, "")
+        """Make what host tools trust in the writable host folders (the work folder, the
+        writable mapped folders) read-only inside the container, found afresh, before
+        any process of the user's runs (see protect.py): a root server on a local engine
+        with runc, whose namespaces it may enter. Other servers got the same mounts when
+        the container was made (mounts.py)."""
         runtime = (container.attrs.get("HostConfig") or {}).get("Runtime") or "runc"
         if (
-            not work
-            or labels.get(LABEL_WORK_MODE) == "ro"
-            or not self.settings.protected_paths
+            not self.settings.protected_paths
             or os.geteuid() != 0
             or self._wire is None
             or runtime != "runc"
         ):
             return
-        hidden = [
-            m.get("Destination", "")
-            for m in container.attrs.get("Mounts") or []
-            if str(m.get("Destination", "")).startswith(work.rstrip("/") + "/")
-        ]
-        found = protect(work, list(self.settings.protected_paths), hidden)
-        pid = int((container.attrs.get("State") or {}).get("Pid") or 0)
-        skipped = apply_protection(pid, [(m.path, m.how) for m in found.masks]) if pid else []
         sid = self._id(container)
-        if not found.complete:
-            log.warning("sandbox %s: protected paths %s; deeper ones stay writable", sid, found.why)
-        for line in skipped[:5]:
-            log.warning("sandbox %s: a protected path was not mounted: %s", sid, line)
+        for line in protect_writable(container.attrs, list(self.settings.protected_paths)):
+            log.warning("sandbox %s: %s", sid, line)
 
     def _reinspect(self, container: Inspected) -> Inspected:
         with engine_errors("read the state of", self._id(container)):
@@ -619,16 +611,38 @@ class DockerBackend(Backend):
         if container is None:
             return False
         try:
-            with engine_errors("remove", sandbox_id):
-                container.remove(force=True)
+            self._remove(Inspected(container.attrs))
         except SandboxNotFound:
             return False
         except Conflict:  # removal already in progress elsewhere
             return True
+        self._carry.remove(self._id(container))  # its files kept by a remake, if any
+        return True
+
+    def _remove(self, container: Inspected) -> None:
+        """Remove ``container`` and what the host made for it (not its carry image)."""
+        with engine_errors("remove", self._id(container)):
+            self.client.api.remove_container(container.id, force=True)
         self._mounts.release(container.name)
         self._sockets.release(container.name)
         self._disks.release(container.id)
-        return True
+
+    def remake(
+        self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
+    ) -> SandboxInfo:
+        """The stopped container committed to its carry image, removed, and made anew from
+        that image with ``spec``'s mounts (see carry.py): its own files are kept."""
+        with remake_lock(self.settings.state_dir, sandbox_id):
+            found = self._lookup(sandbox_id)
+            if found is not None and found.labels.get(LABEL_SPEC) == labels.get(LABEL_SPEC):
+                return self.start(sandbox_id, progress)  # another process made it meanwhile
+            if found is not None:
+                if found.status == "running":
+                    raise Conflict(f"sandbox {sandbox_id} is running; stop it to make it anew")
+                progress(f"keeping the files of {sandbox_id} to make it anew with its new folders")
+                self._carry.commit(found, sandbox_id, spec)
+                self._remove(found)
+            return self.create(sandbox_id, key, spec, labels, progress)
 
     def workspace_ready(self, info: SandboxInfo) -> None:
         self._disks.workspace_ready(info)
@@ -646,6 +660,7 @@ class DockerBackend(Backend):
         self._mounts.sweep(names)
         self._sockets.sweep(names)
         self._disks.sweep({c["Id"] for c in summaries})
+        self._carry.sweep({sandbox_id_of(self._installation, n) for n in names})
         for summary in summaries:
             if summary.get("State") == "running" and end_stuck_starts(summary["Id"]):
                 log.warning("%s: ended process starts it had frozen", summary.get("Names"))

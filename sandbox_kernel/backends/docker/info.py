@@ -30,6 +30,7 @@ from ..base import (
     SandboxInfo,
     egress_of,
     sandbox_id_of,
+    volumes_of,
 )
 
 BACKEND = "docker"
@@ -47,6 +48,8 @@ LABEL_WORK_MOUNT = LABEL_PREFIX + "work-mount"  # the same for the work folder
 # reboot) must show the same folder, not whatever a path leads to by then.
 LABEL_MOUNT_ID = LABEL_PREFIX + "workspace-mount-id"
 LABEL_WORK_MOUNT_ID = LABEL_PREFIX + "work-mount-id"
+# The idmapped mounts of writable mapped folders: a JSON list of [folder, mount, identity].
+LABEL_VOLUME_MOUNTS = LABEL_PREFIX + "volume-mounts"
 LABEL_SNAPSHOT_REF = LABEL_PREFIX + "snapshot-ref"  # on snapshots and the sandboxes made from them
 # How the sandbox's own files were bounded when it was made, and to what size
 # ("image:10737418240", "storage-opt:...", "" for not at all): see docker/disk.py.
@@ -161,6 +164,7 @@ def summary_info(installation: str, summary: dict[str, Any]) -> SandboxInfo:
         file_owner=labels.get(LABEL_UID, "") if labels.get(LABEL_OWNERSHIP) == "chown" else "",
         work_folder=labels.get(LABEL_WORK_FOLDER, ""),
         agent_sockets=labels.get(LABEL_AGENT_SOCKETS, ""),
+        volumes=[v.to_dict() for v in volumes_of(labels)],
     )
 
 

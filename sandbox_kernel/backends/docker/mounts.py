@@ -1,5 +1,6 @@
 """Who a Docker sandbox runs as, and how host folders (the workspace, the notebook's
-work folder) are mounted in it so that it can write them and no host file changes owner.
+work folder, the administrator's mapped folders) are mounted in it so that it can write
+them and no host file changes owner.
 
 * ``same-user``: a server that is not root runs sandboxes as its own uid: files the
   sandbox writes belong to the host user, and nothing changes owner.
@@ -11,11 +12,16 @@ work folder) are mounted in it so that it can write them and no host file change
 
 Idmapped mounts live on the host, not in the engine: they are remade before each start
 (a reboot drops them) and released when their container goes.
+
+A read-only mapped folder is bound as it is (the host's permissions say what the
+sandbox user may read); a writable one is presented like the work folder: idmapped for
+a root server, with its protected paths read-only.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pwd
 import time
@@ -34,6 +40,7 @@ from .info import (
     LABEL_MOUNT_ID,
     LABEL_OWNERSHIP,
     LABEL_UID,
+    LABEL_VOLUME_MOUNTS,
     LABEL_WORK_MOUNT,
     LABEL_WORK_MOUNT_ID,
 )
@@ -161,6 +168,36 @@ class WorkspaceMounts:
                 mounts.append(bind_mount(mask.path, inside, read_only=mask.how == "read-only"))
         return mounts, point
 
+    def volumes(
+        self, name: str, spec: Spec, uid: int, gid: int, how: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The mapped folders (``spec.volumes``) at their places; (mounts, the label that
+        lets :meth:`remount` remake their idmapped mounts: "" for none)."""
+        mounts: list[dict[str, Any]] = []
+        idmapped: list[list[str]] = []
+        for index, volume in enumerate(spec.volumes):
+            if not volume.writable:
+                mounts.append(bind_mount(volume.target, volume.source, read_only=True))
+                continue
+            source = volume.source
+            if how == "idmap":
+                point = self._point(name, f"vol-{index}")
+                self._idmap(Path(volume.source), point, uid, gid)
+                source = str(point)
+                idmapped.append([volume.source, source, idmap.identity(Path(volume.source))])
+            mounts.append(bind_mount(volume.target, source))
+            if os.geteuid() != 0:
+                # As for the work folder: a root server mounts them at every start.
+                found = protect(volume.source, list(self.settings.protected_paths))
+                for mask in found.masks:
+                    rest = mask.path[len(volume.source) :]
+                    mounts.append(
+                        bind_mount(
+                            volume.target + rest, source + rest, read_only=mask.how == "read-only"
+                        )
+                    )
+        return mounts, json.dumps(idmapped) if idmapped else ""
+
     def _idmap(self, folder: Path, point: Path, uid: int, gid: int, expect: str = "") -> None:
         """Make (or keep) the idmapped mount; one process at a time per sandbox. With
         ``expect`` ("device:inode"), only of that very folder."""
@@ -181,21 +218,22 @@ class WorkspaceMounts:
         if labels.get(LABEL_OWNERSHIP) != "idmap":
             return
         uid, _, gid = labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
-        for source, point, ident in (
-            (LABEL_WORKSPACE, LABEL_MOUNT, LABEL_MOUNT_ID),
-            (LABEL_WORK_FOLDER, LABEL_WORK_MOUNT, LABEL_WORK_MOUNT_ID),
-        ):
-            if labels.get(source) and labels.get(point):
-                expect = labels.get(ident, "")
-                if disk_folder is not None and Path(labels[source]) == disk_folder:
+        found = [
+            (labels.get(source, ""), labels.get(point, ""), labels.get(ident, ""))
+            for source, point, ident in (
+                (LABEL_WORKSPACE, LABEL_MOUNT, LABEL_MOUNT_ID),
+                (LABEL_WORK_FOLDER, LABEL_WORK_MOUNT, LABEL_WORK_MOUNT_ID),
+            )
+        ]
+        try:
+            found += [tuple(v) for v in json.loads(labels.get(LABEL_VOLUME_MOUNTS) or "[]")]
+        except ValueError:
+            pass  # not ours to read: no mapped folder is presented rather than a wrong one
+        for source, point, expect in found:
+            if source and point:
+                if disk_folder is not None and Path(source) == disk_folder:
                     expect = idmap.identity(disk_folder)
-                self._idmap(
-                    Path(labels[source]),
-                    Path(labels[point]),
-                    int(uid),
-                    int(gid or uid),
-                    expect=expect,
-                )
+                self._idmap(Path(source), Path(point), int(uid), int(gid or uid), expect=expect)
 
     def release(self, name: str, older_than: float = 0.0) -> bool:
         """Unmount what container ``name`` had (it is gone, or was never made), unless
@@ -206,7 +244,7 @@ class WorkspaceMounts:
         with folder_lock(folder) as lock:
             if time.time() - os.fstat(lock.fileno()).st_mtime < older_than:
                 return False
-            for what in ("work", "workspace"):
+            for what in ("work", "workspace", *(p.name for p in folder.glob("vol-*"))):
                 idmap.unmount(folder / what)
             # The lock file last, while held: whoever waits on it then finds it gone and
             # starts over (see folder_lock), never mounting into a folder being removed.

@@ -1,4 +1,5 @@
-"""Protected paths of a work folder, mounted inside a container's own mount namespace.
+"""Protected paths of the host folders a sandbox writes (its work folder, the writable
+mapped folders), mounted inside a container's own mount namespace.
 
 What host tools run or trust in a folder the sandbox writes (``protected_paths``: git's
 config and hooks, shell and editor settings) is made read-only inside the sandbox, and
@@ -26,6 +27,7 @@ import os
 import stat
 import subprocess
 import sys
+from typing import Any
 
 from ...host_python import python_module
 
@@ -40,6 +42,38 @@ _MOVE_MOUNT_T_EMPTY_PATH = 0x40
 _MOUNT_ATTR_RDONLY = 0x1
 _CLONE_NEWNS = 0x00020000
 HELPER_TIMEOUT = 30.0
+
+
+def protect_writable(attrs: dict[str, Any], patterns: list[str]) -> list[str]:
+    """Mount the protected paths (``patterns``) of the started container's writable host
+    folders (``attrs``: its inspect) in its namespace; what could not be, in lines."""
+    # Imported here: the helper process (main) runs this module and needs none of them.
+    from ...folders import protect
+    from ..base import LABEL_WORK_FOLDER, LABEL_WORK_MODE, volumes_of
+
+    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    folders: list[tuple[str, str]] = []  # (host folder, where the sandbox sees it)
+    work = labels.get(LABEL_WORK_FOLDER, "")
+    if work and labels.get(LABEL_WORK_MODE) != "ro":
+        folders.append((work, work))
+    folders += [(v.source, v.target) for v in volumes_of(labels) if v.writable and v.on_host]
+    destinations = [str(m.get("Destination", "")) for m in attrs.get("Mounts") or []]
+    pid = int((attrs.get("State") or {}).get("Pid") or 0)
+    said: list[str] = []
+    for folder, inside in folders:
+        # Folders mounted over parts of it (the work folder's hidden ones) are not walked.
+        hidden = [
+            folder + d[len(inside) :]
+            for d in destinations
+            if d.startswith(inside.rstrip("/") + "/")
+        ]
+        found = protect(folder, patterns, hidden)
+        masks = [(inside + m.path[len(folder) :], m.how) for m in found.masks]
+        skipped = apply(pid, masks) if pid else []
+        if not found.complete:
+            said.append(f"protected paths of {inside}: {found.why}; deeper ones stay writable")
+        said += [f"a protected path was not mounted: {line}" for line in skipped[:5]]
+    return said
 
 
 def apply(pid: int, masks: list[tuple[str, str]]) -> list[str]:

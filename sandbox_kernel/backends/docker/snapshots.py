@@ -25,6 +25,7 @@ from ..base import (
     Spec,
     sandbox_id_of,
 )
+from .carry import LABEL_CARRY
 from .errors import engine_errors
 from .info import BACKEND, LABEL_SNAPSHOT_REF, parse_time
 
@@ -62,7 +63,12 @@ class DockerSnapshots:
             raise Conflict(
                 f"you already have a snapshot named {name!r}; delete it first or pick another name"
             )
-        labels = {**labels, LABEL_SNAPSHOT_REF: ref, LABEL_INSTALLATION: self._installation}
+        labels = {
+            **labels,
+            LABEL_SNAPSHOT_REF: ref,
+            LABEL_INSTALLATION: self._installation,
+            LABEL_CARRY: "",  # not a carry image, though the sandbox may be made from one
+        }
         with engine_errors("snapshot", sandbox_id):
             image = container.commit(
                 repository=self.repository, tag=ref, conf={"Labels": labels}, pause=True
@@ -115,7 +121,12 @@ class DockerSnapshots:
             found = self._client().api.images(
                 filters={"label": [*labels, f"{LABEL_INSTALLATION}={self._installation}"]}
             )
-        return [image for image in found if self._in_repository(image)]
+        # A carry image (see carry.py) of a sandbox made from a snapshot inherits its labels.
+        return [
+            image
+            for image in found
+            if self._in_repository(image) and not (image.get("Labels") or {}).get(LABEL_CARRY)
+        ]
 
     def _in_repository(self, image: dict[str, Any]) -> bool:
         tags = [tag for tag in image.get("RepoTags") or [] if tag != "<none>:<none>"]
