@@ -107,6 +107,14 @@ def _of_flavor(spec: Spec, config: SandboxConfig, flavor: str) -> Spec:
     return replace(spec, egress=config.egress(flavor))
 
 
+def _stopped_notice(info: SandboxInfo) -> str:
+    """What a user must hear when their stopped sandbox starts again ("": nothing)."""
+    previous = info.exit_reason
+    if previous.startswith("out of memory"):
+        return f"sandbox restarted: {LOST_NOTICE} ({info.id} had stopped: {previous})"
+    return ""
+
+
 def workspace_dir(config: SandboxConfig, key: ScopeKey) -> Path:
     """The host folder of ``key``'s user, mounted at /workspace (one per user, shared by threads)."""
     return Path(config.workspace_root) / key.user_id
@@ -293,7 +301,8 @@ class SandboxService:
         elif info is None:
             ensured = self._made(sid, key, spec, say, record)
         elif info.state == "stopped" and self._remade_at_start(info, spec):
-            ensured = Ensured(self._remake(info, key, spec, say), "started")
+            made = self._remake(info, key, spec, say)
+            ensured = Ensured(made, "started", _stopped_notice(info))
         else:
             ensured = self._revive(info, spec, say)
         ensured = self._fit(ensured, spec)
@@ -401,12 +410,9 @@ class SandboxService:
         """Bring an existing sandbox to running; say what the user lost, if anything."""
         if info.state == "running":
             return Ensured(info, "existing")
-        previous = info.exit_reason
+        notice = _stopped_notice(info)
         with self._reservation(info.id, spec.memory, new=False):
             info = self.backend.start(info.id, say)
-        notice = ""
-        if previous.startswith("out of memory"):
-            notice = f"sandbox restarted: {LOST_NOTICE} ({info.id} had stopped: {previous})"
         return Ensured(info, "started", notice)
 
     def _fit(self, ensured: Ensured, spec: Spec) -> Ensured:
