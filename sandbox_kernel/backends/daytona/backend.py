@@ -56,6 +56,7 @@ from daytona.common.errors import (
 
 from ...errors import FileMissing
 from ...identity import ScopeKey, safe_id
+from ...volumes import Volume
 from ..base import (
     LABEL_FLAVOR,
     LABEL_IMAGE,
@@ -93,9 +94,11 @@ from ..base import (
     is_files_sandbox,
     not_found,
     sandbox_id_of,
+    volumes_of,
 )
 from .channel import DaytonaPty, PtyChannel, bash_word
 from .egress import daytona_egress, egress_note
+from .mapped import check_mapped
 from .preview import PreviewLinks, preview_target
 
 T = TypeVar("T")
@@ -281,6 +284,7 @@ class DaytonaBackend(Backend):
             started=_epoch(sandbox.updated_at) if _state(sandbox) == "running" else 0.0,
             snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
             spec=labels.get(LABEL_SPEC, ""),
+            volumes=[v.to_dict() for v in volumes_of(labels)],
             installation=labels.get(LABEL_INSTALLATION, ""),
             disk_note=DISK_NOTE,
         )
@@ -303,7 +307,10 @@ class DaytonaBackend(Backend):
             snapshot=snapshot or None,
             labels={**labels, LABEL_WORKSPACE: f"daytona volume {volume.name}"},
             env_vars={"PIP_BREAK_SYSTEM_PACKAGES": "1", "PYTHONUNBUFFERED": "1"},
-            volumes=[VolumeMount(volume_id=volume.id, mount_path=WORKSPACE)],
+            volumes=[
+                VolumeMount(volume_id=volume.id, mount_path=WORKSPACE),
+                *self._mapped_volumes(spec, progress),
+            ],
             auto_stop_interval=math.ceil(self.settings.idle_stop) if self.settings.idle_stop else 0,
             auto_delete_interval=math.ceil(self.settings.idle_delete)
             if self.settings.idle_delete
@@ -357,8 +364,11 @@ class DaytonaBackend(Backend):
 
     def _ensure_volume(self, user: str, say: Progress) -> Any:
         """The user's workspace volume, created on first use and ready to mount."""
-        name = _volume_name(user)
-        volume = self._call(self.client.volume.get, name, create=True, what=f"get volume {name}")
+        return self._ready_volume(_volume_name(user), say, "workspace volume", create=True)
+
+    def _ready_volume(self, name: str, say: Progress, what: str, create: bool = False) -> Any:
+        """Volume ``name``, ready to mount (made first with ``create``)."""
+        volume = self._call(self.client.volume.get, name, create=create, what=f"get volume {name}")
         deadline = time.monotonic() + self.settings.start_timeout
         while _raw_state(volume) != "ready":
             if _raw_state(volume) == "error":
@@ -369,10 +379,28 @@ class DaytonaBackend(Backend):
                 raise SandboxFailed(
                     f"Daytona volume {name} was not ready after {self.settings.start_timeout:.0f} s"
                 )
-            say(f"waiting for workspace volume {name}")
+            say(f"waiting for {what} {name}")
             time.sleep(0.5)
             volume = self._call(self.client.volume.get, name, what=f"get volume {name}")
         return volume
+
+    def _mapped_volumes(self, spec: Spec, say: Progress) -> builtins.list[Any]:
+        """The administrator's volumes of ``spec`` (by name), as mounts."""
+        self.check_volumes(spec.volumes)
+        mounts = []
+        for mapped in spec.volumes:
+            try:
+                volume = self._ready_volume(mapped.source, say, "mapped volume")
+            except DaytonaNotFoundError:
+                raise SandboxFailed(
+                    f"mapping '{mapped}': Daytona has no volume named {mapped.source!r}; create "
+                    "it (`daytona volume create NAME`) or remove the mapping"
+                ) from None
+            mounts.append(VolumeMount(volume_id=volume.id, mount_path=mapped.target))
+        return mounts
+
+    def check_volumes(self, volumes: tuple[Volume, ...]) -> None:
+        check_mapped(volumes)
 
     def list(self, user: str | None = None) -> list[SandboxInfo]:
         labels = {LABEL_MANAGED: "1", LABEL_INSTALLATION: self._installation}
