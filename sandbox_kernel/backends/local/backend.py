@@ -44,6 +44,7 @@ from ...errors import FileMissing
 from ...folders import protect
 from ...identity import ScopeKey
 from ...safefs import Beneath, make_folder
+from ...volumes import Volume
 from ..base import (
     LABEL_INSTALLATION,
     LABEL_SPEC,
@@ -55,6 +56,7 @@ from ..base import (
     EngineSettings,
     ExecResult,
     Health,
+    NotSupported,
     Progress,
     SandboxError,
     SandboxFailed,
@@ -64,7 +66,7 @@ from ..base import (
 )
 from . import cgroup, holder
 from .channels import LocalChannel, LocalPty, kill_spawn
-from .folders import folder_binds, identity
+from .folders import folder_binds, identity, mapped_volumes
 from .folders import seccomp_fd as filter_fd
 from .launch import Launch, close_all, pass_fds, start
 from .status import bwrap_works, isolation, limits_report
@@ -86,6 +88,7 @@ class LocalBackend(Backend):
     # vouch for a spare's pid.
     keeps_spares = False
     uses_images = False
+    keeps_files_on_remake = True
 
     name = "local"
     resizes = True
@@ -153,6 +156,7 @@ class LocalBackend(Backend):
             spec=labels.get(LABEL_SPEC, ""),
             installation=labels.get(LABEL_INSTALLATION, ""),
             work_folder=record.get("work_folder", ""),
+            volumes=[v.to_dict() for v in mapped_volumes(record)],
         )
 
     # -- engine -------------------------------------------------------------------
@@ -202,6 +206,7 @@ class LocalBackend(Backend):
             "work_folder": spec.work_folder,
             "work_read_only": spec.work_read_only,
             "masks": [list(m) for m in spec.masks],
+            "volumes": [[v.source, v.target, v.mode] for v in spec.volumes],
             "workspace": str(workspace),
             # The folders it was made with: a later start shows only these very ones.
             "identities": {
@@ -330,6 +335,29 @@ class LocalBackend(Backend):
             self._save(record)
         return self._info(record)
 
+    def remake(
+        self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
+    ) -> SandboxInfo:
+        """Its processes get their folders at their start (the stop ended its holder):
+        the record takes the new mappings, and everything of the sandbox is kept."""
+        with self._locked(sandbox_id):
+            record = self._load(sandbox_id)
+            if record is None:
+                return self.create(sandbox_id, key, spec, labels, progress)
+            record["volumes"] = [[v.source, v.target, v.mode] for v in spec.volumes]
+            record["labels"] = {**labels, LABEL_WORKSPACE: record["workspace"]}
+            self._save(record)
+        return self.start(sandbox_id, progress)
+
+    def check_volumes(self, volumes: tuple[Volume, ...]) -> None:
+        super().check_volumes(volumes)
+        if volumes and not bwrap_works():
+            raise NotSupported(
+                f"mapping '{volumes[0]}': local sandboxes here are plain host processes (no "
+                f"bubblewrap), which cannot see a folder at {volumes[0].target}; install "
+                "bubblewrap, or use Docker"
+            )
+
     def destroy(self, sandbox_id: str) -> bool:
         if self._load(sandbox_id) is None:
             return False
@@ -417,6 +445,7 @@ class LocalBackend(Backend):
                 folder, uid, gid, claim, bool(record.get("network", True)), files, system_args()
             )
             found.protected = self._protected(record)
+            found.mapped = self._mapped_protected(record)
             (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
         if not os.path.isdir(found.etc):  # its /etc, as of this start
             found.etc = str(shared_etc(self.root / ".etc", found.network))
@@ -437,6 +466,16 @@ class LocalBackend(Backend):
                 "sandbox %s: protected paths %s; deeper ones stay writable", record["id"], found.why
             )
         return [[m.path, m.how] for m in found.masks]
+
+    def _mapped_protected(self, record: dict[str, Any]) -> builtins.list[builtins.list[str]]:
+        """The same of the writable mapped folders, as the sandbox sees them."""
+        found = []
+        for volume in mapped_volumes(record):
+            if volume.writable and self.settings.protected_paths:
+                scanned = protect(volume.source, list(self.settings.protected_paths))
+                for mask in scanned.masks:
+                    found.append([volume.target + mask.path[len(volume.source) :], mask.how])
+        return found
 
     def _spawn(
         self,
@@ -520,6 +559,7 @@ class LocalBackend(Backend):
                 self.workspace_source(record),
                 found.etc,
                 found.protected,
+                found.mapped,
                 namespaces[0][0],
                 staged,
                 kept,

@@ -1,7 +1,8 @@
 """The host folders a local sandbox's processes see, handed to bubblewrap safely.
 
 A root server stages them (see :mod:`.launch`): the sandbox's own folders (workspace,
-home, work folder) idmapped through the sandbox's user namespace, the rest as they are.
+home, work folder, writable mapped folders) idmapped through the sandbox's user
+namespace, the rest as they are.
 Otherwise bubblewrap binds the host paths itself, the workspace and work folder by
 descriptors checked to be the folders the sandbox was made with (bubblewrap checks
 again that what it mounted is what the descriptor holds).
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ...volumes import Volume
 from .. import seccomp
 from ..base import SHARED, WORKSPACE, SandboxFailed
 from .launch import STAGE, detached, make_stage
@@ -27,6 +29,7 @@ def folder_binds(
     workspace: str,
     etc: str,
     protected: builtins.list[builtins.list[str]],
+    mapped: builtins.list[builtins.list[str]],
     userns: int,
     staged: builtins.list[tuple[int, str, bool]],
     kept: builtins.list[int],
@@ -35,7 +38,8 @@ def folder_binds(
     """The sandbox's folders for bubblewrap: (binds, the folder of its /etc files,
     work folder masks as (path, how, source), outer first). ``protected`` are the work
     folder's protected paths and the folders on their way, (path, "read-only" | "pin"),
-    as found when the sandbox started (see folders.protect).
+    as found when the sandbox started (see folders.protect); ``mapped`` the same of the
+    writable mapped folders, as the sandbox sees them.
 
     A root server stages them (see :mod:`.launch`): its own folders idmapped through
     the sandbox's user namespace, the rest as they are. Otherwise bubblewrap binds
@@ -54,6 +58,9 @@ def folder_binds(
         wanted.append(("shared", record["shared_folder"], SHARED, False, False))
     if work and os.path.isdir(work):
         wanted.append(("work", work, work, not record.get("work_read_only"), True))
+    volumes = mapped_volumes(record)
+    for n, volume in enumerate(volumes):
+        wanted.append((f"vol{n}", volume.source, volume.target, volume.writable, volume.writable))
     for n, prefix in enumerate(sorted({sys.prefix, sys.base_prefix})):
         if not prefix.startswith("/usr/") and prefix != "/usr":
             wanted.append((f"python{n}", prefix, prefix, False, False))
@@ -95,8 +102,19 @@ def folder_binds(
             if how != "hide" and os.path.islink(path):
                 how = "hide"  # a link planted where a folder or file was: show nothing
             masks.append((path, how, base + path[len(work) :]))
+    for path, how in mapped:
+        n, volume = next((n, v) for n, v in enumerate(volumes) if path.startswith(v.target + "/"))
+        rest = path[len(volume.target) :]
+        if how != "hide" and os.path.islink(volume.source + rest):
+            how = "hide"
+        masks.append((path, how, (sources[f"vol{n}"] if root else volume.source) + rest))
     masks.sort(key=lambda m: m[0])
     return binds, etc_folder, masks
+
+
+def mapped_volumes(record: dict[str, Any]) -> tuple[Volume, ...]:
+    """The administrator's folders mapped into a local sandbox (its record's)."""
+    return tuple(Volume(*given) for given in record.get("volumes") or [] if len(given) == 3)
 
 
 def identity(path: str) -> str:

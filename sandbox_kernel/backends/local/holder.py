@@ -70,6 +70,9 @@ class Holder:
     etc: str = ""  # the folder its processes see as /etc (see view.shared_etc)
     # The work folder's protected paths as found at this start: (path, "read-only" | "pin")
     protected: list[list[str]] = field(default_factory=list)
+    # The writable mapped folders' protected paths as found at this start, as the sandbox
+    # sees them: (path, "read-only" | "pin")
+    mapped: list[list[str]] = field(default_factory=list)
 
     def namespaces(self) -> list[tuple[int, int]]:
         """Descriptors of its user and network namespaces, to enter (close them after).
