@@ -34,6 +34,10 @@ export interface ISandbox {
   agent_sessions?: IAgentSession[];
   /** Why it differs from what its owner's settings make now ("" when it does not). */
   outdated?: string;
+  /** When outdated only in its mapped folders: what its next start does about it. */
+  remake?: string;
+  /** The administrator's folders mapped into it when it was made. */
+  volumes?: IVolumeMapping[];
   /** What the lifecycle policies will do to it next, and when (epoch seconds). */
   next?: { action: '' | 'stop' | 'destroy'; at: number; reason: string };
   /** What it may use: CPUs, memory and disk in bytes (disk: the flavor's size, when the backend gives it). */
@@ -52,6 +56,16 @@ export interface ISandbox {
   work_folder?: string;
   snapshot?: string;
   exit_reason?: string;
+}
+
+/** One of the administrator's folders mapped into a sandbox (c.SandboxConfig.volumes). */
+export interface IVolumeMapping {
+  /** The host folder (or an engine's volume by name) it shows. */
+  source: string;
+  /** Where the sandbox sees it. */
+  target: string;
+  mode: 'ro' | 'rw';
+  kind: 'host folder' | 'volume';
 }
 
 /** One named interpreter an agent keeps in a sandbox over MCP. */

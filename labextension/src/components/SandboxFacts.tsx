@@ -1,7 +1,8 @@
 /**
  * What a sandbox card says about its sandbox, one fact a line: the folder its cells run
- * in, scope, image, flavor, time, CPU, memory and disk against their limits, who uses it,
- * what the lifecycle does next and why it is outdated or stopped. Every value wraps
+ * in, the administrator's folders mapped into it, scope, image, flavor, time, CPU, memory
+ * and disk against their limits, who uses it, what the lifecycle does next and why it is
+ * outdated (and what its next start does about it) or stopped. Every value wraps
  * inside the card (paths and image names after their slashes and colons), so at the
  * default sidebar width all of it is read, never cut (only agents' session names, which
  * agents choose, are shortened, whole in the tooltip); lines with nothing to say are
@@ -29,6 +30,7 @@ import {
 import { Breakable } from './Breakable';
 import { Fact } from './Fact';
 import { Meter } from './Meter';
+import { SandboxMappings } from './SandboxMappings';
 
 export function SandboxFacts(props: {
   sandbox: ISandbox;
@@ -61,6 +63,15 @@ export function SandboxFacts(props: {
       >
         <Breakable text={folder} />
       </Fact>
+      {s.volumes && s.volumes.length > 0 && (
+        <Fact
+          label={trans.__('Mapped')}
+          className="jp-SandboxPanel-mapped"
+          title={trans.__('Folders the administrator maps into every sandbox')}
+        >
+          <SandboxMappings volumes={s.volumes} trans={trans} />
+        </Fact>
+      )}
       <Fact
         label={trans.__('Scope')}
         className="jp-SandboxPanel-scope"
@@ -124,10 +135,12 @@ export function SandboxFacts(props: {
       )}
       {s.outdated && (
         <Fact label={trans.__('Outdated')} className="jp-SandboxPanel-outdated">
-          {trans.__(
-            '%1; destroy it to remake it (the workspace is kept)',
-            s.outdated
-          )}
+          {s.remake
+            ? trans.__('%1; %2', s.outdated, s.remake)
+            : trans.__(
+                '%1; destroy it to remake it (the workspace is kept)',
+                s.outdated
+              )}
         </Fact>
       )}
       {s.exit_reason && (
