@@ -174,12 +174,18 @@ def test_the_environment_gives_a_json_list_unless_the_administrator_pinned_them(
     }
     env = {**base, "SANDBOX_KERNEL_VOLUMES": json.dumps([f"{host}/data:/data"])}
     assert load_config(environ=env).volumes == [f"{host}/data:/data:ro"]
+    # As every list setting: words apart by commas or spaces too.
+    words = {**base, "SANDBOX_KERNEL_VOLUMES": f"{host}/data:/data, {host}/cache:/cache:rw"}
+    assert load_config(environ=words).volumes == [
+        f"{host}/data:/data:ro",
+        f"{host}/cache:/cache:rw",
+    ]
     with pytest.raises(ConfigError) as caught:
-        load_config(environ={**base, "SANDBOX_KERNEL_VOLUMES": f"{host}/data:/data"})
+        load_config(environ={**base, "SANDBOX_KERNEL_VOLUMES": f'["{host}/data:/data"'})
     assert "expected a JSON list" in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(ConfigError) as caught:
-        load_config(environ={**base, "SANDBOX_KERNEL_VOLUMES": '{"a": 1}'})
-    assert "not dict" in str(caught.value)
+        load_config(environ={**base, "SANDBOX_KERNEL_VOLUMES": f"{host}/data"})
+    assert f"mapping '{host}/data' is not host_dir:sandbox_dir" in str(caught.value)
     # The administrator's file wins over the environment.
     config_dir = Path(os.environ["JUPYTER_CONFIG_DIR"])
     config_dir.mkdir(parents=True, exist_ok=True)
