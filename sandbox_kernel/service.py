@@ -624,9 +624,12 @@ class SandboxService:
         info = self.owned(user, sandbox_id)
         if info.state != "running":
             began = time.monotonic()
-            spec = self._own_spec(info)
             try:
-                if info.state == "stopped" and self._remade_at_start(info, spec):
+                spec = self._own_spec(info)
+            except SandboxFailed:  # its folder clashes with a mapping: it starts as it is
+                spec = None
+            try:
+                if spec and info.state == "stopped" and self._remade_at_start(info, spec):
                     key = ScopeKey(info.user, info.scope, info.thread)
                     self._remake(info, key, spec, progress or (lambda _m: None))
                 else:
@@ -664,7 +667,8 @@ class SandboxService:
 
     def as_user(self, info: SandboxInfo, cmd: builtins.list[str]) -> builtins.list[str]:
         """``cmd`` as the user's own command in sandbox ``info``, as cells run: their PATH,
-        and beneath its host work folder no links, FIFOs or sockets may be made."""
+        and beneath the host folders it writes (its work folder, writable mapped folders)
+        no links, FIFOs or sockets may be made."""
         return as_user(cmd, writable_host_folders(info))
 
     def exec(

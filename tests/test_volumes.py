@@ -320,13 +320,8 @@ def test_a_snapshot_of_a_remade_sandbox_is_a_snapshot_and_kept_files_never_are(
 
 
 def test_the_sweep_removes_kept_files_of_a_sandbox_removed_behind_our_back(
-    settings: Callable[..., SandboxConfig],
-    folders: dict[str, Path],
-    test_user: str,
-    monkeypatch: pytest.MonkeyPatch,
+    settings: Callable[..., SandboxConfig], folders: dict[str, Path], test_user: str
 ) -> None:
-    from sandbox_kernel.backends.docker import carry
-
     first = SandboxService(settings([f"{folders['data']}:/data"]))
     info = first.ensure(ScopeKey(test_user)).info
     first.stop(None, info.id)
@@ -338,8 +333,10 @@ def test_the_sweep_removes_kept_files_of_a_sandbox_removed_behind_our_back(
         all=True, sparse=True, filters={"label": f"sandbox-kernel.user={test_user}"}
     ):
         client.api.remove_container(container.id, force=True)
-    second.backend.sweep()
-    assert carry_images(info.id), "a fresh one is spared: its container may be being made"
-    monkeypatch.setattr(carry, "FRESH", 0.0)
-    second.backend.sweep()
+    backend: Any = second.backend
+    assert backend._carry.keep == 120 * 60  # as long as a stopped sandbox (idle_delete)
+    backend.sweep()
+    assert carry_images(info.id), "kept a while: a start may want it (its maker died)"
+    backend._carry.keep = 0.0
+    backend.sweep()
     assert carry_images(info.id) == []

@@ -142,7 +142,9 @@ class DockerBackend(Backend):
         self._mounts = WorkspaceMounts(settings)
         self._sockets = AgentSocketFolders(settings.state_dir)
         self._snapshots = DockerSnapshots(settings.installation, lambda: self.client)
-        self._carry = DockerCarry(settings.installation, lambda: self._engine, lambda: self.client)
+        self._carry = DockerCarry(
+            settings.installation, lambda: self._engine, lambda: self.client, settings.idle_delete
+        )
         # The calls on a kernel's path go straight to a local engine's socket, without
         # the SDK (see docker_wire); None: the SDK carries them too (a remote engine).
         self._wire = EngineWire.from_env()

@@ -13,7 +13,8 @@ goes when the sandbox is destroyed (with the carry images beneath it that nothin
 holds; a snapshot taken since keeps what it needs). A create that finds a carry image
 of its sandbox made for the same settings starts from it, so a process that died
 between removing the old container and making the new one loses nothing; the sweep
-removes carry images whose sandbox is gone. Each remake adds a layer (the overlay
+removes carry images whose sandbox is gone once a stopped sandbox would have been
+(``idle_delete``). Each remake adds a layer (the overlay
 driver allows about 125): mappings change seldom.
 """
 
@@ -42,7 +43,7 @@ from .wire import EngineCalls
 CARRY_REPO = "sandbox-kernel-carry"
 LABEL_CARRY = "sandbox-kernel.carry"  # on a carry image: the sandbox whose files it holds
 LABEL_CARRY_BASE = "sandbox-kernel.carry-base"  # the settings its files go with (see base())
-FRESH = 600.0  # seconds a carry image is spared by the sweep (its container may be being made)
+FRESH = 600.0  # seconds a carry image is spared at least (its container may be being made)
 
 
 def base(spec: Spec) -> str:
@@ -72,11 +73,18 @@ class DockerCarry:
     """One installation's carry images, through the backend's engine calls and client."""
 
     def __init__(
-        self, installation: str, engine: Callable[[], EngineCalls], client: Callable[[], Any]
+        self,
+        installation: str,
+        engine: Callable[[], EngineCalls],
+        client: Callable[[], Any],
+        idle_delete: float = 0.0,
     ) -> None:
         self._installation = installation
         self._engine = engine
         self._client = client
+        # Seconds the carry image of a sandbox that is gone is kept: as long as a stopped
+        # sandbox would be (idle_delete minutes; 0: as stopped ones, for ever).
+        self.keep = max(FRESH, idle_delete * 60) if idle_delete else float("inf")
 
     @property
     def repository(self) -> str:
@@ -131,8 +139,8 @@ class DockerCarry:
             pass  # gone, or still the base of a container of that id (an older incarnation)
 
     def sweep(self, live: set[str]) -> None:
-        """Remove the carry images of sandboxes not in ``live`` (ids), but those made in the
-        last FRESH seconds: their new container may be being made."""
+        """Remove the carry images of sandboxes not in ``live`` (ids) made more than
+        :attr:`keep` seconds ago: a start may still want them (its maker died half-way)."""
         try:
             with engine_errors("list kept files"):
                 images = self._client().api.images(
@@ -144,6 +152,6 @@ class DockerCarry:
         for image in images:
             sandbox_id = (image.get("Labels") or {}).get(LABEL_CARRY, "")
             created = float(image.get("Created") or 0)
-            if sandbox_id and sandbox_id not in live and now - created > FRESH:
+            if sandbox_id and sandbox_id not in live and now - created > self.keep:
                 if self._name(sandbox_id) in (image.get("RepoTags") or []):
                     self.remove(sandbox_id)
