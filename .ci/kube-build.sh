@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes binaries the test cluster needs (.ci/kube-up.sh) from the Go module
 # proxy: kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy and
-# kube-network-policies (a NetworkPolicy implementation: the bridge CNI plugin enforces
-# none). No kubectl: the tests use the Python client. Idempotent: binaries of the wanted
-# versions already in $SK_KUBE_BIN are kept.
+# kube-router (only its NetworkPolicy controller is run: the bridge CNI plugin enforces
+# no policy). No kubectl: the tests use the Python client. Idempotent: binaries of the
+# wanted versions already in $SK_KUBE_BIN are kept.
 #
 #   .ci/kube-build.sh            # prints the folder of the binaries on its last line
 #
-# Settings (environment): SK_KUBE_VERSION (1.34.4), SK_KUBE_NETPOL_VERSION (0.8.0),
+# Settings (environment): SK_KUBE_VERSION (1.34.4), SK_KUBE_ROUTER_VERSION (2.1.0),
 # SK_KUBE_BIN (/var/cache/sk-kube/bin), SK_KUBE_WORK (/var/cache/sk-kube/build).
 # Kubernetes 1.34: the newest line whose kubelet still runs on cgroup v1 by default and
-# speaks to containerd 1.6 (Debian 12's).
+# speaks to containerd 1.6 (Debian 12's). kube-router, not kube-network-policies: the
+# latter needs the kernel's nftables "queue" expression, which these machines' kernel
+# lacks; kube-router's policies are iptables rules and ipsets (k3s embeds the same
+# controller). Its advisories concern its service proxy, which is not run.
 set -euo pipefail
 version=${SK_KUBE_VERSION:-1.34.4}
-netpol_version=${SK_KUBE_NETPOL_VERSION:-0.8.0}
+router_version=${SK_KUBE_ROUTER_VERSION:-2.1.0}
 bin=${SK_KUBE_BIN:-/var/cache/sk-kube/bin}
 work=${SK_KUBE_WORK:-/var/cache/sk-kube/build}
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=mod CGO_ENABLED=0
 command -v go >/dev/null || { echo "kube-build: Go is missing (Debian: golang-go >= 1.24)"; exit 1; }
 mkdir -p "$bin" "$work"
 stamp="$bin/.versions"
-want="kubernetes $version netpol $netpol_version"
-programs=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kube-network-policies)
+want="kubernetes $version kube-router $router_version"
+programs=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kube-router)
 have_all() { for p in "${programs[@]}"; do [ -x "$bin/$p" ] || return 1; done; }
 if have_all && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   echo "kube-build: binaries for $want already in $bin"
@@ -63,15 +66,15 @@ echo "kube-build: building Kubernetes v$version (${packages[*]##*/}) in $k8s"
 go build -trimpath -ldflags "$ldflags" -o "$bin/" "${packages[@]}"
 echo "kube-build: Kubernetes built in $((SECONDS - start)) s"
 
-# kube-network-policies: its own module (it needs other client versions than Kubernetes').
-netpol_start=$SECONDS
-np="$work/netpol-$netpol_version"
-mkdir -p "$np"
-cd "$np"
-printf 'module sk-netpol-build\n\ngo 1.23.0\n\nrequire sigs.k8s.io/kube-network-policies v%s\n' \
-  "$netpol_version" >go.mod
-go build -trimpath -ldflags "-s -w" -o "$bin/kube-network-policies" sigs.k8s.io/kube-network-policies/cmd
-echo "kube-build: kube-network-policies built in $((SECONDS - netpol_start)) s"
+# kube-router: its own module (it needs other client versions than Kubernetes').
+router_start=$SECONDS
+kr="$work/kube-router-$router_version"
+mkdir -p "$kr"
+cd "$kr"
+printf 'module sk-kube-router-build\n\ngo 1.21\n\nrequire github.com/cloudnativelabs/kube-router/v2 v%s\n' \
+  "$router_version" >go.mod
+go build -trimpath -ldflags "-s -w" -o "$bin/kube-router" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+echo "kube-build: kube-router built in $((SECONDS - router_start)) s"
 echo "$want" >"$stamp"
 echo "kube-build: all built in $((SECONDS - start)) s ($(du -sh "$bin" | cut -f1) of binaries)"
 echo "$bin"

@@ -38,7 +38,7 @@ if alive kube-apiserver && alive kubelet && [ -f "$state/admin.kubeconfig" ]; th
 fi
 stop kubelet
 stop hostpath
-stop kube-network-policies
+stop kube-router
 stop kube-proxy
 
 # The containerd's own shims: each holds the socket path of the containerd that made it.
@@ -73,9 +73,12 @@ ip link delete "$bridge" 2>/dev/null
 iptables -D FORWARD -j "$chain" 2>/dev/null
 iptables -F "$chain" 2>/dev/null
 iptables -X "$chain" 2>/dev/null
-for table in "inet kube-network-policies" "ip kube-proxy" "ip6 kube-proxy"; do
+for table in "ip kube-proxy" "ip6 kube-proxy"; do
   nft delete table $table 2>/dev/null
 done
+# kube-router's own chains and sets (it knows them: --cleanup-config).
+bin=${SK_KUBE_BIN:-/var/cache/sk-kube/bin}
+[ -x "$bin/kube-router" ] && "$bin/kube-router" --cleanup-config >/dev/null 2>&1
 for controller in /sys/fs/cgroup/*/sk-kube; do
   [ -d "$controller" ] || continue
   find "$controller" -depth -type d -exec rmdir {} \; 2>/dev/null
@@ -85,7 +88,7 @@ for pod_logs in /var/log/pods/*; do
   # Ours: the kubelet's root under $state knew them.
   [ -d "$state/kubelet/root/pods/${pod_logs##*_}" ] && rm -rf "$pod_logs"
 done
-for made in "$state"/made-pods "$state"/made-containers "$state"/made-secrets-dir; do
+for made in "$state"/made-pods "$state"/made-containers; do
   [ -f "$made" ] && rm -rf "$(cat "$made")"
 done
 rm -rf "$state"

@@ -2,7 +2,7 @@
 # Brings up a single-node Kubernetes cluster for the tests, on this machine, beside the
 # Docker engine and apart from it: etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, a kubelet on a containerd of its own, kube-proxy (nftables),
-# kube-network-policies (enforces NetworkPolicy), and a hostPath volume provisioner
+# kube-router's NetworkPolicy controller (enforces NetworkPolicy), and a hostPath volume provisioner
 # (storage class sk-hostpath, the default). The project's test image is imported into
 # the node (no registry is reachable). Idempotent: a cluster already up is left as it is.
 # Prints the admin KUBECONFIG path on its last line; .ci/kube-down.sh removes it all.
@@ -35,8 +35,8 @@ if running kube-apiserver && running kubelet && [ -f "$state/admin.kubeconfig" ]
   exit 0
 fi
 [ "$(id -u)" = 0 ] || die "needs root (a kubelet, containerd, iptables)"
-for cmd in etcd containerd runc ctr openssl gcc nft iptables unshare; do
-  command -v "$cmd" >/dev/null || die "$cmd is missing (Debian: etcd-server containerd runc openssl gcc nftables iptables util-linux)"
+for cmd in etcd containerd runc ctr openssl gcc nft iptables ipset; do
+  command -v "$cmd" >/dev/null || die "$cmd is missing (Debian: etcd-server containerd runc openssl gcc nftables iptables ipset)"
 done
 [ -x /usr/lib/cni/bridge ] || die "the CNI plugins are missing (Debian: containernetworking-plugins)"
 start=$SECONDS
@@ -78,10 +78,6 @@ if [ ! -f "$pki/ca.crt" ]; then
       "extendedKeyUsage=serverAuth")
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
-  # kube-network-policies runs as a host process with in-cluster settings: a static token.
-  head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$pki/netpol.token"
-  printf '%s,sk-kube-network-policies,sk-kube-network-policies,system:masters\n' \
-    "$(cat "$pki/netpol.token")" >"$pki/tokens.csv"
   echo "$api" >"$pki/server"
   rm -f "$pki"/*.csr
 fi
@@ -130,9 +126,9 @@ daemon kube-apiserver kube-apiserver --etcd-servers http://127.0.0.1:23790 \
   --bind-address "$node_ip" --advertise-address "$node_ip" --secure-port 6443 \
   --service-cluster-ip-range "$service_cidr" --authorization-mode Node,RBAC \
   --client-ca-file "$pki/ca.crt" --tls-cert-file "$pki/apiserver.crt" \
-  --tls-private-key-file "$pki/apiserver.key" --token-auth-file "$pki/tokens.csv" \
+  --tls-private-key-file "$pki/apiserver.key" \
   --kubelet-client-certificate "$pki/apiserver-kubelet.crt" \
-  --kubelet-client-key "$pki/apiserver-kubelet.key" \
+  --kubelet-client-key "$pki/apiserver-kubelet.key" --kubelet-preferred-address-types InternalIP \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --service-account-issuer https://kubernetes.default.svc --profiling=false \
   --enable-admission-plugins NodeRestriction
@@ -287,25 +283,14 @@ metricsBindAddress: 127.0.0.1:10249
 nodePortAddresses: ["$node_ip/32"]
 conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 EOF
-log "kube-proxy, kube-network-policies, volumes"
+log "kube-proxy, kube-router (network policies), volumes"
 daemon kube-proxy kube-proxy --config "$state/kube-proxy.yaml"
-# kube-network-policies reads the in-cluster settings from the usual path: given in a
-# mount namespace of its own, with the host's network.
-secrets=/run/secrets/kubernetes.io/serviceaccount
-mkdir -p "$state/netpol-sa"
-cp "$pki/ca.crt" "$state/netpol-sa/ca.crt"
-cp "$pki/netpol.token" "$state/netpol-sa/token"
-if [ ! -d "$secrets" ]; then
-  top=$secrets  # the first folder on the way that is not there: the way down removes it
-  while [ ! -d "$(dirname "$top")" ]; do top=$(dirname "$top"); done
-  mkdir -p "$secrets"
-  echo "$top" >"$state/made-secrets-dir"
-fi
-daemon kube-network-policies env KUBERNETES_SERVICE_HOST="$node_ip" KUBERNETES_SERVICE_PORT=6443 \
-  unshare -m --propagation private sh -c \
-  "mount --bind '$state/netpol-sa' '$secrets' && exec kube-network-policies --hostname-override $node --disable-nri --netfilter-bug-1766-fix=false --metrics-bind-address 127.0.0.1:19080 --v=1"
+# Only kube-router's firewall: policies become iptables rules and ipsets of its own.
+daemon kube-router kube-router --kubeconfig "$state/admin.kubeconfig" --hostname-override "$node" \
+  --run-firewall=true --run-router=false --run-service-proxy=false --run-loadbalancer=false \
+  --enable-cni=false --enable-ibgp=false --enable-overlay=false \
+  --service-cluster-ip-range "$service_cidr" --health-port 0 --metrics-port 0 --v 1
 daemon hostpath python3 -I "$here/kube/hostpath-provisioner.py" "$pki" "$state/volumes"
-# The admin's client certificate for the provisioner (it reads pki/admin.*).
 
 export KUBECONFIG=$state/admin.kubeconfig
 node_ready() {
@@ -325,7 +310,7 @@ apply /apis/storage.k8s.io/v1/storageclasses/sk-hostpath '{"apiVersion":"storage
   "metadata":{"name":"sk-hostpath","annotations":{"storageclass.kubernetes.io/is-default-class":"true"}},
   "provisioner":"sandbox-kernel.test/hostpath","reclaimPolicy":"Delete","volumeBindingMode":"Immediate"}'
 wait_for "the default service account" 60 admin_curl "$api/api/v1/namespaces/default/serviceaccounts/default"
-for name in kube-proxy kube-network-policies hostpath kube-controller-manager kube-scheduler; do
+for name in kube-proxy kube-router hostpath kube-controller-manager kube-scheduler; do
   running "$name" || die "$name stopped (log: $state/logs/$name.log)"
 done
 log "up in $((SECONDS - start)) s: $api, node $node ($node_ip), state in $state"

@@ -79,7 +79,7 @@ MIN_PIDS = 64
 CONFIG_FILE_BASENAME = "sandbox_kernel_config"
 #: The engines this package brings (see backends/__init__.py), and the entry-point group
 #: through which other packages add theirs.
-ENGINES = ("docker", "local", "daytona")
+ENGINES = ("docker", "local", "daytona", "kubernetes")
 ENGINE_ENTRY_POINTS = "sandbox_kernel.backends"
 
 # Flavors fix CPUs, memory and disk together so a quota can count them. These three
@@ -258,6 +258,24 @@ class SandboxConfig(Configurable):
             "Docker runtime for new sandboxes (e.g. runsc for gVisor, which puts a user-space "
             "kernel between sandbox code and the host's); empty: the engine's default (runc)."
         ),
+    ).tag(config=True)
+    kubernetes_namespace = Unicode(
+        "",
+        help=(
+            "Kubernetes namespace of the sandboxes' pods, claims and network policies "
+            "(kubernetes backend); empty: the kubeconfig context's, or the server pod's own."
+        ),
+    ).tag(config=True)
+    kubernetes_storage_class = Unicode(
+        "",
+        help=(
+            "Storage class of the sandboxes' claims (workspace and home; kubernetes backend); "
+            "empty: the cluster's default class."
+        ),
+    ).tag(config=True)
+    kubernetes_workspace_size = ByteSize(
+        10 << 30,
+        help="Size of a user's workspace claim (kubernetes backend): bytes, or a size like 10G.",
     ).tag(config=True)
     user = Unicode("", help="Owner of the sandbox; else JUPYTERHUB_USER, else the OS user.").tag(
         config=True

@@ -36,7 +36,29 @@ def _docker_problem() -> str | None:
     return None
 
 
+def _kube_problem() -> str | None:
+    """Why no Kubernetes cluster can be used here (None: one answers)."""
+    from sandbox_kernel.backends.base import SandboxError
+    from sandbox_kernel.backends.kubernetes.client import Api, load_config
+
+    try:
+        Api(load_config()).get("/version", what="ask its version")
+    except SandboxError as exc:
+        return f"no Kubernetes cluster answers ({exc}); .ci/kube-up.sh starts one (KUBECONFIG=its last line)"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any("kubernetes" in item.keywords for item in items):
+        kube = _kube_problem()
+        if kube is not None:
+            if os.environ.get("SANDBOX_KERNEL_REQUIRE_KUBE") == "1":
+                raise pytest.UsageError(
+                    f"Kubernetes tests are required here but cannot run: {kube}"
+                )
+            for item in items:
+                if "kubernetes" in item.keywords:
+                    item.add_marker(pytest.mark.skip(reason=kube))
     if not any("docker" in item.keywords for item in items):
         return
     problem = _docker_problem()
@@ -74,6 +96,7 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[N
             "SANDBOX_KERNEL_REQUIRE_DOCKER",
             "SANDBOX_KERNEL_REQUIRE_BWRAP",
             "SANDBOX_KERNEL_REQUIRE_HUB",
+            "SANDBOX_KERNEL_REQUIRE_KUBE",
         ):
             monkeypatch.delenv(name)
     monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
@@ -247,3 +270,18 @@ def sandbox(
     )
     info = SandboxService(cfg).ensure(ScopeKey(test_user)).info
     return {"id": info.id, "workspace": info.workspace, "engine_id": info.engine_id}
+
+
+@pytest.fixture(scope="session")
+def kube_namespace() -> Iterator[str]:
+    """A namespace of this test session's own on the test cluster, removed (with every
+    pod, claim and policy in it) at the end."""
+    from sandbox_kernel.backends.kubernetes.client import Api, load_config
+
+    api = Api(load_config())
+    name = f"sk-test-{uuid.uuid4().hex[:8]}"
+    api.post(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    yield name
+    api.delete(f"/api/v1/namespaces/{name}")

@@ -57,6 +57,9 @@ def engine_settings(config: SandboxConfig) -> EngineSettings:
         idle_delete=config.idle_delete,
         files_idle_stop=config.files_idle_stop,
         protected_paths=tuple(config.protected_paths),
+        kubernetes_namespace=config.kubernetes_namespace,
+        kubernetes_storage_class=config.kubernetes_storage_class,
+        kubernetes_workspace_size=config.kubernetes_workspace_size,
     )
 
 
@@ -65,6 +68,7 @@ BUILTIN = {
     "docker": "sandbox_kernel.backends.docker:DockerBackend",
     "local": "sandbox_kernel.backends.local:LocalBackend",
     "daytona": "sandbox_kernel.backends.daytona:DaytonaBackend",
+    "kubernetes": "sandbox_kernel.backends.kubernetes:KubernetesBackend",
 }
 assert tuple(BUILTIN) == ENGINES
 #: The entry-point group through which another package adds an engine: a name and a
@@ -72,7 +76,10 @@ assert tuple(BUILTIN) == ENGINES
 #: :class:`~.base.EngineSettings`.
 ENTRY_POINTS = ENGINE_ENTRY_POINTS
 #: What an engine's missing SDK should say to install.
-_EXTRAS = {"daytona": "pip install 'sandbox-kernel[daytona]'"}
+_EXTRAS = {
+    "daytona": "pip install 'sandbox-kernel[daytona]'",
+    "kubernetes": "pip install 'sandbox-kernel[kubernetes]'",
+}
 
 
 def engine_names() -> list[str]:

@@ -151,6 +151,9 @@ class EngineSettings:
     # What a sandbox may not change in a writable work folder (policy, found at each start:
     # see folders.protect)
     protected_paths: tuple[str, ...] = ()
+    kubernetes_namespace: str = ""  # "": the kubeconfig context's (or the pod's own)
+    kubernetes_storage_class: str = ""  # "": the cluster's default
+    kubernetes_workspace_size: int = 10 << 30
 
 
 def installation_id(state_dir: str) -> str:
