@@ -73,12 +73,24 @@ ip link delete "$bridge" 2>/dev/null
 iptables -D FORWARD -j "$chain" 2>/dev/null
 iptables -F "$chain" 2>/dev/null
 iptables -X "$chain" 2>/dev/null
-for table in "ip kube-proxy" "ip6 kube-proxy"; do
+for table in "ip sk-kube" "ip kube-proxy" "ip6 kube-proxy"; do
   nft delete table $table 2>/dev/null
 done
-# kube-router's own chains and sets (it knows them: --cleanup-config).
-bin=${SK_KUBE_BIN:-/var/cache/sk-kube/bin}
-[ -x "$bin/kube-router" ] && "$bin/kube-router" --cleanup-config >/dev/null 2>&1
+# kube-router's chains and sets (its --cleanup-config would also clear every IPVS
+# service of the machine: not ours to touch).
+for table in filter nat mangle raw; do
+  iptables -t "$table" -S 2>/dev/null | grep -E '^-A (INPUT|FORWARD|OUTPUT|PREROUTING|POSTROUTING) .*kube-router netpol' \
+    | sed 's/^-A /-D /' | while read -r rule; do eval iptables -t "$table" "$rule" 2>/dev/null; done
+  for c in $(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-(ROUTER-|NWPLCY-|POD-FW-)/ {print $2}'); do
+    iptables -t "$table" -F "$c" 2>/dev/null
+  done
+  for c in $(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-(ROUTER-|NWPLCY-|POD-FW-)/ {print $2}'); do
+    iptables -t "$table" -X "$c" 2>/dev/null
+  done
+done
+for set in $(ipset list -n 2>/dev/null | grep -E '^KUBE-(SRC|DST)-|^kube-router-'); do
+  ipset destroy "$set" 2>/dev/null
+done
 for controller in /sys/fs/cgroup/*/sk-kube; do
   [ -d "$controller" ] || continue
   find "$controller" -depth -type d -exec rmdir {} \; 2>/dev/null

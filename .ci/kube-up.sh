@@ -263,12 +263,24 @@ daemon kubelet env AWS_EC2_METADATA_DISABLED=true kubelet --config "$state/kubel
   --kubeconfig "$state/kubelet.kubeconfig" --root-dir "$state/kubelet/root" \
   --hostname-override "$node" --node-ip "$node_ip" --cert-dir "$state/kubelet/pki"
 
-# -- traffic: pods reach each other and this machine, nothing beyond ------------------------
+# -- traffic: pods reach each other and this machine, nothing beyond ----------------------
+# Off the bridge is dropped in a chain that runs before every filter chain (and before
+# kube-router's, which accepts what a policy allows), so no pod packet leaves the machine.
+nft -f - <<EOF
+table ip sk-kube
+delete table ip sk-kube
+table ip sk-kube {
+  chain forward {
+    type filter hook forward priority -10; policy accept;
+    iifname "$bridge" oifname != "$bridge" drop
+    oifname "$bridge" iifname != "$bridge" drop
+  }
+}
+EOF
+# Docker's FORWARD policy is DROP: pod to pod on our bridge is let through.
 iptables -N "$chain" 2>/dev/null || iptables -F "$chain"
 iptables -A "$chain" -i "$bridge" -o "$bridge" -j ACCEPT
-iptables -A "$chain" -i "$bridge" -j DROP
-iptables -A "$chain" -o "$bridge" -j DROP
-iptables -C FORWARD -j "$chain" 2>/dev/null || iptables -I FORWARD 1 -j "$chain"
+iptables -C FORWARD -j "$chain" 2>/dev/null || iptables -A FORWARD -j "$chain"
 
 cat >"$state/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1

@@ -5,6 +5,7 @@ MCP tools over stdio. The same helpers as the Docker tests drive them."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -180,24 +181,27 @@ async def test_rest_over_the_cluster(
 async def test_webdav_over_the_cluster(
     jp_fetch: Any, jp_serverapp: Any, kube_rest: dict[str, str], test_user: str
 ) -> None:
+    """webdav4 against the server (in a thread: the server runs on this test's loop)."""
     service = service_of(kube_rest)
     sid = service.ensure(ScopeKey(test_user)).info.id
     await fetch(jp_fetch, "api", "sandboxes")  # starts the listener
     token = jp_serverapp.identity_provider.token
     url = f"{server_url(jp_serverapp)}/sandbox-kernel/dav/{sid}/"
     dav = Client(url, auth=("anyone", token), timeout=120)
-    dav.mkdir("dav-folder")
-    dav.upload_fileobj(io.BytesIO(b"through webdav"), "dav-folder/a.txt")
+    await asyncio.to_thread(dav.mkdir, "dav-folder")
+    await asyncio.to_thread(dav.upload_fileobj, io.BytesIO(b"through webdav"), "dav-folder/a.txt")
     assert sh(service, sid, "cat /workspace/dav-folder/a.txt") == "through webdav"
     sh(service, sid, "echo from-cell > /workspace/dav-folder/b.txt")
-    names = sorted(Path(e["name"]).name for e in dav.ls("dav-folder"))
-    assert names == ["a.txt", "b.txt"]
+    listed = await asyncio.to_thread(dav.ls, "dav-folder")
+    assert sorted(Path(e["name"]).name for e in listed) == ["a.txt", "b.txt"]
     service.backend.stop(sid)
     out = io.BytesIO()
-    dav.download_fileobj("dav-folder/b.txt", out)
+    await asyncio.to_thread(dav.download_fileobj, "dav-folder/b.txt", out)
     assert out.getvalue() == b"from-cell\n"
     assert service.backend.get(sid).state == "stopped"  # WebDAV never wakes it
-    anonymous = httpx.request("PROPFIND", url, headers={"Depth": "1"}, timeout=30)
+    anonymous = await asyncio.to_thread(
+        httpx.request, "PROPFIND", url, headers={"Depth": "1"}, timeout=30
+    )
     assert anonymous.status_code == 401
 
 
@@ -243,9 +247,11 @@ def test_cli_shell_in_a_pod(tmp_path: Path, kube_namespace: str, test_user: str)
             if term.run("stty size") == "40 120":
                 break
         assert term.run("stty size") == "40 120"
-        term.send(b"sleep 100\r")
+        term.send(b"sh -c 'echo SLEEP\"\"ING; exec sleep 100'\r")
+        term.expect("SLEEPING\r\n")
         term.send(b"\x03")
-        assert term.run("echo after-$?") == "after-130"
+        term.send(b"echo AFTER-$?\r")
+        term.expect("AFTER-130\r\n")
         term.send(b"exit 3\r")
         assert term.wait() == 3
     finally:

@@ -189,8 +189,8 @@ class KubernetesBackend(Backend):
             )
         )
         found = self._get(kind, obj_name, f"look up {sandbox_id}")
-        if found is None:
-            return None
+        if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
+            return None  # gone, or going (a claim waits for its pod to go first)
         if not o.is_ours(found, self._installation):
             raise SandboxFailed(
                 f"a Kubernetes object named {obj_name} exists in namespace {self.namespace} "
@@ -288,14 +288,35 @@ class KubernetesBackend(Backend):
             "ReadWriteOnce",
         )
         progress(f"creating pod {name} in namespace {self.namespace} from {spec.source}")
-        try:
-            self.api.post(self._ns("persistentvolumeclaims"), claim, what=f"create {sandbox_id}")
-        except ConflictError:
-            if self._record(sandbox_id) is None:  # a claim of that name, not ours (raised)
-                raise SandboxFailed(f"the claim {o.home_claim(name)} is in the way") from None
-            raise AlreadyExists(f"{sandbox_id} was made by another process") from None
+        self._make_claim(sandbox_id, claim)
         self._ensure_policy(name, selectors, spec.network)
         return self._run_pod(sandbox_id, pod, progress)
+
+    def _make_claim(self, sandbox_id: str, claim: dict[str, Any]) -> None:
+        """Create the home claim of a new sandbox; AlreadyExists when another process
+        made it first. A claim of a destroyed sandbox may still be going (it waits for
+        its pod to end): then this waits for it to be gone."""
+        name = claim["metadata"]["name"]
+        deadline = time.monotonic() + GONE_WAIT
+        while True:
+            try:
+                self.api.post(
+                    self._ns("persistentvolumeclaims"), claim, what=f"create {sandbox_id}"
+                )
+                return
+            except ConflictError:
+                if self._record(sandbox_id) is not None:
+                    raise AlreadyExists(f"{sandbox_id} was made by another process") from None
+                found = self._get("persistentvolumeclaims", name)
+                going = found is not None and (found.get("metadata") or {}).get("deletionTimestamp")
+                if not going and found is not None:
+                    raise SandboxFailed(f"the claim {name} of {sandbox_id} is in the way") from None
+                if time.monotonic() > deadline:
+                    raise SandboxFailed(
+                        f"the claim {name} of the destroyed {sandbox_id} did not go within "
+                        f"{GONE_WAIT:.0f} s; try again in a moment"
+                    ) from None
+                time.sleep(0.2)
 
     def _ensure_workspace(self, user: str, progress: Progress | None) -> str:
         """The user's workspace claim, made on first use (and never removed by us)."""

@@ -59,14 +59,15 @@ DEFAULT_DISK = 10 << 30
 # container), ends at once on SIGTERM; on the first start of a sandbox it lays the
 # image's skeleton (/etc/skel) into the new, empty home claim.
 IDLE = (
-    "import os, shutil, signal\n"
+    "import os, shutil, signal, sys\n"
     "home = os.environ.get('HOME', '/home/sandbox')\n"
-    "if not os.path.exists(os.path.join(home, '.sandbox-home')):\n"
+    "marker = os.path.join(home, '.sandbox-home')\n"
+    "if sys.argv[1:] == ['home'] and not os.path.exists(marker):\n"
     "    try:\n"
     "        shutil.copytree('/etc/skel', home, symlinks=True, dirs_exist_ok=True)\n"
+    "        open(marker, 'w').close()\n"
     "    except OSError:\n"
     "        pass\n"
-    "    open(os.path.join(home, '.sandbox-home'), 'w').close()\n"
     "signal.signal(signal.SIGTERM, lambda *a: os._exit(0))\n"
     "signal.signal(signal.SIGCHLD, lambda *a: None)\n"
     "while True:\n"
@@ -222,7 +223,7 @@ def pod_manifest(
             {
                 "name": CONTAINER,
                 "image": image,
-                "command": ["python3", "-I", "-c", IDLE],
+                "command": ["python3", "-I", "-c", IDLE, *(["home"] if home else [])],
                 "workingDir": WORKSPACE,
                 "env": [{"name": k, "value": v} for k, v in env.items()],
                 "resources": resources,
