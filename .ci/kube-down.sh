@@ -10,17 +10,25 @@ set -uo pipefail
 state=${SK_KUBE_STATE:-/tmp/sk-kube}
 bridge=skkube0
 chain=SK-KUBE-FORWARD
-log() { echo "kube-down: $*" >&2; }
+log() { echo "kube-down: $* (${SECONDS}s)" >&2; }
 [ -d "$state" ] || { log "nothing to remove ($state does not exist)"; exit 0; }
 pid_of() { [ -f "$state/pids/$1" ] && cat "$state/pids/$1"; }
 alive() { local p; p=$(pid_of "$1") && kill -0 "$p" 2>/dev/null; }
-stop() {  # stop NAME: TERM its process group, then KILL what is left
-  local p
-  p=$(pid_of "$1") || return 0
-  kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
-  for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL -- "-$p" 2>/dev/null
-  rm -f "$state/pids/$1"
+stop() {  # stop NAME...: TERM their process groups, at most 5 s later KILL what is left
+  local name p pids=()
+  for name in "$@"; do
+    p=$(pid_of "$name") || continue
+    kill -TERM -- "-$p" 2>/dev/null || kill -TERM "$p" 2>/dev/null
+    pids+=("$p")
+    rm -f "$state/pids/$name"
+  done
+  for _ in $(seq 50); do
+    local left=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && left=1; done
+    [ "$left" = 0 ] && break
+    sleep 0.1
+  done
+  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
 }
 
 # Pods first, through the API, so the kubelet tears their sandboxes down itself.
@@ -36,10 +44,8 @@ if alive kube-apiserver && alive kubelet && [ -f "$state/admin.kubeconfig" ]; th
     sleep 0.5
   done
 fi
-stop kubelet
-stop hostpath
-stop kube-router
-stop kube-proxy
+log "pods removed"
+stop kubelet hostpath kube-router kube-proxy
 
 # The containerd's own shims: each holds the socket path of the containerd that made it.
 sock=$state/containerd/containerd.sock
@@ -54,9 +60,8 @@ for pid in $(pgrep -f containerd-shim 2>/dev/null); do
     kill -KILL "$pid" 2>/dev/null
   fi
 done
-stop kube-scheduler
-stop kube-controller-manager
-stop kube-apiserver
+log "node stopped"
+stop kube-scheduler kube-controller-manager kube-apiserver
 stop etcd
 
 # What the node left on the machine.
@@ -76,17 +81,15 @@ iptables -X "$chain" 2>/dev/null
 for table in "ip sk-kube" "ip kube-proxy" "ip6 kube-proxy"; do
   nft delete table $table 2>/dev/null
 done
-# kube-router's chains and sets (its --cleanup-config would also clear every IPVS
-# service of the machine: not ours to touch).
+# Chains of the kubelet (KUBE-FIREWALL, canaries) and kube-router (its --cleanup-config
+# would also clear every IPVS service of the machine: not ours to touch). No other
+# Kubernetes runs here: every KUBE-* chain is this cluster's.
 for table in filter nat mangle raw; do
-  iptables -t "$table" -S 2>/dev/null | grep -E '^-A (INPUT|FORWARD|OUTPUT|PREROUTING|POSTROUTING) .*kube-router netpol' \
+  iptables -t "$table" -S 2>/dev/null | grep -E '^-A (INPUT|FORWARD|OUTPUT|PREROUTING|POSTROUTING) .*-j KUBE-' \
     | sed 's/^-A /-D /' | while read -r rule; do eval iptables -t "$table" "$rule" 2>/dev/null; done
-  for c in $(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-(ROUTER-|NWPLCY-|POD-FW-)/ {print $2}'); do
-    iptables -t "$table" -F "$c" 2>/dev/null
-  done
-  for c in $(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-(ROUTER-|NWPLCY-|POD-FW-)/ {print $2}'); do
-    iptables -t "$table" -X "$c" 2>/dev/null
-  done
+  chains=$(iptables -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}')
+  for c in $chains; do iptables -t "$table" -F "$c" 2>/dev/null; done
+  for c in $chains; do iptables -t "$table" -X "$c" 2>/dev/null; done
 done
 for set in $(ipset list -n 2>/dev/null | grep -E '^KUBE-(SRC|DST)-|^kube-router-'); do
   ipset destroy "$set" 2>/dev/null

@@ -4,7 +4,8 @@
 # kube-scheduler, a kubelet on a containerd of its own, kube-proxy (nftables),
 # kube-router's NetworkPolicy controller (enforces NetworkPolicy), and a hostPath volume provisioner
 # (storage class sk-hostpath, the default). The project's test image is imported into
-# the node (no registry is reachable). Idempotent: a cluster already up is left as it is.
+# the node (no registry is reachable). Idempotent: run again, it starts what is not
+# running and leaves the rest as it is.
 # Prints the admin KUBECONFIG path on its last line; .ci/kube-down.sh removes it all.
 #
 # Settings (environment): SK_KUBE_STATE (/tmp/sk-kube), SK_KUBE_BIN (see kube-build.sh;
@@ -29,11 +30,6 @@ log() { echo "kube-up: $*" >&2; }
 die() { log "$*"; exit 1; }
 
 running() { [ -f "$state/pids/$1" ] && kill -0 "$(cat "$state/pids/$1")" 2>/dev/null; }
-if running kube-apiserver && running kubelet && [ -f "$state/admin.kubeconfig" ]; then
-  log "already up ($state)"
-  echo "$state/admin.kubeconfig"
-  exit 0
-fi
 [ "$(id -u)" = 0 ] || die "needs root (a kubelet, containerd, iptables)"
 for cmd in etcd containerd runc ctr openssl gcc nft iptables ipset; do
   command -v "$cmd" >/dev/null || die "$cmd is missing (Debian: etcd-server containerd runc openssl gcc nftables iptables ipset)"
@@ -99,6 +95,12 @@ EOF
 }
 for name in admin controller-manager scheduler kubelet kube-proxy; do kubeconfig "$name"; done
 
+write() {  # write FILE: stdin into FILE, left untouched when the same (daemons watch theirs)
+  local new
+  new=$(cat)
+  [ -f "$1" ] && [ "$(cat "$1")" = "$new" ] && return 0
+  printf '%s\n' "$new" >"$1"
+}
 daemon() {  # daemon NAME COMMAND...: started in the background, its pid recorded
   local name=$1
   shift
@@ -183,7 +185,7 @@ state = "$ctrd/state"
     conf_dir = "$state/cni/net.d"
 EOF
 fi
-cat >"$state/cni/net.d/10-sk-kube.conflist" <<EOF
+write "$state/cni/net.d/10-sk-kube.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "sk-kube",
@@ -232,7 +234,7 @@ for controller in /sys/fs/cgroup/*/; do
   [ -e "$controller/cgroup.procs" ] && mkdir -p "$controller/sk-kube"
 done
 touch "$state/resolv.conf"  # pods get no name servers: nothing may go off this machine
-cat >"$state/kubelet/config.yaml" <<EOF
+write "$state/kubelet/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: $node_ip
@@ -282,7 +284,7 @@ iptables -N "$chain" 2>/dev/null || iptables -F "$chain"
 iptables -A "$chain" -i "$bridge" -o "$bridge" -j ACCEPT
 iptables -C FORWARD -j "$chain" 2>/dev/null || iptables -A FORWARD -j "$chain"
 
-cat >"$state/kube-proxy.yaml" <<EOF
+write "$state/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
@@ -295,13 +297,8 @@ metricsBindAddress: 127.0.0.1:10249
 nodePortAddresses: ["$node_ip/32"]
 conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 EOF
-log "kube-proxy, kube-router (network policies), volumes"
+log "kube-proxy, volumes"
 daemon kube-proxy kube-proxy --config "$state/kube-proxy.yaml"
-# Only kube-router's firewall: policies become iptables rules and ipsets of its own.
-daemon kube-router kube-router --kubeconfig "$state/admin.kubeconfig" --hostname-override "$node" \
-  --run-firewall=true --run-router=false --run-service-proxy=false --run-loadbalancer=false \
-  --enable-cni=false --enable-ibgp=false --enable-overlay=false \
-  --service-cluster-ip-range "$service_cidr" --health-port 0 --metrics-port 0 --v 1
 daemon hostpath python3 -I "$here/kube/hostpath-provisioner.py" "$pki" "$state/volumes"
 
 export KUBECONFIG=$state/admin.kubeconfig
@@ -312,16 +309,25 @@ node = json.load(sys.stdin)
 sys.exit(0 if any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"]) else 1)'
 }
 wait_for "the node" 120 node_ready
+log "kube-router (network policies)"
+# Only kube-router's firewall: policies become iptables rules and ipsets of its own.
+daemon kube-router kube-router --kubeconfig "$state/admin.kubeconfig" --hostname-override "$node" \
+  --run-firewall=true --run-router=false --run-service-proxy=false --run-loadbalancer=false \
+  --enable-cni=false --enable-ibgp=false --enable-overlay=false \
+  --service-cluster-ip-range "$service_cidr" --health-port 0 --metrics-port 0 --v 1
 apply() {  # apply PATH BODY: create an object unless it is there
   local code
   code=$(admin_curl -o /dev/null -w '%{http_code}' "$api$1" 2>/dev/null || true)
   [ "$code" = 200 ] && return 0
   admin_curl -X POST -H 'Content-Type: application/json' -d "$2" "${api}${1%/*}" >/dev/null
 }
+# Bound when a pod first uses a claim (as local and zonal storage are): a pod is never
+# held back as "unschedulable" for a claim that binds a moment after it was made.
 apply /apis/storage.k8s.io/v1/storageclasses/sk-hostpath '{"apiVersion":"storage.k8s.io/v1","kind":"StorageClass",
   "metadata":{"name":"sk-hostpath","annotations":{"storageclass.kubernetes.io/is-default-class":"true"}},
-  "provisioner":"sandbox-kernel.test/hostpath","reclaimPolicy":"Delete","volumeBindingMode":"Immediate"}'
+  "provisioner":"sandbox-kernel.test/hostpath","reclaimPolicy":"Delete","volumeBindingMode":"WaitForFirstConsumer"}'
 wait_for "the default service account" 60 admin_curl "$api/api/v1/namespaces/default/serviceaccounts/default"
+sleep 1  # a daemon that cannot run ends at once: say so here rather than in a test
 for name in kube-proxy kube-router hostpath kube-controller-manager kube-scheduler; do
   running "$name" || die "$name stopped (log: $state/logs/$name.log)"
 done
