@@ -185,10 +185,11 @@ def pod_manifest(
                 "memory": quantity(spec.memory),
                 "ephemeral-storage": quantity(disk),
             },
-            # Idle sandboxes use little: they ask for a little, and may burst to their limits.
+            # Idle sandboxes use little: they ask for a little (a node of N cores takes
+            # 40 N of them by CPU), and may burst to their limits.
             "requests": {
-                "cpu": f"{min(spec.cpus, 0.1):g}",
-                "memory": quantity(min(spec.memory, 256 << 20)),
+                "cpu": "25m",
+                "memory": quantity(min(spec.memory, 128 << 20)),
                 "ephemeral-storage": quantity(min(disk, 1 << 30)),
             },
         }
