@@ -657,3 +657,52 @@ def test_without_network_nothing_leaves_the_pod(
     info = service.ensure(ScopeKey(user())).info
     target = plain_pods(f"plain-{uuid.uuid4().hex[:6]}")
     assert probe(service, info.id, f"http://{target}:8080/", 3).startswith("UNREACHABLE")
+
+
+def test_notebook_folder_is_copied_in_and_changes_come_back(
+    tmp_path: Path, kube_namespace: str
+) -> None:
+    """No host folder reaches a pod: `jupyter execute` of a notebook in a checkout still
+    reads the data beside it (copied in at start) and leaves its result beside it (copied
+    back at shutdown)."""
+    import nbformat
+
+    env = make_kernel_env(
+        tmp_path / "k", **kube_settings(kube_namespace, SANDBOX_KERNEL_WORK_ROOT="auto")
+    )
+    folder = tmp_path / "checkout" / "nb"
+    folder.mkdir(parents=True)
+    (folder / "data.csv").write_text("a,1\nb,2\n")
+    (folder / ".secret").write_text("never copied")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import os\nrows = open('data.csv').read().splitlines()\n"
+            "open('out.csv', 'w').write(str(len(rows)))\nprint(sorted(os.listdir('.')))"
+        )
+    ]
+    nbformat.write(nb, folder / "report.ipynb")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "execute",
+            "--inplace",
+            "--kernel_name=sandbox",
+            "report.ipynb",
+        ],
+        cwd=folder,
+        env={**env.environ(), "JUPYTER_PATH": env.jupyter_path},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (out,) = [
+        o
+        for o in nbformat.read(folder / "report.ipynb", as_version=4).cells[0].outputs
+        if o.get("name") == "stdout"
+    ]
+    assert out["text"] == "['data.csv', 'out.csv', 'report.ipynb']\n"
+    assert (folder / "out.csv").read_text() == "2"
