@@ -106,5 +106,8 @@ done
 for made in "$state"/made-pods "$state"/made-containers; do
   [ -f "$made" ] && rm -rf "$(cat "$made")"
 done
+if [ -n "${SK_KUBE_LOGS:-}" ] && [ -d "$state/logs" ]; then  # kept for whoever reads CI's logs
+  mkdir -p "$SK_KUBE_LOGS" && cp -r "$state/logs/." "$SK_KUBE_LOGS/"
+fi
 rm -rf "$state"
 log "removed"

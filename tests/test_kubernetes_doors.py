@@ -226,8 +226,30 @@ async def test_jupyterlab_terminal_in_a_pod(
     await term.expect("FULLSCREEN 27x91")
     term.send("q")
     await term.expect("CURSES-DONE")
-    term.send("exit\r")
+    # Closing the terminal ends what runs on it (the runtime would keep it).
+    term.send("sleep 987\r")
+    await asyncio.sleep(1)
+    service = service_of(kube_rest)
+    sid = service.owned(test_user, ScopeKey(test_user).name).id
+    assert _sleeping(service, sid) == 1
     await jp_fetch("api", "terminals", name, method="DELETE")
+    for _ in range(50):
+        if _sleeping(service, sid) == 0:
+            break
+        await asyncio.sleep(0.2)
+    assert _sleeping(service, sid) == 0
+
+
+SLEEPING = (
+    "import os\nn = 0\nfor p in os.listdir('/proc'):\n    try:\n"
+    "        n += open('/proc/%s/cmdline' % p, 'rb').read() == b'sleep\\x00987\\x00'\n"
+    "    except OSError:\n        pass\nprint(n)"
+)
+
+
+def _sleeping(service: SandboxService, sid: str) -> int:
+    """How many `sleep 987` run in the sandbox."""
+    return int(service.backend.exec(sid, ["python3", "-c", SLEEPING]).output)
 
 
 def test_cli_shell_in_a_pod(tmp_path: Path, kube_namespace: str, test_user: str) -> None:

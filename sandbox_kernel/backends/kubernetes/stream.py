@@ -186,8 +186,9 @@ class ExecPty(ExecChannel, Pty):
     """A terminal: ``tty=true`` exec, its bytes as they are, resized through channel 4.
 
     Closing the connection does not end a process on a terminal (the runtime keeps it),
-    so :meth:`close` hangs the shell's session up inside the sandbox (``hangup``), as
-    closing a real terminal would; the shell's pid comes first on the stream."""
+    so :meth:`close` hangs the shell's session up inside the sandbox (``hangup``, one
+    short exec), as closing a real terminal would; the shell's pid comes first on the
+    stream. A relay killed outright leaves its shell running until the sandbox stops."""
 
     def __init__(self, stream: ExecStream, hang_up: Any) -> None:
         super().__init__(stream, merge_stderr=True)
@@ -211,4 +212,4 @@ class ExecPty(ExecChannel, Pty):
             self._closed = True
         self._stream.close()
         if self.session and self._stream.status is None:
-            threading.Thread(target=self._hang_up, args=(self.session,), daemon=True).start()
+            self._hang_up(self.session)  # before returning: a CLI exits right after
