@@ -743,6 +743,12 @@ class KubernetesBackend(Backend):
                 continue
         return found
 
+    def disk_bound(self) -> str:
+        return (
+            "a sandbox's home claim is its flavor's disk and its workspace claim "
+            "kubernetes_workspace_size: the storage class decides whether writes past them fail"
+        )
+
     # -- snapshots ----------------------------------------------------------------------
     def create_snapshot(self, sandbox_id: str, ref: str, labels: dict[str, str]) -> SnapshotInfo:
         raise NotSupported(

@@ -20,7 +20,6 @@ import re
 from datetime import datetime
 from typing import Any
 
-from ...config import FLAVORS, parse_size
 from ..base import (
     LABEL_FLAVOR,
     LABEL_IMAGE,
@@ -142,10 +141,8 @@ def k8s_labels(labels: dict[str, str], installation: str, role: str, name: str) 
 
 
 def disk_of(spec: Spec) -> int:
-    raw = FLAVORS.get(spec.flavor, {}).get("disk")
-    if isinstance(raw, str):
-        return parse_size(raw)
-    return int(raw) if raw else DEFAULT_DISK
+    """Bytes of a sandbox's own files: its flavor's disk (10 GiB for a flavor without one)."""
+    return spec.disk or DEFAULT_DISK
 
 
 def quantity(n: int) -> str:
