@@ -126,7 +126,7 @@ def test_a_sandbox_is_a_hardened_pod_with_claims_and_a_policy(
     assert container.resources.limits == {
         "cpu": "2",
         "memory": "2Gi",
-        "ephemeral-storage": "10Gi",
+        "ephemeral-storage": "20Gi",
     }
     assert {m.mount_path for m in container.volume_mounts} == {"/workspace", "/home/sandbox"}
     roles = claims_of(kube_namespace, ScopeKey(name).user_id)
