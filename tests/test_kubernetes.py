@@ -93,11 +93,16 @@ def pod_of(namespace: str, sandbox_id: str) -> Any:
 
 
 def claims_of(namespace: str, user_id: str) -> dict[str, str]:
-    """{claim name: role} of one user's claims."""
+    """{claim name: role} of one user's claims (a removed claim waits for its pod to end
+    before it goes: it no longer counts)."""
     found = core().list_namespaced_persistent_volume_claim(
         namespace, label_selector=f"sandbox-kernel.user-id={user_id}"
     )
-    return {c.metadata.name: c.metadata.labels["sandbox-kernel.role"] for c in found.items}
+    return {
+        c.metadata.name: c.metadata.labels["sandbox-kernel.role"]
+        for c in found.items
+        if c.metadata.deletion_timestamp is None
+    }
 
 
 def user() -> str:
