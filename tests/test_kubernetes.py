@@ -711,3 +711,36 @@ def test_notebook_folder_is_copied_in_and_changes_come_back(
     ]
     assert out["text"] == "['data.csv', 'out.csv', 'report.ipynb']\n"
     assert (folder / "out.csv").read_text() == "2"
+
+
+def test_mapped_folders_are_claims_by_name(
+    service_for: Callable[..., SandboxService], kube_namespace: str, tmp_path: Path
+) -> None:
+    """c.SandboxConfig.volumes names claims of the namespace: shared writable between users
+    where mapped rw, unwritable where ro; a host folder or a missing claim is one line."""
+    from kubernetes import client
+
+    shared = f"team-{uuid.uuid4().hex[:6]}"
+    core().create_namespaced_persistent_volume_claim(
+        kube_namespace,
+        client.V1PersistentVolumeClaim(
+            metadata=client.V1ObjectMeta(name=shared),
+            spec=client.V1PersistentVolumeClaimSpec(
+                access_modes=["ReadWriteOnce"],
+                resources=client.V1VolumeResourceRequirements(requests={"storage": "1Gi"}),
+            ),
+        ),
+    )
+    writer = service_for(volumes=[f"{shared}:/team:rw"])
+    one = writer.ensure(ScopeKey(user())).info
+    sh(writer, one.id, "echo from-one > /team/note.txt")
+    reader = service_for(volumes=[f"{shared}:/team"], scope="thread")
+    two = reader.ensure(ScopeKey(user(), "thread", "r.ipynb")).info
+    assert sh(reader, two.id, "cat /team/note.txt") == "from-one\n"
+    refused = reader.backend.exec(two.id, ["sh", "-c", "echo x > /team/other.txt"])
+    assert refused.exit_code != 0 and b"Read-only file system" in refused.output
+    with pytest.raises(SandboxError, match="mounts claims by name"):
+        (tmp_path / "data").mkdir()
+        service_for(volumes=[f"{tmp_path / 'data'}:/data"]).ensure(ScopeKey(user()))
+    with pytest.raises(SandboxError, match="has no claim named 'nowhere'"):
+        service_for(volumes=["nowhere:/data"]).ensure(ScopeKey(user()))

@@ -32,6 +32,7 @@ from typing import IO, Any
 
 from ...agent import inline, program
 from ...identity import ScopeKey, safe_id
+from ...volumes import Volume
 from ..base import (
     LABEL_IMAGE,
     LABEL_INSTALLATION,
@@ -200,6 +201,7 @@ class KubernetesBackend(Backend):
             )
         if spec.work_folder:
             raise NotSupported("the kubernetes backend cannot mount a folder of this host")
+        self._check_claims(spec)
         name = self._name(sandbox_id)
         workspace = self._ensure_workspace(key.user, progress)
         full = {
@@ -238,6 +240,26 @@ class KubernetesBackend(Backend):
         self._make_claim(sandbox_id, claim)
         self._ensure_policy(name, selectors, spec.network)
         return self._run_pod(sandbox_id, pod, progress)
+
+    def check_volumes(self, volumes: tuple[Volume, ...]) -> None:
+        """Mapped folders are claims of the sandboxes' namespace, by name."""
+        for volume in volumes:
+            if volume.on_host:
+                raise NotSupported(
+                    f"mapping '{volume}': the kubernetes backend mounts claims by name, not "
+                    f"folders of this host; give {volume.target} the name of a persistent "
+                    "volume claim in the sandboxes' namespace"
+                )
+
+    def _check_claims(self, spec: Spec) -> None:
+        """Each mapped claim is there (a pod would otherwise wait for it for ever)."""
+        self.check_volumes(spec.volumes)
+        for volume in spec.volumes:
+            if self._get("persistentvolumeclaims", volume.source) is None:
+                raise SandboxFailed(
+                    f"mapping '{volume}': namespace {self.namespace} has no claim named "
+                    f"{volume.source!r}; create it or remove the mapping"
+                )
 
     def _make_claim(self, sandbox_id: str, claim: dict[str, Any]) -> None:
         """Create the home claim of a new sandbox; AlreadyExists when another process

@@ -169,10 +169,20 @@ def pod_manifest(
     volumes: list[dict[str, Any]] = [
         {"name": "workspace", "persistentVolumeClaim": {"claimName": workspace}}
     ]
-    mounts = [{"name": "workspace", "mountPath": WORKSPACE}]
+    mounts: list[dict[str, Any]] = [{"name": "workspace", "mountPath": WORKSPACE}]
     if home:
         volumes.append({"name": "home", "persistentVolumeClaim": {"claimName": home}})
         mounts.append({"name": "home", "mountPath": HOME})
+    # The administrator's mapped folders: claims of the namespace, by name.
+    for i, mapped in enumerate(spec.volumes if spec is not None else ()):
+        read_only = not mapped.writable
+        volumes.append(
+            {
+                "name": f"mapped-{i}",
+                "persistentVolumeClaim": {"claimName": mapped.source, "readOnly": read_only},
+            }
+        )
+        mounts.append({"name": f"mapped-{i}", "mountPath": mapped.target, "readOnly": read_only})
     resources: dict[str, Any] = {}
     if spec is not None:
         disk = disk_of(spec)
