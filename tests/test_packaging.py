@@ -141,7 +141,7 @@ def test_wheel_ships_what_an_installation_needs(tmp_path: Path) -> None:
         f"{data}/kernels/sandbox/logo-svg.svg",
         f"{data}/labextensions/sandbox-kernel-labextension/package.json",
         f"{data}/labextensions/sandbox-kernel-labextension/install.json",
-        "sandbox_kernel/agent/agent.py",
+        "sandbox_kernel/agent/start.py",
         "sandbox_kernel/agent/boot.py",
         "sandbox_kernel/resources/logo-64x64.png",
     ]:
