@@ -154,6 +154,9 @@ class EngineSettings:
     kubernetes_namespace: str = ""  # "": the kubeconfig context's (or the pod's own)
     kubernetes_storage_class: str = ""  # "": the cluster's default
     kubernetes_workspace_size: int = 10 << 30
+    ca_bundle: str = ""  # what sandboxes trust (see trust.py): "", a PEM file, or "none"
+    # Variables every process started in a sandbox inherits (config.passed_env).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def installation_id(state_dir: str) -> str:
@@ -453,6 +456,8 @@ class Backend(abc.ABC):
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
+        # Why backend "auto" took this engine rather than Docker ("" when it was chosen).
+        self.fallback = ""
 
     # -- engine --------------------------------------------------------------
     @abc.abstractmethod

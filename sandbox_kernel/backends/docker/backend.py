@@ -42,6 +42,9 @@ from typing import IO, Any
 
 from ...agent import bootstrap_command, bundle, inline, program
 from ...identity import ScopeKey
+from ...trust import INSIDE as TRUST_INSIDE
+from ...trust import bundle as trust_bundle
+from ...trust import trust_env, write_bundle
 from .. import idmap
 from ..base import (
     LABEL_AGENT_SOCKETS,
@@ -73,6 +76,7 @@ from ..base import (
     not_found,
     sandbox_id_of,
 )
+from .accounts import LIMIT, from_archive, from_layers, root_files
 from .carry import DockerCarry, remake_lock
 from .cgroups import cgroup_usage, end_stuck_starts
 from .channel import DockerChannel, DockerPty
@@ -92,6 +96,7 @@ from .info import (
     LABEL_PIDS,
     LABEL_RUNTIME,
     LABEL_SNAPSHOT_REF,
+    LABEL_TRUST,
     LABEL_UID,
     LABEL_VOLUME_MOUNTS,
     LABEL_WORK_MOUNT,
@@ -374,6 +379,30 @@ class DockerBackend(Backend):
                 last = time.monotonic()
                 say(f"pulling {name}: {event.get('status')} {event.get('progress', '')}".rstrip())
 
+    def image_present(self, name: str) -> bool:
+        """Whether image ``name`` is on the engine (nothing is pulled)."""
+        try:
+            with engine_errors(f"use image {name!r}"):
+                self._engine.inspect_image(name)
+        except SandboxNotFound:
+            return False
+        except BadRequest:  # not an image name at all
+            return False
+        return True
+
+    def local_images(self) -> builtins.list[str]:
+        """Tagged images on the engine, newest first (what a user could start from)."""
+        with engine_errors("list images"):
+            images = self.client.api.images()
+        images.sort(key=lambda i: i.get("Created", 0), reverse=True)
+        return [
+            tag
+            for image in images
+            if LABEL_SNAPSHOT_REF not in (image.get("Labels") or {})
+            for tag in image.get("RepoTags") or []
+            if tag != "<none>:<none>"
+        ]
+
     def _network(self) -> str:
         """Our shared network, made or checked once per process."""
         if not self._network_checked:
@@ -405,6 +434,9 @@ class DockerBackend(Backend):
         if self._wire is not None:  # a local engine: it mounts this host's folders
             sockets = str(self._sockets.ensure(name))
             mounts.append(bind_mount(AGENT_SOCKETS, sockets, read_only=True))
+        trust_label, trust_mount = self._trust_for_new()
+        if trust_mount is not None:
+            mounts.append(trust_mount)
         cpus = self._cpus(spec)
         environment = {
             "HOME": HOME,
@@ -417,6 +449,8 @@ class DockerBackend(Backend):
             # Debian-based images refuse even that without this switch.
             "PIP_BREAK_SYSTEM_PACKAGES": "1",
             "PYTHONUNBUFFERED": "1",
+            # The certificates sandboxes trust (see trust.py), for every program there.
+            **(trust_env() if trust_label else {}),
         }
         host: dict[str, Any] = {
             "Init": True,
@@ -460,12 +494,24 @@ class DockerBackend(Backend):
                 LABEL_AGENT_SOCKETS: sockets,
                 LABEL_DISK: disk_label(way, spec.disk),
                 LABEL_WORKSPACE_DISK: "" if any(unbounded) else "1",
+                LABEL_TRUST: trust_label,
             },
             "HostConfig": host,
         }
         if spec.egress and spec.network:
             egress_config(config, self._installation, spec.egress)
         return config
+
+    def _trust_for_new(self) -> tuple[str, dict[str, Any] | None]:
+        """How a new container gets the certificates it trusts: ("mount", the mount of
+        the bundle's host folder) on a local engine, ("copy", None) on one elsewhere
+        (written in before its start, see _prepare), ("", None) for none at all."""
+        if self._wire is None:
+            return ("copy", None) if trust_bundle(self.settings.ca_bundle).strip() else ("", None)
+        folder = write_bundle(self.settings.state_dir, self.settings.ca_bundle)
+        if folder is None:
+            return "", None
+        return "mount", bind_mount(TRUST_INSIDE, str(folder), read_only=True)
 
     def _cpus(self, spec: Spec) -> float:
         # Docker refuses more CPUs than the engine's machine has: a large flavor on a
@@ -480,7 +526,13 @@ class DockerBackend(Backend):
         one found "created" may be starting in another process meanwhile, with its layer
         mounted (overlayfs does not allow writing beneath a mount); the engine's archive
         call waits for such a start."""
-        uid, _, gid = container.labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
+        text_uid, _, text_gid = container.labels.get(
+            LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}"
+        ).partition(":")
+        uid, gid = int(text_uid), int(text_gid or text_uid)
+        ca = b""
+        if container.labels.get(LABEL_TRUST) == "copy":  # an engine that cannot mount ours
+            ca = trust_bundle(self.settings.ca_bundle)
         if just_created and self._layers_writable is not False and os.geteuid() == 0:
             if "GraphDriver" not in container.attrs:
                 container = self._reinspect(container)
@@ -488,11 +540,21 @@ class DockerBackend(Backend):
             # A local engine whose layers are this host's folders; else never asked again.
             self._layers_writable = self._wire is not None and driver.get("Name") == "overlay2"
             if self._layers_writable:
-                if home_in_layer(driver, int(uid), int(gid or uid)):
+                extra = root_files(uid, gid, from_layers(driver), ca)
+                if home_in_layer(driver, uid, gid, extra):
                     return
                 self._layers_writable = False  # remapped users, say: the archive from now on
+        extra = root_files(uid, gid, lambda path: self._image_file(container, path), ca)
         with engine_errors("make the home folder in", self._id(container)):
-            self._engine.put_archive(container.id, "/", home_archive(int(uid), int(gid or uid)))
+            self._engine.put_archive(container.id, "/", home_archive(uid, gid, extra))
+
+    def _image_file(self, container: Inspected, path: str) -> bytes | None:
+        """A plain file of a container that has not run yet (its image's), or None."""
+        try:
+            with engine_errors(f"read /{path} of", self._id(container)):
+                return from_archive(self._engine.get_archive(container.id, "/" + path, LIMIT))
+        except SandboxNotFound:
+            return None
 
     def _start(self, container: Inspected, fresh: bool = False) -> SandboxInfo:
         """Start the container (its disks and idmapped mounts first: a reboot drops
@@ -587,6 +649,11 @@ class DockerBackend(Backend):
                 progress(f"starting sandbox {sandbox_id}")
             if container.labels.get(LABEL_AGENT_SOCKETS):  # (a create made it just now)
                 self._sockets.ensure(container.name)
+            if container.labels.get(LABEL_TRUST) == "mount":  # the bundle, current
+                write_bundle(
+                    self.settings.state_dir,
+                    "" if self.settings.ca_bundle == "none" else self.settings.ca_bundle,
+                )
             return self._start(container)
         return container_info(self._installation, self._reinspect(container))
 
@@ -698,7 +765,10 @@ class DockerBackend(Backend):
             "AttachStdout": True,
             "AttachStderr": True,
             "Cmd": cmd,
-            "Env": [f"{k}={v}" for k, v in exec_env(container.attrs, env).items()],
+            "Env": [
+                f"{k}={v}"
+                for k, v in exec_env(container.attrs, self._env(container.attrs, env)).items()
+            ],
             "WorkingDir": cwd,
         }
         engine = self._engine
@@ -709,6 +779,14 @@ class DockerBackend(Backend):
         channel = DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=engine)
         channel.keep_alive = keep_alive
         return channel
+
+    def _env(self, attrs: dict[str, Any], env: dict[str, str] | None) -> dict[str, str]:
+        """What a process started in a sandbox gets besides the container's own
+        environment: the variables sandboxes inherit (``pass_env``) that the container does
+        not set itself (an egress sandbox's proxy is its only way out), then ``env``."""
+        own = env_of(attrs)
+        passed = {k: v for k, v in self.settings.env if k not in own}
+        return {**passed, **(env or {})}
 
     def agent_listener(self, info: SandboxInfo) -> AgentListener | None:
         if not info.agent_sockets:
@@ -748,7 +826,7 @@ class DockerBackend(Backend):
                 stderr=True,
                 tty=True,
                 workdir=cwd,
-                environment=exec_env(container.attrs, env),
+                environment=exec_env(container.attrs, self._env(container.attrs, env)),
             )["Id"]
             sock = api.exec_start(exec_id, socket=True, tty=True)
         raw = getattr(sock, "_sock", sock)

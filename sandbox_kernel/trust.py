@@ -1,0 +1,140 @@
+"""The certificates sandboxes trust, made on the host for them.
+
+A machine behind a TLS-intercepting proxy, or with a private package index, trusts a
+certificate authority that images know nothing of: the host's ``pip`` works and the
+sandbox's fails with ``CERTIFICATE_VERIFY_FAILED``. So sandboxes get a bundle made
+here (``c.SandboxConfig.ca_bundle``):
+
+* by default the host's own trust store (the file its OpenSSL reads: public
+  certificates, and whatever authority the host's administrator added to it). Nothing
+  in it is secret;
+* with ``ca_bundle`` naming a file, that file's certificates in addition;
+* with ``ca_bundle = "none"``, nothing: sandboxes keep what their image trusts.
+
+The bundle is written to ``<state dir>/trust/`` (replaced whole by a rename, so a
+reader never sees half of it, and running sandboxes see the new one), mounted
+read-only in every sandbox at :data:`INSIDE`, and named by the variables that
+OpenSSL, pip, requests, curl, git and Node read (:func:`trust_env`). It *replaces*
+the image's store for them, which is why the host's public certificates are in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import ssl
+from pathlib import Path
+
+from .errors import SandboxError
+
+#: The folder that holds the bundle inside a sandbox (a read-only mount).
+INSIDE = "/etc/sandbox-kernel/trust"
+BUNDLE = "ca-certificates.crt"
+LIMIT = 16 << 20  # bytes of any one certificate file we read
+
+# Where Linux distributions keep the system's bundle, after what OpenSSL says itself.
+_KNOWN = (
+    "/etc/ssl/certs/ca-certificates.crt",  # Debian, Ubuntu, Alpine, Arch
+    "/etc/pki/tls/certs/ca-bundle.crt",  # Fedora, RHEL
+    "/etc/ssl/ca-bundle.pem",  # openSUSE
+    "/etc/ssl/cert.pem",  # macOS, Alpine
+)
+
+
+def host_store() -> Path | None:
+    """The file of certificates this host's OpenSSL trusts (``SSL_CERT_FILE`` first,
+    as OpenSSL reads it), or None when there is none."""
+    paths = ssl.get_default_verify_paths()
+    for candidate in (
+        os.environ.get("SSL_CERT_FILE"),
+        paths.cafile,
+        paths.openssl_cafile,
+        *_KNOWN,
+    ):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def _read(path: Path) -> bytes:
+    with path.open("rb") as f:
+        data = f.read(LIMIT + 1)
+    if len(data) > LIMIT:
+        raise SandboxError(f"{path} is larger than {LIMIT >> 20} MB: not a certificate bundle")
+    return data
+
+
+def bundle(ca_bundle: str) -> bytes:
+    """What sandboxes trust under the setting ``ca_bundle`` (b"" for "none")."""
+    if ca_bundle == "none":
+        return b""
+    parts = []
+    store = host_store()
+    if store is not None:
+        parts.append(_read(store))
+    if ca_bundle:
+        try:
+            parts.append(_read(Path(ca_bundle)))
+        except OSError as exc:
+            raise SandboxError(
+                f"cannot read the CA bundle {ca_bundle} ({exc.strerror}); fix or unset "
+                "SANDBOX_KERNEL_CA_BUNDLE / c.SandboxConfig.ca_bundle"
+            ) from None
+    return b"\n".join(part.rstrip(b"\n") for part in parts if part.strip()) + b"\n"
+
+
+def write_bundle(state_dir: str, ca_bundle: str) -> Path | None:
+    """The host folder to mount at :data:`INSIDE`, its bundle up to date; None when
+    sandboxes are to keep their image's store (``none``, or no certificate at all)."""
+    data = bundle(ca_bundle)
+    if not data.strip():
+        return None
+    folder = Path(state_dir) / "trust"
+    target = folder / BUNDLE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o755)  # read inside the sandbox, by its own user
+        if target.is_file() and not target.is_symlink() and _same(target, data):
+            return folder
+        temporary = folder / f".{BUNDLE}.{os.getpid()}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            write_all(fd, data)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.replace(temporary, target)
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot write the sandboxes' CA bundle in {folder} ({exc.strerror}); check "
+            "SANDBOX_KERNEL_STATE_DIR / c.SandboxConfig.state_dir"
+        ) from None
+    return folder
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (one write may take less)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _same(path: Path, data: bytes) -> bool:
+    try:
+        return hashlib.sha256(_read(path)).digest() == hashlib.sha256(data).digest()
+    except (OSError, SandboxError):
+        return False
+
+
+def trust_env() -> dict[str, str]:
+    """The variables by which programs in a sandbox find the bundle: OpenSSL (Python's
+    ``ssl``, curl built on it, wget), pip, requests, curl, git and Node."""
+    path = f"{INSIDE}/{BUNDLE}"
+    return {
+        "SSL_CERT_FILE": path,
+        "PIP_CERT": path,
+        "REQUESTS_CA_BUNDLE": path,
+        "CURL_CA_BUNDLE": path,
+        "GIT_SSL_CAINFO": path,
+        "NODE_EXTRA_CA_CERTS": path,
+    }
