@@ -234,6 +234,11 @@ def gc(
                 action=action.action,
                 reason=events.reap_reason(action.reason),
             )
+        try:  # the sandbox's log says what the lifecycle did to it (`sandbox-kernel logs`)
+            what = action.action if action.done else f"failed to {action.action}"
+            store.add_event(backend.name, action.sandbox_id, f"lifecycle: {what} ({action.reason})")
+        except Exception:
+            pass
     return actions
 
 
