@@ -344,6 +344,7 @@ class SandboxService:
         else:
             if spec.snapshot and info.snapshot != spec.snapshot:
                 self._check_snapshot(key.user, spec.snapshot)
+            self.backend.refresh_trust()
             ensured = self._revive(info, spec, say)
         ensured = self._fit(ensured, spec, config)
         self.store.put(

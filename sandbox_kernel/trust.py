@@ -83,33 +83,58 @@ def bundle(ca_bundle: str) -> bytes:
     return b"\n".join(part.rstrip(b"\n") for part in parts if part.strip()) + b"\n"
 
 
+def _stamp(ca_bundle: str) -> str:
+    """What the bundle is made of, as the file system says it (names, sizes, times): a
+    bundle made from the same stamp needs no second look."""
+    parts = [ca_bundle]
+    for source in (host_store(), Path(ca_bundle) if ca_bundle not in ("", "none") else None):
+        try:
+            info = source.stat() if source is not None else None
+        except OSError:
+            info = None
+        parts.append(f"{source}:{info.st_size}:{info.st_mtime_ns}" if info else f"{source}:-")
+    return "|".join(parts)
+
+
 def write_bundle(state_dir: str, ca_bundle: str) -> Path | None:
     """The host folder to mount at :data:`INSIDE`, its bundle up to date; None when
-    sandboxes are to keep their image's store (``none``, or no certificate at all)."""
+    sandboxes are to keep their image's store (``none``, or no certificate at all).
+    Cheap when nothing changed (every kernel's start asks: see refresh in the backends)."""
+    folder = Path(state_dir) / "trust"
+    target = folder / BUNDLE
+    stamp = _stamp(ca_bundle)
+    try:
+        if target.is_file() and (folder / ".stamp").read_text() == stamp:
+            return folder
+    except OSError:
+        pass
     data = bundle(ca_bundle)
     if not data.strip():
         return None
-    folder = Path(state_dir) / "trust"
-    target = folder / BUNDLE
     try:
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o755)  # read inside the sandbox, by its own user
-        if target.is_file() and not target.is_symlink() and _same(target, data):
-            return folder
-        temporary = folder / f".{BUNDLE}.{os.getpid()}"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            write_all(fd, data)
-            os.fchmod(fd, 0o644)
-        finally:
-            os.close(fd)
-        os.replace(temporary, target)
+        if not (target.is_file() and not target.is_symlink() and _same(target, data)):
+            _replace(folder, BUNDLE, data, 0o644)
+        _replace(folder, ".stamp", stamp.encode(), 0o600)
     except OSError as exc:
         raise SandboxError(
             f"cannot write the sandboxes' CA bundle in {folder} ({exc.strerror}); check "
             "SANDBOX_KERNEL_STATE_DIR / c.SandboxConfig.state_dir"
         ) from None
     return folder
+
+
+def _replace(folder: Path, name: str, data: bytes, mode: int) -> None:
+    """``folder/name`` replaced whole by a rename: readers see the old or the new."""
+    temporary = folder / f".{name}.{os.getpid()}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        write_all(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    os.replace(temporary, folder / name)
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -502,6 +502,11 @@ class Backend(abc.ABC):
     def destroy(self, sandbox_id: str) -> bool:
         """Remove the sandbox (the workspace is kept). False if it was already gone."""
 
+    def refresh_trust(self) -> None:
+        """Bring the certificates running sandboxes trust up to date with the settings
+        (see trust.py); engines that give sandboxes none of the host's need nothing."""
+        return None
+
     def resize(self, sandbox_id: str, spec: Spec) -> bool:
         """Give a sandbox the resources of ``spec`` in place; False when the engine cannot."""
         return False

@@ -366,7 +366,8 @@ class DockerBackend(Backend):
         except (SandboxFailed, SandboxNotFound) as exc:
             raise SandboxFailed(
                 f"image {name} is not present and could not be pulled ({engine_reason(exc)}); "
-                "load or build it locally, or set SANDBOX_KERNEL_IMAGE to an image you have"
+                "load it (`docker load -i FILE`) or build it, or set SANDBOX_KERNEL_IMAGE to an "
+                "image you have with python3 (`sandbox-kernel doctor` names some)"
             ) from None
 
     def _pull(self, repo: str, tag: str, name: str, say: Progress) -> None:
@@ -501,6 +502,17 @@ class DockerBackend(Backend):
         if spec.egress and spec.network:
             egress_config(config, self._installation, spec.egress)
         return config
+
+    def refresh_trust(self) -> None:
+        """The mounted bundle, rewritten when its sources changed (a stat or two when
+        not): running sandboxes see it at once. "none" leaves it as it is, since
+        sandboxes made with the mount name it in their environment."""
+        if self._wire is None or self.settings.ca_bundle == "none":
+            return
+        try:
+            write_bundle(self.settings.state_dir, self.settings.ca_bundle)
+        except SandboxError as exc:  # sandboxes keep what they trusted so far
+            log.warning("%s", exc)
 
     def _trust_for_new(self) -> tuple[str, dict[str, Any] | None]:
         """How a new container gets the certificates it trusts: ("mount", the mount of
