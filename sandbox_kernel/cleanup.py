@@ -37,10 +37,13 @@ class Step:
 
 def kernelspecs() -> list[tuple[str, Path, str]]:
     """(name, folder, python) of the kernelspecs that start this installation's kernel
-    (this Python) or a kernel whose Python is gone (a removed virtual environment),
-    except those inside this environment, which ``pip uninstall`` removes."""
+    (with this Python), and of yours (in your Jupyter data folder) whose Python is gone
+    (a removed virtual environment); never those inside this environment, which go with
+    it, nor another installation's."""
     from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_core.paths import jupyter_data_dir
 
+    yours = Path(jupyter_data_dir()).resolve()
     found = []
     for name, folder in sorted(KernelSpecManager().find_kernel_specs().items()):
         try:
@@ -50,9 +53,10 @@ def kernelspecs() -> list[tuple[str, Path, str]]:
             continue
         if "sandbox_kernel" not in argv[1:3] or not argv:
             continue
-        python = argv[0]
-        inside = Path(folder).resolve().is_relative_to(Path(sys.prefix).resolve())
-        if not inside and (python == sys.executable or not Path(python).exists()):
+        python, where = argv[0], Path(folder).resolve()
+        if where.is_relative_to(Path(sys.prefix).resolve()):
+            continue
+        if python == sys.executable or (not Path(python).exists() and where.is_relative_to(yours)):
             found.append((name, Path(folder), python))
     return found
 

@@ -146,7 +146,7 @@ def _image(service: SandboxService, cfg: SandboxConfig, user: str) -> Check:
         others = backend.local_images()  # type: ignore[attr-defined]
     except SandboxError as exc:
         return Check("image", "problem", str(exc))
-    hint = f", e.g. {', '.join(others[:3])}" if others else ""
+    hint = f", e.g. {', '.join(others[:5])}" if others else ""
     return Check(
         "image",
         "problem",
