@@ -161,25 +161,24 @@ class SandboxSession:
             self.notices.put(notice)
         for note in ensured.notes:  # a change without loss: log and status bar, not the notebook
             self.housekeeping.report(info.id, note)
-        self._tell_fallback(info, ensured.event)
+        self._tell_fallback(info)
         return self._hold(info)
 
-    def _tell_fallback(self, info: SandboxInfo, event: str) -> None:
+    def _tell_fallback(self, info: SandboxInfo) -> None:
         """No Docker engine answered, so backend ``auto`` took the weaker local one: say
-        so once per kernel where its messages go (the log, the status bar), and in the
-        first cell of a sandbox made so, where a notebook's user looks."""
+        so once per kernel where the kernel's own messages go (the job's or the server's
+        log, and JupyterLab's status bar), never in the notebook (a CI run stores what
+        ipykernel stores)."""
         reason = self.backend.fallback
         if not reason or self._told_fallback:
             return
         self._told_fallback = True
-        line = (
+        self.housekeeping.report(
+            info.id,
             f"{reason}, so {info.id} runs on the local backend "
             f"({info.isolation or 'weaker isolation than a container'}); start Docker for "
-            "container isolation, or set SANDBOX_KERNEL_BACKEND=local to choose this on purpose"
+            "container isolation, or set SANDBOX_KERNEL_BACKEND=local to choose this on purpose",
         )
-        self.housekeeping.report(info.id, line)
-        if event == "created":
-            self.notices.put(line)
 
     def _hold(self, info: SandboxInfo) -> SandboxInfo:
         """``info`` is this session's sandbox from now on (a loss has been told)."""

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import ssl
 from pathlib import Path
 
 from .errors import SandboxError
@@ -44,6 +43,8 @@ _KNOWN = (
 def host_store() -> Path | None:
     """The file of certificates this host's OpenSSL trusts (``SSL_CERT_FILE`` first,
     as OpenSSL reads it), or None when there is none."""
+    import ssl  # not before a kernel's start needs it (see early_start)
+
     paths = ssl.get_default_verify_paths()
     for candidate in (
         os.environ.get("SSL_CERT_FILE"),

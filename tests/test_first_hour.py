@@ -29,7 +29,6 @@ import docker
 import nbformat
 import pytest
 from jupyter_client import AsyncKernelClient
-from jupyter_client.manager import start_new_kernel
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -314,37 +313,37 @@ def test_doctor_without_the_image_names_the_setting(kenv: KernelEnv, tmp_path: P
     )
 
 
-def test_without_an_engine_the_fallback_is_said_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_an_engine_the_fallback_is_said_once(tmp_path: Path) -> None:
+    """Backend auto without an engine: the kernel's log says once that the sandbox is a
+    local one, and why; the notebook stores only what its cells printed."""
     kenv = make_kernel_env(
         tmp_path / "k",
         SANDBOX_KERNEL_BACKEND="auto",
         DOCKER_HOST="unix:///nonexistent/docker.sock",
     )
-    monkeypatch.setenv("JUPYTER_PATH", kenv.jupyter_path)
-    km, kc = start_new_kernel(kernel_name="sandbox")
+    folder = tmp_path / "nb"
+    notebook(folder / "two.ipynb", ["print(1)", "print(2)"])
     try:
-        said = []
-        for code in ("1", "2"):
-            shown: list[str] = []
-            reply = kc.execute_interactive(code, timeout=120, output_hook=_streams_into(shown))
-            assert reply["content"]["status"] == "ok"
-            said.append("".join(shown))
+        done = tool(
+            kenv,
+            folder,
+            sys.executable,
+            "-m",
+            "jupyter",
+            "execute",
+            "--inplace",
+            "--kernel_name=sandbox",
+            "two.ipynb",
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = [line for line in done.stderr.splitlines() if "runs on the local backend" in line]
+        assert len(said) == 1, done.stderr
         assert "cannot reach the Docker engine at unix:///nonexistent/docker.sock" in said[0]
-        assert "runs on the local backend" in said[0] and said[1] == ""
+        assert "SANDBOX_KERNEL_BACKEND=local" in said[0]
+        cells = nbformat.read(folder / "two.ipynb", 4).cells
+        assert [[o.get("text") for o in c.outputs] for c in cells] == [["1\n"], ["2\n"]]
     finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
         SandboxService(kenv.config(backend="local")).destroy(None, f"sk-{kenv.user}")
-
-
-def _streams_into(shown: list[str]) -> Any:
-    def hook(msg: dict[str, Any]) -> None:
-        if msg["msg_type"] == "stream":
-            shown.append(msg["content"]["text"])
-
-    return hook
 
 
 def test_uninstall_removes_this_installation_only(kenv: KernelEnv, tmp_path: Path) -> None:
@@ -408,3 +407,26 @@ def test_uninstall_removes_this_installation_only(kenv: KernelEnv, tmp_path: Pat
     assert not Path(kenv.config().state_dir).exists()
     assert (kenv.workspace / "notes.txt").read_text() == "mine"
     shutil.rmtree(tmp_path / "other-state", ignore_errors=True)
+
+
+def test_papermill_from_the_checkout_root_reads_beside_the_notebook_with_cwd(
+    tmp_path: Path,
+) -> None:
+    """As with ipykernel, papermill starts the kernel in the folder it runs in; `--cwd`
+    names the notebook's folder, and cells read the data beside it (the recipe the
+    README gives for CI)."""
+    checkout = tmp_path / "repo"
+    (checkout / ".git").mkdir(parents=True)
+    notebook(checkout / "notebooks" / "report.ipynb", ["print(open('data.txt').read())"])
+    (checkout / "notebooks" / "data.txt").write_text("beside the notebook")
+    kenv = make_kernel_env(tmp_path / "k", SANDBOX_KERNEL_WORK_ROOT="auto")
+    env = cli_env(kenv)
+    args = [sys.executable, "-m", "papermill", "-k", "sandbox", "notebooks/report.ipynb"]
+    done = tool(kenv, checkout, *args, "out.ipynb", "--cwd", "notebooks", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert nbformat.read(checkout / "out.ipynb", 4).cells[0].outputs[0]["text"] == (
+        "beside the notebook\n"
+    )
+    done = tool(kenv, checkout, *args, "out2.ipynb", env=env)
+    remove_user_containers(kenv.user)
+    assert done.returncode != 0 and "FileNotFoundError" in done.stdout + done.stderr
