@@ -104,8 +104,9 @@ def write_bundle(state_dir: str, ca_bundle: str) -> Path | None:
     folder = Path(state_dir) / "trust"
     target = folder / BUNDLE
     stamp = _stamp(ca_bundle)
+    stamp_file = Path(state_dir) / "trust.stamp"  # beside it: the sandboxes see only the bundle
     try:
-        if target.is_file() and (folder / ".stamp").read_text() == stamp:
+        if target.is_file() and stamp_file.read_text() == stamp:
             return folder
     except OSError:
         pass
@@ -117,7 +118,7 @@ def write_bundle(state_dir: str, ca_bundle: str) -> Path | None:
         folder.chmod(0o755)  # read inside the sandbox, by its own user
         if not (target.is_file() and not target.is_symlink() and _same(target, data)):
             _replace(folder, BUNDLE, data, 0o644)
-        _replace(folder, ".stamp", stamp.encode(), 0o600)
+        _replace(stamp_file.parent, stamp_file.name, stamp.encode(), 0o600)
     except OSError as exc:
         raise SandboxError(
             f"cannot write the sandboxes' CA bundle in {folder} ({exc.strerror}); check "

@@ -108,6 +108,7 @@ def test_the_bundle_is_the_hosts_store_plus_the_setting(
     assert folder is not None
     written = folder / trust.BUNDLE
     assert written.read_bytes() == both and oct(written.stat().st_mode & 0o777) == "0o644"
+    assert os.listdir(folder) == [trust.BUNDLE]  # all that sandboxes see of the state folder
     inode = written.stat().st_ino
     trust.write_bundle(str(tmp_path / "state"), "")  # another setting: replaced whole
     assert b"CORP" not in written.read_bytes() and written.stat().st_ino != inode
