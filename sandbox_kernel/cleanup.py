@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import sys
 from collections.abc import Callable
@@ -56,9 +57,14 @@ def kernelspecs() -> list[tuple[str, Path, str]]:
         python, where = argv[0], Path(folder).resolve()
         if where.is_relative_to(Path(sys.prefix).resolve()):
             continue
-        if python == sys.executable or (not Path(python).exists() and where.is_relative_to(yours)):
+        if python == sys.executable or (not _runnable(python) and where.is_relative_to(yours)):
             found.append((name, Path(folder), python))
     return found
+
+
+def _runnable(python: str) -> bool:
+    """Whether a kernelspec's program is there (a bare name is looked up on PATH)."""
+    return Path(python).exists() if os.path.isabs(python) else shutil.which(python) is not None
 
 
 def plan(services: list[SandboxService], workspaces: bool) -> tuple[list[Step], list[str]]:
@@ -66,7 +72,7 @@ def plan(services: list[SandboxService], workspaces: bool) -> tuple[list[Step], 
     config = services[0].config
     steps: list[Step] = []
     for name, folder, python in kernelspecs():
-        gone = "" if Path(python).exists() else ", which no longer exists"
+        gone = "" if _runnable(python) else ", which no longer exists"
         steps.append(
             Step(f"kernelspec {name} ({folder}; runs {python}{gone})", _remover(folder, set()))
         )
