@@ -11,7 +11,8 @@ home folder (see :mod:`.files`), while nothing runs in the container yet:
   more;
 * ``/etc/profile.d/sandbox-kernel.sh``, which puts ``~/.local/bin`` first on a login
   shell's ``PATH``;
-* the CA bundle, where the engine cannot mount this host's (see :mod:`...trust`).
+* the CA bundle, where the engine cannot mount this host's (see :mod:`...trust` and the
+  functions at the end, which decide how a container gets it).
 
 The image's files are read as the image has them: from its layers on this host
 (beneath each layer's folder, never through a link) or through the engine's archive
@@ -21,6 +22,7 @@ call; an ``/etc/passwd`` that is not a plain file (a link, say) is left alone.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import stat
 import tarfile
@@ -28,7 +30,11 @@ from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import Any
 
-from ...trust import BUNDLE, INSIDE
+from ...errors import SandboxError
+from ...trust import BUNDLE, INSIDE, bundle, write_bundle
+from .mounts import bind_mount
+
+log = logging.getLogger(__name__)
 
 NAME = "sandbox"
 HOME = "/home/sandbox"
@@ -158,3 +164,34 @@ def _in_layer(layer: str, parts: list[str]) -> tuple[bytes | None, bool]:
         return None, True
     finally:
         os.close(folder)
+
+
+# -- the certificates a container trusts (see trust.py) ----------------------------------
+def trust_for_new(local: bool, state_dir: str, ca_bundle: str) -> tuple[str, dict[str, Any] | None]:
+    """How a new container gets the certificates it trusts: ("mount", the read-only mount
+    of the bundle's host folder) on a ``local`` engine, ("copy", None) on one elsewhere
+    (the bundle is among :func:`root_files`), ("", None) for none at all."""
+    if not local:
+        return ("copy", None) if bundle(ca_bundle).strip() else ("", None)
+    folder = write_bundle(state_dir, ca_bundle)
+    if folder is None:
+        return "", None
+    return "mount", bind_mount(INSIDE, str(folder), read_only=True)
+
+
+def bundle_folder(state_dir: str, ca_bundle: str) -> None:
+    """Before a container made with the mount starts: its source folder, current (with
+    the host's store alone when ``ca_bundle`` is now "none": it names the file)."""
+    write_bundle(state_dir, "" if ca_bundle == "none" else ca_bundle)
+
+
+def refresh_trust(local: bool, state_dir: str, ca_bundle: str) -> None:
+    """The mounted bundle rewritten when its sources changed (a stat or two when not):
+    running sandboxes see it at once. "none" leaves it as it is, since containers made
+    with the mount name the file in their environment."""
+    if not local or ca_bundle == "none":
+        return
+    try:
+        write_bundle(state_dir, ca_bundle)
+    except SandboxError as exc:  # sandboxes keep what they trusted so far
+        log.warning("%s", exc)

@@ -42,9 +42,8 @@ from typing import IO, Any
 
 from ...agent import bootstrap_command, bundle, inline, program
 from ...identity import ScopeKey
-from ...trust import INSIDE as TRUST_INSIDE
 from ...trust import bundle as trust_bundle
-from ...trust import trust_env, write_bundle
+from ...trust import trust_env
 from .. import idmap
 from ..base import (
     LABEL_AGENT_SOCKETS,
@@ -76,7 +75,15 @@ from ..base import (
     not_found,
     sandbox_id_of,
 )
-from .accounts import LIMIT, from_archive, from_layers, root_files
+from .accounts import (
+    LIMIT,
+    bundle_folder,
+    from_archive,
+    from_layers,
+    refresh_trust,
+    root_files,
+    trust_for_new,
+)
 from .carry import DockerCarry, remake_lock
 from .cgroups import cgroup_usage, end_stuck_starts
 from .channel import DockerChannel, DockerPty
@@ -435,7 +442,9 @@ class DockerBackend(Backend):
         if self._wire is not None:  # a local engine: it mounts this host's folders
             sockets = str(self._sockets.ensure(name))
             mounts.append(bind_mount(AGENT_SOCKETS, sockets, read_only=True))
-        trust_label, trust_mount = self._trust_for_new()
+        trust_label, trust_mount = trust_for_new(
+            self._wire is not None, self.settings.state_dir, self.settings.ca_bundle
+        )
         if trust_mount is not None:
             mounts.append(trust_mount)
         cpus = self._cpus(spec)
@@ -504,26 +513,7 @@ class DockerBackend(Backend):
         return config
 
     def refresh_trust(self) -> None:
-        """The mounted bundle, rewritten when its sources changed (a stat or two when
-        not): running sandboxes see it at once. "none" leaves it as it is, since
-        sandboxes made with the mount name it in their environment."""
-        if self._wire is None or self.settings.ca_bundle == "none":
-            return
-        try:
-            write_bundle(self.settings.state_dir, self.settings.ca_bundle)
-        except SandboxError as exc:  # sandboxes keep what they trusted so far
-            log.warning("%s", exc)
-
-    def _trust_for_new(self) -> tuple[str, dict[str, Any] | None]:
-        """How a new container gets the certificates it trusts: ("mount", the mount of
-        the bundle's host folder) on a local engine, ("copy", None) on one elsewhere
-        (written in before its start, see _prepare), ("", None) for none at all."""
-        if self._wire is None:
-            return ("copy", None) if trust_bundle(self.settings.ca_bundle).strip() else ("", None)
-        folder = write_bundle(self.settings.state_dir, self.settings.ca_bundle)
-        if folder is None:
-            return "", None
-        return "mount", bind_mount(TRUST_INSIDE, str(folder), read_only=True)
+        refresh_trust(self._wire is not None, self.settings.state_dir, self.settings.ca_bundle)
 
     def _cpus(self, spec: Spec) -> float:
         # Docker refuses more CPUs than the engine's machine has: a large flavor on a
@@ -661,11 +651,8 @@ class DockerBackend(Backend):
                 progress(f"starting sandbox {sandbox_id}")
             if container.labels.get(LABEL_AGENT_SOCKETS):  # (a create made it just now)
                 self._sockets.ensure(container.name)
-            if container.labels.get(LABEL_TRUST) == "mount":  # the bundle, current
-                write_bundle(
-                    self.settings.state_dir,
-                    "" if self.settings.ca_bundle == "none" else self.settings.ca_bundle,
-                )
+            if container.labels.get(LABEL_TRUST) == "mount":  # its source folder, current
+                bundle_folder(self.settings.state_dir, self.settings.ca_bundle)
             return self._start(container)
         return container_info(self._installation, self._reinspect(container))
 
