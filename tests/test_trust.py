@@ -348,3 +348,34 @@ def test_doctor_says_whether_the_sandbox_reaches_the_index(
         SANDBOX_KERNEL_PASS_ENV="PIP_INDEX_URL",
     )
     assert done.returncode == 0 and PASSWORD not in done.stdout + done.stderr, done.stdout
+
+
+def test_an_engine_elsewhere_gets_the_bundle_copied_in(tmp_path: Path) -> None:
+    """An engine that is not on this host cannot mount the host's bundle: the bundle is
+    written into the new container before its first start instead (root's, read-only
+    to the sandbox), with the same variables naming it. Shown here by making the
+    backend speak to this engine as to a remote one (through the SDK, no host paths)."""
+    kenv = make_kernel_env(tmp_path / "k")
+    ca, _, _ = make_pki(tmp_path / "pki", "127.0.0.1")
+    service = SandboxService(kenv.config(ca_bundle=str(ca)))
+    backend: Any = service.backend
+    backend._wire = None  # as for an engine reached over TCP or SSH
+    try:
+        info = service.ensure(ScopeKey(kenv.user)).info
+        container = docker.from_env().containers.get(info.engine_id)
+        assert not [m for m in container.attrs["Mounts"] if "trust" in m["Destination"]]
+        said = backend.exec(
+            info.id,
+            [
+                "python3",
+                "-c",
+                "import os; p = os.environ['SSL_CERT_FILE']; s = os.stat(p); "
+                "print(p, s.st_uid, oct(s.st_mode & 0o777), os.access(p, os.W_OK))",
+            ],
+        )
+        path = "/etc/sandbox-kernel/trust/ca-certificates.crt"
+        assert said.output.decode().split() == [path, "0", "0o644", "False"], said.output
+        copied = b"".join(backend.get_file(info.id, path))
+        assert ca.read_bytes().strip() in copied and copied.count(b"BEGIN CERTIFICATE") > 1
+    finally:
+        remove_user_containers(kenv.user)
