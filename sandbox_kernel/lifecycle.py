@@ -30,7 +30,7 @@ from . import events
 from .backends.base import Backend, SandboxInfo, is_files_sandbox
 from .config import SandboxConfig, setting_names
 from .errors import QuotaExceeded, SandboxNotFound
-from .store import Record, Reservation, Store
+from .store import EVENTS_DAYS, Record, Reservation, Store
 from .units import format_size
 
 MINUTE = 60.0
@@ -212,6 +212,10 @@ def gc(
     try:
         backend.sweep()  # also frees what a frozen sandbox wedged in the engine
     except Exception:  # leftovers wait for the next run
+        pass
+    try:  # sandboxes' logs (`sandbox-kernel logs`) keep a month
+        store.forget_events(time.time() - EVENTS_DAYS * 86400)
+    except Exception:
         pass
     for action in actions:
         try:

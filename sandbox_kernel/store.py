@@ -68,8 +68,10 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_of ON events (backend, sandbox_id, at)
 """
-# Lines of a sandbox's log kept in the state file (``sandbox-kernel logs ID``).
+# Lines of a sandbox's log kept in the state file (``sandbox-kernel logs ID``), and for
+# how long (days).
 EVENTS_KEPT = 500
+EVENTS_DAYS = 30
 # A kernel beats every HEARTBEAT seconds; one silent for STALE_AFTER is taken as dead.
 HEARTBEAT = 30.0
 STALE_AFTER = 3 * HEARTBEAT
@@ -337,6 +339,12 @@ class Store:
                 " ORDER BY at DESC LIMIT 1 OFFSET ?)",
                 (backend, sandbox_id, backend, sandbox_id, EVENTS_KEPT - 1),
             )
+
+    def forget_events(self, before: float) -> None:
+        """Drop log lines older than ``before`` (epoch seconds): those of sandboxes long
+        gone would otherwise stay (the lifecycle's run calls it)."""
+        with closing(self._connect()) as conn:
+            conn.execute("DELETE FROM events WHERE at < ?", (before,))
 
     def events(self, backend: str, sandbox_id: str) -> list[tuple[float, str]]:
         """(time, line) of a sandbox's log, oldest first."""

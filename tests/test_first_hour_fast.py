@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,19 @@ def test_version_and_the_lab_extra() -> None:
         "optional-dependencies"
     ]
     assert any(req.startswith("jupyterlab") for req in extras["lab"])
+
+
+def test_a_sandboxs_log_keeps_its_newest_lines_for_a_month(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox_kernel import store as store_module
+
+    monkeypatch.setattr(store_module, "EVENTS_KEPT", 5)  # 500 in use: the same rule
+    store = store_module.Store(load_config(environ={}, state_dir=str(tmp_path / "state")))
+    for n in range(8):
+        store.add_event("docker", "sk-alice", f"line {n}")
+    store.add_event("docker", "sk-bob", "other")
+    lines = [line for _, line in store.events("docker", "sk-alice")]
+    assert lines == [f"line {n}" for n in range(3, 8)]
+    store.forget_events(before=time.time() + 1)
+    assert store.events("docker", "sk-alice") == [] == store.events("docker", "sk-bob")
