@@ -144,7 +144,7 @@ def _remove_network(service: SandboxService) -> str | None:
     """The network all installations on the engine share, removed only when no sandbox
     of any installation is left (one that is stopped joins it again when it starts)."""
     from .backends.base import LABEL_MANAGED
-    from .backends.docker.security import NETWORK
+    from .backends.docker.network import NETWORK
 
     client = service.backend.client  # type: ignore[attr-defined]
     try:
