@@ -111,19 +111,14 @@ def _engine(service: SandboxService) -> tuple[Check, bool]:
 
 
 def _engine_line(name: str, fallback: str, message: str) -> Check:
-    if name == "local":
-        from .backends.local import BWRAP_ISOLATION, PLAIN_ISOLATION, bwrap_works
-
-        isolation = BWRAP_ISOLATION if bwrap_works() else PLAIN_ISOLATION
-        if fallback:
-            return Check(
-                "engine",
-                "problem",
-                f"{fallback}, so sandboxes would be local processes ({isolation}); "
-                "start Docker for container isolation, or set SANDBOX_KERNEL_BACKEND=local "
-                "to choose this on purpose",
-            )
-        return Check("engine", "ok", f"the local backend ({isolation})")
+    if name == "local" and fallback:
+        return Check(
+            "engine",
+            "problem",
+            f"{fallback}, so sandboxes would be {message}: weaker than a container; start "
+            "Docker for container isolation, or set SANDBOX_KERNEL_BACKEND=local to choose "
+            "this on purpose",
+        )
     return Check("engine", "ok", f"{message} (backend {name})")
 
 

@@ -430,3 +430,35 @@ def test_papermill_from_the_checkout_root_reads_beside_the_notebook_with_cwd(
     done = tool(kenv, checkout, *args, "out2.ipynb", env=env)
     remove_user_containers(kenv.user)
     assert done.returncode != 0 and "FileNotFoundError" in done.stdout + done.stderr
+
+
+def test_doctor_without_an_engine_says_what_backend_auto_falls_back_to(
+    kenv: KernelEnv, tmp_path: Path
+) -> None:
+    env = cli_env(
+        kenv,
+        SANDBOX_KERNEL_BACKEND="auto",
+        DOCKER_HOST="unix:///nonexistent/docker.sock",
+        PIP_INDEX_URL="https://127.0.0.1:9/simple/",  # nothing listens: refused at once
+    )
+    try:
+        done = subprocess.run(
+            [CLI, "doctor"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        lines = dict(line.split(None, 1) for line in done.stdout.splitlines())
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert lines["engine"].startswith(
+            "problem: cannot reach the Docker engine at unix:///nonexistent"
+        )
+        assert (
+            "local sandboxes" in lines["engine"]
+            and "SANDBOX_KERNEL_BACKEND=local" in lines["engine"]
+        )
+        assert lines["image"].startswith("ok: none needed")
+        assert lines["sandbox"].startswith(f"ok: sk-{kenv.user} runs (made now)")
+        assert lines["index"].startswith(
+            "problem: the sandbox cannot reach https://127.0.0.1:9/simple/"
+        )
+        assert lines["workspace"] == "ok: /workspace writable from the sandbox"
+    finally:
+        SandboxService(kenv.config(backend="local")).destroy(None, f"sk-{kenv.user}")
