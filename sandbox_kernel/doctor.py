@@ -22,31 +22,68 @@ from .identity import ScopeKey
 from .service import SandboxService
 
 INDEX_TIMEOUT = 10.0  # seconds the sandbox waits for the package index
-EXEC_TIMEOUT = 30.0  # seconds any one check may take in the sandbox
+EXEC_TIMEOUT = 45.0  # seconds any one check may take in the sandbox
 DEFAULT_INDEX = "https://pypi.org/simple/"
 
-# Asks the package index pip would use (PIP_INDEX_URL, which sandboxes inherit, else
-# PyPI) for one project page, through whatever proxy and certificates the sandbox has.
+# Asks the package index pip would use, through whatever proxy, certificates and pip
+# configuration the sandbox has: pip itself (`pip index versions pip`, which reads its
+# configuration as `%pip install` does) where the image has pip, else one GET of the
+# index's page for pip (PIP_INDEX_URL, else PyPI). A password in the URL is never shown.
 _INDEX_PROBE = r"""
-import base64, json, os, ssl, sys, urllib.error, urllib.parse, urllib.request
+import base64, json, os, re, ssl, subprocess, sys, urllib.error, urllib.parse, urllib.request
 parts = urllib.parse.urlsplit(os.environ.get("PIP_INDEX_URL") or sys.argv[1])
 host = parts.hostname or ""
 host = "[%s]" % host if ":" in host else host
 shown = urllib.parse.urlunsplit(parts._replace(netloc=host + (":%d" % parts.port if parts.port else "")))
-request = urllib.request.Request(shown.rstrip("/") + "/pip/")
-if parts.username:  # said to the index, never shown
-    pair = "%s:%s" % (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or ""))
-    request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
 out = {"url": shown, "trust": os.environ.get("SSL_CERT_FILE", "")}
+seconds = float(sys.argv[2])
 try:
-    with urllib.request.urlopen(request, timeout=float(sys.argv[2])) as answer:
-        out["status"] = answer.status
-except urllib.error.HTTPError as exc:
-    out["status"] = exc.code
-except Exception as exc:
-    reason = getattr(exc, "reason", exc)
-    out["tls"] = isinstance(reason, ssl.SSLError)
-    out["error"] = (str(reason) or type(reason).__name__)[:300]
+    import pip  # noqa: F401 (only whether the image has it)
+except ImportError:
+    pip = None
+if pip is not None:
+    out["via"] = "pip"
+    try:  # -vvv: only pip's debug lines say what the index answered, or why it did not
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "index", "versions", "pip", "--disable-pip-version-check",
+             "--retries", "0", "--timeout", sys.argv[2], "-vvv"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+            timeout=seconds * 2 + 10,
+        )
+        text = done.stdout
+    except subprocess.TimeoutExpired:
+        done, text = None, "no answer within %g s" % (seconds * 2 + 10)
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    def first(*marks):
+        return next((l for l in lines if any(m in l for m in marks)), "")
+    answered = re.search(r'"GET [^"]*" (\d{3}) ', text)
+    tls = first("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "SSLError")
+    if tls:
+        out["tls"], out["error"] = True, tls
+    elif answered:
+        out["status"] = int(answered.group(1))
+    elif done is None:
+        out["error"] = text
+    else:
+        out["error"] = first("Could not fetch URL", "Max retries", "Failed to establish", "timed out", "ProxyError") or (lines[-1] if lines else "pip said nothing")
+else:
+    out["via"] = "HTTP"
+    request = urllib.request.Request(shown.rstrip("/") + "/pip/")
+    if parts.username:
+        pair = "%s:%s" % (urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or ""))
+        request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=seconds) as answer:
+            out["status"] = answer.status
+    except urllib.error.HTTPError as exc:
+        out["status"] = exc.code
+    except Exception as exc:
+        reason = getattr(exc, "reason", exc)
+        out["tls"] = isinstance(reason, ssl.SSLError)
+        out["error"] = (str(reason) or type(reason).__name__)[:300]
+status = out.get("status")
+out["reached"] = isinstance(status, int) and (status < 400 or status in (401, 403, 404))
+out["error"] = str(out.get("error", ""))[:300]
 print(json.dumps(out))
 """
 
@@ -174,15 +211,29 @@ def _sandbox(service: SandboxService, user: str, here: str) -> tuple[Check, Sand
     return Check("sandbox", "ok", f"{info.id} runs ({how}); {folder}{notes}"), info
 
 
-def _run(service: SandboxService, info: SandboxInfo, script: str, *args: str) -> Any:
+def _run(service: SandboxService, info: SandboxInfo, script: str, *args: str) -> dict[str, Any]:
+    """What ``script`` printed last, as JSON: written by the sandbox, so only its plain
+    values are kept, and text without control characters (it reaches your terminal)."""
     result = service.exec(info, ["python3", "-I", "-c", script, *args], timeout=EXEC_TIMEOUT)
     text = result.output.decode("utf-8", "replace").strip()
     try:
-        return json.loads(text.splitlines()[-1])
+        said = json.loads(text.splitlines()[-1])
     except (ValueError, IndexError):
+        said = None
+    if not isinstance(said, dict):
         raise SandboxError(
-            f"the check did not run in {info.id} (exit code {result.exit_code}): {text[-200:]}"
-        ) from None
+            f"the check did not run in {info.id} (exit code {result.exit_code}): {_plain(text[-200:])}"
+        )
+    return {
+        str(k): _plain(v) if isinstance(v, str) else v
+        for k, v in said.items()
+        if isinstance(v, (str, int, bool)) and not isinstance(v, float)
+    }
+
+
+def _plain(text: str) -> str:
+    """``text`` without control characters (no escape sequence reaches the terminal)."""
+    return "".join(c if c.isprintable() else " " for c in text)
 
 
 def _index(service: SandboxService, cfg: SandboxConfig, info: SandboxInfo) -> Check:
@@ -193,8 +244,9 @@ def _index(service: SandboxService, cfg: SandboxConfig, info: SandboxInfo) -> Ch
     except SandboxError as exc:
         return Check("index", "problem", str(exc))
     url, status = said.get("url", "the index"), said.get("status")
-    if isinstance(status, int) and (status < 400 or status in (401, 403, 404)):
-        return Check("index", "ok", f"{url} answers from the sandbox (HTTP {status})")
+    if said.get("reached"):
+        how = " to pip" if said.get("via") == "pip" else ""
+        return Check("index", "ok", f"{url} answers from the sandbox (HTTP {status}{how})")
     if status == 407:
         return Check(
             "index",
@@ -202,7 +254,7 @@ def _index(service: SandboxService, cfg: SandboxConfig, info: SandboxInfo) -> Ch
             f"the proxy wants credentials to reach {url}: list your proxy variables in "
             "c.SandboxConfig.pass_env (SANDBOX_KERNEL_PASS_ENV) so sandboxes get them as they are",
         )
-    if status is not None:
+    if status is not None and not said.get("error"):
         return Check("index", "problem", f"{url} answered HTTP {status} to the sandbox")
     error = said.get("error", "no answer")
     if said.get("tls"):

@@ -154,14 +154,24 @@ def _same(path: Path, data: bytes) -> bool:
 
 
 def trust_env() -> dict[str, str]:
-    """The variables by which programs in a sandbox find the bundle: OpenSSL (Python's
-    ``ssl``, curl built on it, wget), pip, requests, curl, git and Node."""
+    """The variables by which a sandbox's programs find the bundle where nothing else is
+    configured: OpenSSL's default file (Python's ``ssl``, pip's system store from pip 24.2
+    on, tools that take OpenSSL's defaults) and Node's extra certificates. Neither
+    overrides a file a program or its configuration names (an image's ``pip.conf``
+    ``cert``), so they are set in every container that has the bundle."""
+    path = f"{INSIDE}/{BUNDLE}"
+    return {"SSL_CERT_FILE": path, "NODE_EXTRA_CA_CERTS": path}
+
+
+def named_env() -> dict[str, str]:
+    """The variables that make the bundle *the* trust store of pip, requests, curl and
+    git, over what their own configuration says (requests lets ``REQUESTS_CA_BUNDLE``
+    override even pip's configured ``cert``): given to a sandbox's processes only when
+    the administrator named a ``ca_bundle``, i.e. said that sandboxes trust it."""
     path = f"{INSIDE}/{BUNDLE}"
     return {
-        "SSL_CERT_FILE": path,
         "PIP_CERT": path,
         "REQUESTS_CA_BUNDLE": path,
         "CURL_CA_BUNDLE": path,
         "GIT_SSL_CAINFO": path,
-        "NODE_EXTRA_CA_CERTS": path,
     }

@@ -114,7 +114,13 @@ def test_the_bundle_is_the_hosts_store_plus_the_setting(
     trust.write_bundle(str(tmp_path / "state"), "")  # another setting: replaced whole
     assert b"CORP" not in written.read_bytes() and written.stat().st_ino != inode
     assert trust.write_bundle(str(tmp_path / "other"), "none") is None
-    assert set(trust.trust_env()) >= {"SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE"}
+    assert set(trust.trust_env()) == {"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS"}
+    assert set(trust.named_env()) == {
+        "PIP_CERT",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+    }
 
 
 def test_a_flavor_is_asked_only_when_someone_says_it() -> None:

@@ -339,7 +339,7 @@ def test_doctor_says_whether_the_sandbox_reaches_the_index(
     done = doctor(SANDBOX_KERNEL_CA_BUNDLE=str(ca))
     lines = dict(line.split(None, 1) for line in done.stdout.splitlines())
     assert done.returncode == 0, done.stdout + done.stderr
-    assert lines["index"] == f"ok: {index.url} answers from the sandbox (HTTP 404)"
+    assert lines["index"] == f"ok: {index.url} answers from the sandbox (HTTP 404 to pip)"
     # A password in the index URL is used, never shown.
     secret_url = index.url.replace("https://", f"https://{USER}:{PASSWORD}@")
     done = doctor(

@@ -43,7 +43,7 @@ from typing import IO, Any
 from ...agent import bootstrap_command, bundle, inline, program
 from ...identity import ScopeKey
 from ...trust import bundle as trust_bundle
-from ...trust import trust_env
+from ...trust import named_env, trust_env
 from .. import idmap
 from ..base import (
     LABEL_AGENT_SOCKETS,
@@ -781,11 +781,16 @@ class DockerBackend(Backend):
 
     def _env(self, attrs: dict[str, Any], env: dict[str, str] | None) -> dict[str, str]:
         """What a process started in a sandbox gets besides the container's own
-        environment: the variables sandboxes inherit (``pass_env``) that the container does
-        not set itself (an egress sandbox's proxy is its only way out), then ``env``."""
+        environment: the variables sandboxes inherit (``pass_env``) and, where an
+        administrator named a ``ca_bundle``, those that make it the trust store of pip,
+        requests, curl and git; never one the container sets itself (an egress sandbox's
+        proxy is its only way out); then ``env``."""
         own = env_of(attrs)
-        passed = {k: v for k, v in self.settings.env if k not in own}
-        return {**passed, **(env or {})}
+        passed = dict(self.settings.env)
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_TRUST) and self.settings.ca_bundle not in ("", "none"):
+            passed.update(named_env())  # an administrator's bundle: the store, over all else
+        return {**{k: v for k, v in passed.items() if k not in own}, **(env or {})}
 
     def agent_listener(self, info: SandboxInfo) -> AgentListener | None:
         if not info.agent_sockets:
