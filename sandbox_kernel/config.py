@@ -384,10 +384,11 @@ class SandboxConfig(Configurable):
     ca_bundle = Unicode(
         "",
         help=(
-            "Certificates sandboxes trust for TLS (pip, requests, curl, git, OpenSSL): empty, "
-            "the host's own trust store (public certificates, and any your administrator added, "
-            "such as a TLS-intercepting proxy's); a host file of PEM certificates, trusted in "
-            "addition to it; none, only what the image trusts."
+            "Certificates sandboxes trust for TLS. Empty: the host's own trust store (public "
+            "certificates, and any your administrator added, such as a TLS-intercepting "
+            "proxy's), as OpenSSL's default file (SSL_CERT_FILE), which what a sandbox "
+            "configures itself still overrides; a host file of PEM certificates: trusted in "
+            "addition, and made the store of pip, requests, curl and git; none: nothing."
         ),
     ).tag(config=True)
     pass_env = NameList(
