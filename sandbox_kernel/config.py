@@ -172,14 +172,6 @@ DEFAULT_PASS_ENV = (
 )
 
 
-class NameList(List):
-    """A list of environment variable names; from the environment, separated by commas
-    or spaces (``HTTPS_PROXY,PIP_INDEX_URL``)."""
-
-    def from_string(self, s: str) -> list[str]:
-        return [name for name in re.split(r"[,\s]+", s.strip()) if name]
-
-
 class ConfigError(ValueError):
     """A setting has a value we cannot run with; the message says which and why."""
 
@@ -391,7 +383,7 @@ class SandboxConfig(Configurable):
             "addition, and made the store of pip, requests, curl and git; none: nothing."
         ),
     ).tag(config=True)
-    pass_env = NameList(
+    pass_env = List(
         Unicode(),
         default_value=list(DEFAULT_PASS_ENV),
         help=(
