@@ -100,8 +100,16 @@ class SandboxExtension(ExtensionApp):
         except ConfigError as exc:
             self.log.error("sandbox-kernel settings: %s", exc)
             raise
+        service = SandboxService(config)
+        if self.owner_from == "server":
+            # This root folder's sandbox is the user's plain one, whichever door they use
+            # (`sandbox-kernel exec` or `jupyter execute` in it too: service.primary_folder).
+            try:
+                service.remember_lab_root(resolve_user(config), self.serverapp.root_dir)
+            except Exception as exc:  # a nicety for the CLI: never a reason not to start
+                self.log.warning("sandbox-kernel: could not record the root folder: %s", exc)
         self.settings.update(
-            sandbox_service=SandboxService(config),
+            sandbox_service=service,
             sandbox_owner=None if self.owner_from == "request" else resolve_user(config),
             sandbox_admin_users=tuple(self.admin_users),
             sandbox_max_upload=self.max_upload_size,

@@ -619,7 +619,9 @@ class AgentSessions:
     # -- the owner's sandbox -------------------------------------------------------
     def own_sandbox_id(self, owner: str) -> str:
         key = ScopeKey(owner)
-        return self.service.sandbox_id(key, work_folder=self.service.work_folder(self.home))
+        return self.service.sandbox_id(
+            key, work_folder=self.service.work_folder(self.home, user=owner)
+        )
 
     def running(self, owner: str, sandbox_id: str = "") -> SandboxInfo:
         """The sandbox a command runs in, running: the one named, or the owner's own
@@ -630,7 +632,7 @@ class AgentSessions:
                 self.service.start(owner, sandbox_id)
                 info = self.service.backend.get(sandbox_id)
             return info
-        work = self.service.work_folder(self.home)
+        work = self.service.work_folder(self.home, user=owner)
         return self.service.ensure(ScopeKey(owner), work_folder=work).info
 
     def workspace(self, owner: str, sandbox_id: str = "") -> Workspace | RemoteWorkspace:

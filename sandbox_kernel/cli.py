@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import __version__
+from .backends.base import SandboxInfo
 from .config import ConfigError, SandboxConfig, load_config
 from .errors import SandboxError, SandboxNotFound
 from .identity import scope_key
@@ -57,6 +59,21 @@ def _services(args: argparse.Namespace) -> tuple[SandboxConfig, list[SandboxServ
     return cfg, services
 
 
+def _service_of(services: list[SandboxService], sandbox_id: str | None) -> SandboxService:
+    """The service whose backend has ``sandbox_id`` (the first one for none): an id that
+    a Docker and a local sandbox share must be told apart by naming the backend."""
+    if not sandbox_id:
+        return services[0]
+    found = [s for s in services if s.backend.find(sandbox_id)]
+    if len(found) > 1:
+        names = " and ".join(s.backend.name for s in found)
+        raise _UsageError(
+            f"{sandbox_id} names a {names} sandbox; say which with --backend "
+            f"{found[0].backend.name} or --backend {found[1].backend.name}"
+        )
+    return found[0] if found else services[0]
+
+
 def _user(cfg: SandboxConfig, args: argparse.Namespace) -> str | None:
     """Whose sandboxes a command acts on: yours, or everyone's with --all (administrators)."""
     return None if getattr(args, "all", False) else scope_key(cfg).user
@@ -72,7 +89,19 @@ def _age(seconds: float) -> str:
 
 def _print_table(items: list[dict[str, Any]]) -> None:
     rows = [
-        ("ID", "STATE", "BACKEND", "SCOPE", "USER", "FLAVOR", "DISK", "IMAGE", "AGE", "KERNELS")
+        (
+            "ID",
+            "STATE",
+            "BACKEND",
+            "SCOPE",
+            "USER",
+            "FLAVOR",
+            "DISK",
+            "IMAGE",
+            "AGE",
+            "KERNELS",
+            "FOLDER",
+        )
     ]
     now = time.time()
     for i in items:
@@ -91,6 +120,7 @@ def _print_table(items: list[dict[str, Any]]) -> None:
                 i["image"],
                 _age(now - i["created"]),
                 kernels,
+                _folder(i.get("work_folder") or ""),
             )
         )
     widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
@@ -113,6 +143,18 @@ def _print_table(items: list[dict[str, Any]]) -> None:
             print(f"{i['id']}: disk: {i['disk_note']}")
     for isolation in sorted({i["isolation"] for i in items if i["isolation"]}):
         print(f"isolation: {isolation}")
+    ids = [i["id"] for i in items]
+    for shared in sorted({x for x in ids if ids.count(x) > 1}):
+        print(f"{shared}: a sandbox of each backend has this id; name one with --backend")
+
+
+def _folder(path: str) -> str:
+    """The host folder a sandbox mounts at its own path (``~`` for the home), or where its
+    cells run without one."""
+    if not path:
+        return "/workspace only"
+    home = str(Path.home())
+    return "~" + path[len(home) :] if path == home or path.startswith(home + "/") else path
 
 
 def _disk_column(item: dict[str, Any]) -> str:
@@ -151,19 +193,12 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not args.cmd:
         raise _UsageError("nothing to run: give a command, e.g. `sandbox-kernel exec -- ls -l`")
     cfg, services = _services(args)
-    service = next((s for s in services if args.id and s.backend.find(args.id)), services[0])
+    service = _service_of(services, args.id)
     here = os.getcwd()
     if args.id:
         info = service.owned(_user(cfg, args), args.id)
     else:
-        # Your sandbox for this folder, as a kernel of a notebook here would have it.
-        work = service.work_folder(here)
-        ensured = service.ensure(
-            scope_key(cfg), progress=lambda m: print(m, file=sys.stderr), work_folder=work
-        )
-        for line in ([ensured.notice] if ensured.notice else []) + ensured.notes:
-            print(line, file=sys.stderr)
-        info = ensured.info
+        info = _own_sandbox(cfg, service, here)
     inside = info.work_folder and (
         here == info.work_folder or here.startswith(info.work_folder + "/")
     )
@@ -194,7 +229,7 @@ def cmd_shell(args: argparse.Namespace) -> int:
             "command without one"
         )
     cfg, services = _services(args)
-    service = next((s for s in services if args.id and s.backend.find(args.id)), services[0])
+    service = _service_of(services, args.id)
     here = os.getcwd()
     if args.id:
         info = service.owned(_user(cfg, args), args.id)
@@ -202,18 +237,31 @@ def cmd_shell(args: argparse.Namespace) -> int:
             service.start(_user(cfg, args), args.id, progress=lambda m: print(m, file=sys.stderr))
             info = service.owned(_user(cfg, args), args.id)
     else:
-        ensured = service.ensure(
-            scope_key(cfg),
-            progress=lambda m: print(m, file=sys.stderr),
-            work_folder=service.work_folder(here),
-        )
-        for line in ([ensured.notice] if ensured.notice else []) + ensured.notes:
-            print(line, file=sys.stderr)
-        info = ensured.info
+        info = _own_sandbox(cfg, service, here)
     inside = info.work_folder and (
         here == info.work_folder or here.startswith(info.work_folder + "/")
     )
     return run_shell(service, info, cwd=here if inside else "")
+
+
+def _own_sandbox(cfg: SandboxConfig, service: SandboxService, here: str) -> SandboxInfo:
+    """Your sandbox for the folder ``here``, as a notebook's kernel here would have it
+    (made or started as needed); what changed is said on stderr."""
+    key = scope_key(cfg)
+    ensured = service.ensure(
+        key,
+        progress=lambda m: print(m, file=sys.stderr),
+        work_folder=service.work_folder(here, user=key.user),
+    )
+    lines = ([ensured.notice] if ensured.notice else []) + ensured.notes
+    if service.backend.fallback and ensured.event == "created":
+        lines.append(
+            f"{service.backend.fallback}, so {ensured.info.id} runs on the local backend "
+            f"({ensured.info.isolation}); start Docker for container isolation"
+        )
+    for line in lines:
+        print(line, file=sys.stderr)
+    return ensured.info
 
 
 def _id_and_command(
@@ -232,7 +280,7 @@ def _one(action: str):
     def run(args: argparse.Namespace) -> int:
         cfg, services = _services(args)
         user = _user(cfg, args)
-        service = next((s for s in services if s.backend.find(args.id)), services[0])
+        service = _service_of(services, args.id)
         if action == "destroy":
             try:
                 gone = service.destroy(user, args.id)
@@ -416,6 +464,69 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check in a few lines that this machine can run the kernel: the engine answers,
+    the image is here, your sandbox for this folder starts (it is made if needed, and
+    kept for your notebooks), it reaches the package index and can write its folders.
+    Exit code 1 when something needs doing; each line says what."""
+    from .doctor import examine
+
+    cfg, service = _service(args)
+    checks = examine(service, cfg, scope_key(cfg).user, os.getcwd())
+    for check in checks:
+        print(check)
+    return 1 if any(c.state == "problem" for c in checks) else 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """What happened to a sandbox (made, started, resized, stopped by the lifecycle,
+    lost, failed), oldest first, from this installation's state file; a kernel's own
+    lines also go to its stderr: the Jupyter server's log, or a CI job's."""
+    cfg, services = _services(args)
+    service = _service_of(services, args.id)
+    user = _user(cfg, args)
+    try:
+        service.owned(user, args.id)
+    except SandboxNotFound:
+        # Gone: its log is still yours to read if the id is one of yours.
+        mine = scope_key(cfg).name
+        if user is not None and args.id != mine and not args.id.startswith(mine + "--"):
+            raise
+    events = service.store.events(service.backend.name, args.id)
+    if not events:
+        print(f"nothing recorded for {args.id} yet")
+    for at, line in events:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(at))}  {line}")
+    return 0
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    """Remove what this installation made outside its Python environment, before `pip
+    uninstall sandbox-kernel`: kernelspecs it installed (or whose Python is gone), every
+    sandbox and snapshot of this installation (all users), the engine's network when no
+    container uses it, the idmapped mounts' folder, the state folder; workspaces only
+    with --workspaces. --dry-run lists it all and changes nothing."""
+    from .cleanup import plan, run_steps
+
+    cfg, services = _services(args)
+    steps, kept = plan(services, args.workspaces)
+    verb = "would remove" if args.dry_run else "removing"
+    for step in steps:
+        print(f"{verb} {step.what}")
+    for what in kept:
+        print(f"keeping {what}")
+    if args.dry_run:
+        return 0
+    failed, said = run_steps(steps)
+    for line in said:
+        print(line)
+    for what, why in failed:
+        print(f"could not remove {what}: {why}", file=sys.stderr)
+    if not failed:
+        print("done; now: pip uninstall sandbox-kernel")
+    return 1 if failed else 0
+
+
 class _UsageError(Exception):
     pass
 
@@ -424,6 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sandbox-kernel",
         description="Manage persistent sandboxes for the `sandbox` Jupyter kernel.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"sandbox-kernel {__version__}", help="say which"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -507,6 +621,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add("mcp", cmd_mcp)
+
+    add("doctor", cmd_doctor)
+
+    p = add("logs", cmd_logs)
+    p.add_argument("id", help="sandbox id, as `sandbox-kernel list` shows it")
+    p.add_argument("--all", action="store_true", help="any user's sandbox (administrators)")
+
+    p = add("uninstall", cmd_uninstall)
+    p.add_argument("--dry-run", action="store_true", help="say what would be removed, do nothing")
+    p.add_argument(
+        "--workspaces", action="store_true", help="remove every user's workspace folder too"
+    )
 
     p = add("install", cmd_install)
     where = p.add_mutually_exclusive_group()

@@ -152,6 +152,26 @@ class ByteSize(Int):
         return parse_size(s)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Variables a sandbox's environment is made of by us, or that change how every program
+# there starts (the host's own programs in the sandbox included): never passed on.
+_NEVER_PASSED = re.compile(r"(PATH|HOME|USER|LOGNAME|SHELL|PWD|LD_.*|PYTHON.*|SANDBOX_.*)")
+# What sandboxes inherit unless the administrator says otherwise: how to reach the network
+# and the package index. A value that carries a credential (a password or token in a URL)
+# is dropped from these unless ``pass_env`` was set on purpose (see :func:`passed_env`).
+DEFAULT_PASS_ENV = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+)
+
+
 class ConfigError(ValueError):
     """A setting has a value we cannot run with; the message says which and why."""
 
@@ -353,6 +373,26 @@ class SandboxConfig(Configurable):
             "are apart from the user's plain ones (sandbox-kernel install sets it)."
         ),
     ).tag(config=True)
+    ca_bundle = Unicode(
+        "",
+        help=(
+            "Certificates sandboxes trust for TLS. Empty: the host's own trust store (public "
+            "certificates, and any your administrator added, such as a TLS-intercepting "
+            "proxy's), as OpenSSL's default file (SSL_CERT_FILE), which what a sandbox "
+            "configures itself still overrides; a host file of PEM certificates: trusted in "
+            "addition, and made the store of pip, requests, curl and git; none: nothing."
+        ),
+    ).tag(config=True)
+    pass_env = List(
+        Unicode(),
+        default_value=list(DEFAULT_PASS_ENV),
+        help=(
+            "Names of environment variables sandboxes inherit from the process that runs their "
+            "code (proxy and package index settings). By default a value carrying a credential "
+            "(user:password@ in a URL) is not passed; naming the variables here on purpose "
+            "passes them as they are."
+        ),
+    ).tag(config=True)
     allowed_flavors = List(
         Unicode(), default_value=[], help="Flavors users may choose (empty: all of them)."
     ).tag(config=True)
@@ -362,6 +402,10 @@ class SandboxConfig(Configurable):
 
     # Values of the configuration files, filled by load_config (not a setting).
     file_values: dict[str, Any] = {}
+    # Settings given by the environment, a kernelspec, notebook metadata or a command's
+    # option, i.e. asked for by whoever started this process (not a setting): a flavor
+    # changes an existing sandbox only when asked for (see service.py).
+    asked: frozenset[str] = frozenset()
 
     @default("flavors")
     def _default_flavors(self) -> dict[str, dict[str, Any]]:
@@ -527,6 +571,40 @@ class SandboxConfig(Configurable):
             raise TraitError(f"{value!r} is not a runtime name (letters, digits, '-', '_', '.')")
         return value
 
+    @validate("ca_bundle")
+    def _ca_bundle(self, proposal: Any) -> str:
+        value = proposal["value"].strip()
+        if value in ("", "none"):
+            return value
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            raise TraitError(
+                f"{value!r} is not an absolute path (or none, or empty for the host's)"
+            )
+        try:
+            with path.open("rb") as f:
+                head = f.read(CA_BUNDLE_LIMIT + 1)
+        except OSError as exc:
+            raise TraitError(f"cannot read {value!r}: {exc.strerror}") from None
+        if len(head) > CA_BUNDLE_LIMIT or b"-----BEGIN CERTIFICATE-----" not in head:
+            raise TraitError(
+                f"{value!r} is not a file of PEM certificates (-----BEGIN CERTIFICATE----- ...)"
+            )
+        return str(path.resolve())
+
+    @validate("pass_env")
+    def _pass_env(self, proposal: Any) -> list[str]:
+        names = list(dict.fromkeys(proposal["value"]))
+        for name in names:
+            if not _ENV_NAME.fullmatch(name):
+                raise TraitError(f"{name!r} is not an environment variable name")
+            if _NEVER_PASSED.fullmatch(name):
+                raise TraitError(
+                    f"{name} is not passed to sandboxes (they set their own, or it changes "
+                    "how every program there starts)"
+                )
+        return names
+
     @validate("image")
     def _image_given(self, proposal: Any) -> str:
         if not proposal["value"].strip():
@@ -640,6 +718,39 @@ def check_egress(entries: Any) -> list[str]:
     return found
 
 
+def passed_env(cfg: SandboxConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables (of ``environ``, this process's by default) that sandboxes inherit.
+
+    Public settings flow by default; a credential never without someone's word: a value
+    of a default name with a user or password in a URL is left out (and logged) unless
+    ``pass_env`` was set in a configuration file or the environment."""
+    env = os.environ if environ is None else environ
+    on_purpose = "pass_env" in cfg.file_values or "pass_env" in cfg.asked
+    passed = {}
+    for name in cfg.pass_env:
+        value = env.get(name)
+        if value is None:
+            continue
+        if not on_purpose and _CREDENTIAL.search(value):
+            _warn_credential(name)
+            continue
+        passed[name] = value
+    return passed
+
+
+_CREDENTIAL = re.compile(r"://[^/@\s]+@")
+CA_BUNDLE_LIMIT = 16 << 20  # bytes: far more than any real bundle
+
+
+@lru_cache(maxsize=32)
+def _warn_credential(name: str) -> None:
+    log.warning(
+        "not passing %s to sandboxes: it holds a credential; list it in "
+        "c.SandboxConfig.pass_env (or SANDBOX_KERNEL_PASS_ENV) to pass it",
+        name,
+    )
+
+
 def _file_config(paths: list[str]) -> Config:
     """Merge ``sandbox_kernel_config.{json,py}`` from the given Jupyter config dirs.
 
@@ -730,6 +841,7 @@ def load_config(
     for name, raw in _env_overrides(trait_names, env).items():
         later.append((name, raw, ENV_PREFIX + name.upper()))
     later.extend((k, v, k) for k, v in overrides.items() if v is not None)
+    asked = set()
     for name, value, source in later:
         if name in section and name not in PERSONAL and value != section[name]:
             # The environment (a kernelspec, a user's shell) never loosens policy the
@@ -742,6 +854,8 @@ def load_config(
             )
             continue
         _apply(cfg, [(name, value, source)])
+        asked.add(name)
+    cfg.asked = frozenset(asked)
     _check_allowed(cfg)
     _check_mappings(cfg)
     return cfg

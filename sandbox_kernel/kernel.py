@@ -381,17 +381,14 @@ class SandboxKernel(Kernel):
         return self.sandbox.why_lost(status)
 
     def _fail(self, ename: str, evalue: str, parent: dict[str, Any], count: int) -> dict[str, Any]:
-        """One clear error in the cell (what went wrong, what to do), never a traceback."""
-        self._send(
-            parent, "error", {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
-        )
-        return {
-            "status": "error",
-            "execution_count": count,
-            "ename": ename,
-            "evalue": evalue,
-            "traceback": [],
-        }
+        """One clear error in the cell (what went wrong, what to do), never a traceback.
+
+        The reply carries the same one line as the iopub ``error``, as ipykernel's does:
+        nbclient (``jupyter execute``, papermill, nbmake) builds the message it prints from
+        the reply, and an empty traceback there hid the fix."""
+        error = {"ename": ename, "evalue": evalue, "traceback": [f"{ename}: {evalue}"]}
+        self._send(parent, "error", error)
+        return {"status": "error", "execution_count": count, **error}
 
     # -- the other shell requests: forwarded as they are --------------------------------
     async def _ask(self, op: str, **fields: Any) -> dict[str, Any]:

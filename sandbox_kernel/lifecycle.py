@@ -30,7 +30,7 @@ from . import events
 from .backends.base import Backend, SandboxInfo, is_files_sandbox
 from .config import SandboxConfig, setting_names
 from .errors import QuotaExceeded, SandboxNotFound
-from .store import Record, Reservation, Store
+from .store import EVENTS_DAYS, Record, Reservation, Store
 from .units import format_size
 
 MINUTE = 60.0
@@ -213,6 +213,10 @@ def gc(
         backend.sweep()  # also frees what a frozen sandbox wedged in the engine
     except Exception:  # leftovers wait for the next run
         pass
+    try:  # sandboxes' logs (`sandbox-kernel logs`) keep a month
+        store.forget_events(time.time() - EVENTS_DAYS * 86400)
+    except Exception:
+        pass
     for action in actions:
         try:
             _apply(backend, store, action)
@@ -234,6 +238,11 @@ def gc(
                 action=action.action,
                 reason=events.reap_reason(action.reason),
             )
+        try:  # the sandbox's log says what the lifecycle did to it (`sandbox-kernel logs`)
+            what = action.action if action.done else f"failed to {action.action}"
+            store.add_event(backend.name, action.sandbox_id, f"lifecycle: {what} ({action.reason})")
+        except Exception:
+            pass
     return actions
 
 

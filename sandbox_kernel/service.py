@@ -63,6 +63,7 @@ from .errors import (
     BadRequest,
     Conflict,
     Forbidden,
+    NotSupported,
     QuotaExceeded,
     SandboxError,
     SandboxFailed,
@@ -190,16 +191,44 @@ class SandboxService:
             *installation_folders(),
         ]
 
-    def work_folder(self, cwd: str, config: SandboxConfig | None = None) -> str:
-        """The host folder a kernel whose notebook lies in ``cwd`` works in ("" for none)."""
+    def work_folder(self, cwd: str, config: SandboxConfig | None = None, user: str = "") -> str:
+        """The host folder a door opened in ``cwd`` works in ("" for none): the one rule
+        for every door (a notebook's kernel, ``jupyter execute``, ``exec``, ``shell``,
+        ``mcp``, a terminal), so one folder gives ``user`` one sandbox whichever they use.
+
+        It is the primary folder (:meth:`primary_folder`) when ``cwd`` lies in it, else the
+        git checkout around ``cwd``, else ``cwd`` itself (see folders.py)."""
         if not self.backend.workspace_on_host:
             return ""
+        cfg = config or self.config
         here = str(Path(cwd).resolve())
         if server_root_dir():  # opened through a Jupyter server: only inside its root folder
             here = door_folder(here, server_root_dir())
         if any(under(here, str(Path(p).resolve())) for p in self._never_shown()):
             return ""  # a workspace is /workspace already; the state folder is never shown
-        return resolve_work_folder((config or self.config).work_root, here, server_root_dir())
+        return resolve_work_folder(cfg.work_root, here, self.primary_folder(user, cfg))
+
+    def primary_folder(self, user: str = "", config: SandboxConfig | None = None) -> str:
+        """The folder whose sandbox is ``user``'s plain one, ``sk-<user>`` ("" for none):
+        ``work_root`` when it names a folder; else the root folder of the Jupyter server
+        this door came through; else the root folder of the last Jupyter server with this
+        extension that ``user`` ran (it records it when it starts), so ``exec``, ``shell``,
+        ``mcp`` and ``jupyter execute`` in that folder use the sandbox its notebooks use."""
+        cfg = config or self.config
+        if cfg.work_root != "auto" or server_root_dir():
+            return primary_folder(cfg.work_root, server_root_dir())
+        if not user:
+            return ""
+        try:
+            recorded = self.store.lab_root(ScopeKey(user).user_id)
+        except SandboxError:
+            return ""
+        return recorded if recorded and Path(recorded).is_dir() else ""
+
+    def remember_lab_root(self, user: str, folder: str) -> None:
+        """A Jupyter server of ``user`` with this extension serves ``folder``: its
+        sandbox is ``user``'s plain one, for every door (see :meth:`primary_folder`)."""
+        self.store.put_lab_root(ScopeKey(user).user_id, str(Path(folder).resolve()))
 
     def config_with(self, **values: Any) -> SandboxConfig:
         """A copy of the service's settings with some personal choices changed."""
@@ -209,6 +238,7 @@ class SandboxService:
         settings.update(values)
         cfg = SandboxConfig(**settings)
         cfg.file_values = self.config.file_values
+        cfg.asked = self.config.asked | set(values)
         return cfg
 
     def sandbox_id(
@@ -228,7 +258,7 @@ class SandboxService:
         elif (
             key.scope == "user"
             and work_folder
-            and work_folder != primary_folder(cfg.work_root, server_root_dir())
+            and work_folder != self.primary_folder(key.user, cfg)
         ):
             sid += f"{WORK}{folder_tag(work_folder)}"
         return sid
@@ -250,12 +280,27 @@ class SandboxService:
         counted for the server's metrics (:mod:`.events`).
         """
         began = time.monotonic()
+        sid = ""
+
+        def say(line: str) -> None:
+            if sid:
+                self.record(sid, line)
+            if progress is not None:
+                progress(line)
+
         try:
-            ensured = self._ensure(key, progress, config, work_folder)
+            spec = self.spec(key.user, config, work_folder)
+            sid = self.sandbox_id(key, config, spec.work_folder)
+            ensured = self._ensure(key, spec, sid, say, config)
         except SandboxError as exc:
+            if sid:
+                self.record(sid, f"failed: {exc}")
             self._count_start("quota" if isinstance(exc, QuotaExceeded) else "failed", exc)
             raise
         self._count_start(ensured.event, None, time.monotonic() - began)
+        if ensured.event != "existing" or ensured.notes:
+            for line in [f"{ensured.event} ({ensured.info.state})", *ensured.notes]:
+                self.record(sid, line)
         return ensured
 
     def _count_start(
@@ -275,15 +320,8 @@ class SandboxService:
             )
 
     def _ensure(
-        self,
-        key: ScopeKey,
-        progress: Progress | None,
-        config: SandboxConfig | None,
-        work_folder: str,
+        self, key: ScopeKey, spec: Spec, sid: str, say: Progress, config: SandboxConfig | None
     ) -> Ensured:
-        say = progress or (lambda _msg: None)
-        spec = self.spec(key.user, config, work_folder)
-        sid = self.sandbox_id(key, config, spec.work_folder)
         record = self.store.get(self.backend.name, sid)
         info = self.backend.find(sid)
         if info is not None and record is not None and record.engine_id == info.engine_id:
@@ -304,8 +342,11 @@ class SandboxService:
             made = self._remake(info, key, spec, say)
             ensured = Ensured(made, "started", _stopped_notice(info))
         else:
+            if spec.snapshot and info.snapshot != spec.snapshot:
+                self._check_snapshot(key.user, spec.snapshot)
+            self.backend.refresh_trust()
             ensured = self._revive(info, spec, say)
-        ensured = self._fit(ensured, spec)
+        ensured = self._fit(ensured, spec, config)
         self.store.put(
             self.backend.name,
             sid,
@@ -315,6 +356,29 @@ class SandboxService:
             ensured.info.flavor,
         )
         return ensured
+
+    def record(self, sandbox_id: str, line: str) -> None:
+        """One line in the sandbox's log (``sandbox-kernel logs ID``); never a failure."""
+        try:
+            self.store.add_event(self.backend.name, sandbox_id, line)
+        except Exception:  # the log is a help, not a duty
+            pass
+
+    def _check_snapshot(self, user: str, name: str) -> None:
+        """A snapshot asked for must exist: a sandbox kept from something else must not
+        hide a misspelt ``SANDBOX_KERNEL_SNAPSHOT`` (a new one is made from it or fails)."""
+        if not self.backend.uses_images:
+            return
+        try:
+            self.owned_snapshot(user, name)
+        except NotSupported:
+            return
+        except SandboxNotFound:
+            raise SandboxNotFound(
+                f"you have no snapshot named {name!r} (SANDBOX_KERNEL_SNAPSHOT, a kernelspec's "
+                "--snapshot or the notebook's metadata.sandbox.snapshot); `sandbox-kernel "
+                "snapshot list` shows yours"
+            ) from None
 
     def _made(self, sid: str, key: ScopeKey, spec: Spec, say: Progress, record: Any) -> Ensured:
         """A new sandbox, or the one another process made meanwhile."""
@@ -415,18 +479,40 @@ class SandboxService:
             info = self.backend.start(info.id, say)
         return Ensured(info, "started", notice)
 
-    def _fit(self, ensured: Ensured, spec: Spec) -> Ensured:
+    def _fit(self, ensured: Ensured, spec: Spec, config: SandboxConfig | None = None) -> Ensured:
         """Give an existing sandbox the flavor asked for, or say why it keeps its own;
-        say when it was made from settings that have since changed."""
+        say when it was made from settings that have since changed.
+
+        Only a flavor someone asked for changes a sandbox (a kernelspec's or the
+        environment's ``SANDBOX_KERNEL_FLAVOR``, notebook metadata, ``--flavor``): a door
+        that asks for none (a plain ``exec``) takes the sandbox as it is, never shrinking
+        it back to the default."""
+        cfg = config or self.config
         info, notes = ensured.info, list(ensured.notes)
         if info.spec and info.spec != _as_for(spec, info).fingerprint():
             notes.append(self._outdated_note(info, spec))
-        if info.flavor and info.flavor != spec.flavor:
+        if ensured.event == "created" or ensured.event == "recreated":
+            clamped = self._clamped(info, spec)
+            if clamped:
+                notes.append(clamped)
+        elif info.flavor and info.flavor != spec.flavor and "flavor" in cfg.asked:
             note, flavor = self._resize(info, spec)
             notes.append(note)
             info = self.backend.get(info.id)
             info.flavor = flavor  # the engine's labels keep the flavor it was made with
         return replace(ensured, info=info, notes=notes)
+
+    @staticmethod
+    def _clamped(info: SandboxInfo, spec: Spec) -> str:
+        """What a sandbox got less of than its flavor says (the engine's machine has
+        fewer CPUs), in one line; "" when it got all of it."""
+        cpus = float(info.limits.get("cpus") or spec.cpus)
+        if cpus >= spec.cpus:
+            return ""
+        return (
+            f"flavor {spec.flavor} asks for {spec.cpus:g} CPUs, but the engine's machine has "
+            f"{cpus:g}: {info.id} gets {cpus:g}"
+        )
 
     def _resize(self, info: SandboxInfo, spec: Spec) -> tuple[str, str]:
         """Resize ``info`` to ``spec``'s flavor where it may be: (what to tell the user,
@@ -451,9 +537,16 @@ class SandboxService:
         )
         with self._reservation(info.id, int(info.limits.get("memory") or 0) + extra, new=False):
             self.backend.resize(info.id, spec)
+        now = self.backend.get(info.id)
+        cpus = float(now.limits.get("cpus") or spec.cpus)
+        got = f"{cpus:g} CPUs" + (
+            f" (flavor {asked} asks for {spec.cpus:g}; the engine's machine has {cpus:g})"
+            if cpus < spec.cpus
+            else ""
+        )
         return (
-            f"sandbox {info.id} now has flavor {asked} ({spec.cpus:g} CPUs, {format_size(spec.memory)}"
-            f"{self._disk_words(self.backend.get(info.id), spec)}; it had {had})",
+            f"sandbox {info.id} now has flavor {asked} ({got}, {format_size(spec.memory)}"
+            f"{self._disk_words(now, spec)}; it had {had})",
             asked,
         )
 
@@ -607,6 +700,7 @@ class SandboxService:
         events.count(
             self.store, events.STOPS, backend=self.backend.name, action="destroy", reason="user"
         )
+        self.record(sandbox_id, "destroyed (workspace kept)")
         return gone
 
     def stop(self, user: str | None, sandbox_id: str) -> dict[str, Any]:
@@ -616,6 +710,7 @@ class SandboxService:
         events.count(
             self.store, events.STOPS, backend=self.backend.name, action="stop", reason="user"
         )
+        self.record(sandbox_id, "stopped")
         return self.get(user, sandbox_id)
 
     def start(
@@ -640,6 +735,7 @@ class SandboxService:
                 self._count_start("quota" if isinstance(exc, QuotaExceeded) else "failed", exc)
                 raise
             self._count_start("started", None, time.monotonic() - began)
+            self.record(sandbox_id, "started")
         self.store.touch(self.backend.name, sandbox_id)
         return self.get(user, sandbox_id)
 

@@ -54,6 +54,11 @@ class SandboxSession:
         self._service: SandboxService | None = None
         self._housekeeping: Housekeeping | None = None
         self._lock = threading.Lock()
+        # Progress lines said since the sandbox was last reached: an attempt that fails
+        # as the one before did (an image that cannot be pulled, at every cell) says
+        # nothing new, so its "creating ... pulling" is not said again.
+        self._said: set[str] = set()
+        self._told_fallback = False
 
     @property
     def service(self) -> SandboxService:
@@ -135,11 +140,16 @@ class SandboxSession:
 
     def _ensure_sandbox(self) -> SandboxInfo:
         """The sandbox, running; a loss the user must hear of becomes a notice."""
-        work = self.service.work_folder(self.home_folder())
+        work = self.service.work_folder(self.home_folder(), user=self.key.user)
         target = self.service.sandbox_id(self.key, work_folder=work)
-        ensured = self.service.ensure(
-            self.key, progress=lambda line: self.housekeeping.report(target, line), work_folder=work
-        )
+
+        def say(line: str) -> None:
+            if line not in self._said:
+                self._said.add(line)
+                self.housekeeping.report(target, line)
+
+        ensured = self.service.ensure(self.key, progress=say, work_folder=work)
+        self._said.clear()
         info = ensured.info
         notice = ensured.notice
         if not notice and self.engine_id and info.engine_id != self.engine_id:
@@ -151,7 +161,24 @@ class SandboxSession:
             self.notices.put(notice)
         for note in ensured.notes:  # a change without loss: log and status bar, not the notebook
             self.housekeeping.report(info.id, note)
+        self._tell_fallback(info)
         return self._hold(info)
+
+    def _tell_fallback(self, info: SandboxInfo) -> None:
+        """No Docker engine answered, so backend ``auto`` took the weaker local one: say
+        so once per kernel where the kernel's own messages go (the job's or the server's
+        log, and JupyterLab's status bar), never in the notebook (a CI run stores what
+        ipykernel stores)."""
+        reason = self.backend.fallback
+        if not reason or self._told_fallback:
+            return
+        self._told_fallback = True
+        self.housekeeping.report(
+            info.id,
+            f"{reason}, so {info.id} runs on the local backend "
+            f"({info.isolation or 'weaker isolation than a container'}); start Docker for "
+            "container isolation, or set SANDBOX_KERNEL_BACKEND=local to choose this on purpose",
+        )
 
     def _hold(self, info: SandboxInfo) -> SandboxInfo:
         """``info`` is this session's sandbox from now on (a loss has been told)."""
@@ -249,7 +276,14 @@ class SandboxSession:
     # -- losing it ---------------------------------------------------------------------------
     def why_lost(self, exit_status: int | None) -> str:
         """One line on what happened to the sandbox, for the cell that lost its interpreter
-        (which ended with ``exit_status``), and what the next cell will do about it."""
+        (which ended with ``exit_status``), and what the next cell will do about it; the
+        sandbox's log (``sandbox-kernel logs``) keeps it too."""
+        line = self._why_lost(exit_status)
+        if self.sandbox_id:
+            self.service.record(self.sandbox_id, f"kernel {self.kernel_id}: {line}")
+        return line
+
+    def _why_lost(self, exit_status: int | None) -> str:
         sandbox = self.sandbox_id or "the sandbox"
         try:
             # The interpreter dies a moment before its container does (a forced removal

@@ -54,8 +54,24 @@ CREATE TABLE IF NOT EXISTS counters (
     labels TEXT NOT NULL,
     value REAL NOT NULL,
     PRIMARY KEY (name, labels)
-)
+);
+CREATE TABLE IF NOT EXISTS lab_roots (
+    user_id TEXT PRIMARY KEY,
+    folder TEXT NOT NULL,
+    at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    backend TEXT NOT NULL,
+    sandbox_id TEXT NOT NULL,
+    at REAL NOT NULL,
+    line TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_of ON events (backend, sandbox_id, at)
 """
+# Lines of a sandbox's log kept in the state file (``sandbox-kernel logs ID``), and for
+# how long (days).
+EVENTS_KEPT = 500
+EVENTS_DAYS = 30
 # A kernel beats every HEARTBEAT seconds; one silent for STALE_AFTER is taken as dead.
 HEARTBEAT = 30.0
 STALE_AFTER = 3 * HEARTBEAT
@@ -307,6 +323,53 @@ class Store:
                 (backend, since),
             ).fetchall()
         return [{"kernel_id": k, "sandbox_id": s, "message": m, "at": at} for k, s, m, at in rows]
+
+    def add_event(self, backend: str, sandbox_id: str, line: str) -> None:
+        """One line of what happened to a sandbox (made, started, resized, lost, stopped
+        by the lifecycle), for ``sandbox-kernel logs``; the newest EVENTS_KEPT are kept."""
+        now = time.time()
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "INSERT INTO events (backend, sandbox_id, at, line) VALUES (?, ?, ?, ?)",
+                (backend, sandbox_id, now, line[:2000]),
+            )
+            conn.execute(
+                "DELETE FROM events WHERE backend = ? AND sandbox_id = ? AND at < ("
+                " SELECT at FROM events WHERE backend = ? AND sandbox_id = ?"
+                " ORDER BY at DESC LIMIT 1 OFFSET ?)",
+                (backend, sandbox_id, backend, sandbox_id, EVENTS_KEPT - 1),
+            )
+
+    def forget_events(self, before: float) -> None:
+        """Drop log lines older than ``before`` (epoch seconds): those of sandboxes long
+        gone would otherwise stay (the lifecycle's run calls it)."""
+        with closing(self._connect()) as conn:
+            conn.execute("DELETE FROM events WHERE at < ?", (before,))
+
+    def events(self, backend: str, sandbox_id: str) -> list[tuple[float, str]]:
+        """(time, line) of a sandbox's log, oldest first."""
+        with closing(self._connect()) as conn:
+            return conn.execute(
+                "SELECT at, line FROM events WHERE backend = ? AND sandbox_id = ? ORDER BY at",
+                (backend, sandbox_id),
+            ).fetchall()
+
+    def put_lab_root(self, user_id: str, folder: str) -> None:
+        """The root folder of the Jupyter server ``user_id`` ran last (see service.py)."""
+        with closing(self._connect()) as conn:
+            conn.execute(
+                "INSERT INTO lab_roots (user_id, folder, at) VALUES (?, ?, ?)"
+                " ON CONFLICT (user_id) DO UPDATE SET folder = excluded.folder, at = excluded.at",
+                (user_id, folder, time.time()),
+            )
+
+    def lab_root(self, user_id: str) -> str:
+        """What :meth:`put_lab_root` recorded for ``user_id`` ("" when nothing)."""
+        with closing(self._connect()) as conn:
+            row = conn.execute(
+                "SELECT folder FROM lab_roots WHERE user_id = ?", (user_id,)
+            ).fetchone()
+        return str(row[0]) if row else ""
 
     def kernel_gone(self, kernel_id: str) -> None:
         with closing(self._connect()) as conn:

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -71,7 +72,9 @@ def test_home_folder_is_the_sandbox_users_either_way(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """HOME is made in the new container's own layer on this (root, overlay2) host, or by
-    the engine's archive call where that is not certain to be right: the same folder."""
+    the engine's archive call where that is not certain to be right: the same folder.
+    Either way the sandbox's uid gets an account (a terminal's prompt names it, `whoami`
+    answers) and a login shell finds what `pip install --user` puts in ~/.local/bin."""
     from sandbox_kernel.backends.docker import backend as docker_module
     from sandbox_kernel.backends.docker.files import home_in_layer
 
@@ -79,8 +82,8 @@ def test_home_folder_is_the_sandbox_users_either_way(
         pytest.skip("the layer is written only by root, on an overlay2 engine")
     taken: list[bool] = []
 
-    def spy(driver: dict, uid: int, gid: int) -> bool:
-        taken.append(way == "layer" and home_in_layer(driver, uid, gid))
+    def spy(driver: dict, uid: int, gid: int, extra: Any = ()) -> bool:
+        taken.append(way == "layer" and home_in_layer(driver, uid, gid, extra))
         return taken[-1]
 
     monkeypatch.setattr(docker_module, "home_in_layer", spy)
@@ -94,6 +97,18 @@ def test_home_folder_is_the_sandbox_users_either_way(
         "s.st_gid == os.getgid(), oct(s.st_mode & 0o7777), os.environ['HOME'])",
     )
     assert shown == "0 0 0o755 True True 0o755 /home/sandbox"
+    accounts = run(
+        backend,
+        info.id,
+        "import grp, os, pwd; p = pwd.getpwuid(os.getuid()); "
+        "s = os.stat('/etc/profile.d/sandbox-kernel.sh'); "
+        "print(p.pw_name, p.pw_dir, grp.getgrgid(os.getgid()).gr_name, "
+        "pwd.getpwuid(0).pw_name, s.st_uid, oct(s.st_mode & 0o777))",
+    )
+    assert accounts == "sandbox /home/sandbox sandbox root 0 0o644"  # the image's root kept
+    login = backend.exec(info.id, ["bash", "-lc", 'whoami; echo "$PATH"'])
+    name, path = login.output.decode().split()
+    assert (name, path.split(":")[0]) == ("sandbox", "/home/sandbox/.local/bin"), login.output
     run(backend, info.id, "open('/home/sandbox/kept.txt', 'w').write('home')")
     backend.stop(info.id)
     backend.start(info.id)

@@ -476,6 +476,9 @@ def test_container_removed_during_a_cell(kernel: tuple[Any, Any], kenv: KernelEn
             break
     assert reply["content"]["status"] == "error"
     assert "was removed" in reply["content"]["evalue"]
+    # The reply says it as ipykernel's would (nbclient builds its message from it).
+    content = reply["content"]
+    assert content["traceback"] == [f"{content['ename']}: {content['evalue']}"]
     reply, outputs = run(kc, "print('back')")
     assert reply["status"] == "ok" and text_of(outputs) == "back\n"
     assert "sandbox restarted" in text_of(outputs, "stderr")
@@ -610,6 +613,7 @@ def test_what_the_user_must_fix_is_the_first_cells_one_line_error(
         (error,) = [m["content"] for m in outputs]
         assert len(error["traceback"]) == 1 and "\n" not in error["traceback"][0]
         assert "Traceback" not in error["traceback"][0]
+        assert reply["traceback"] == error["traceback"]  # the reply says it too
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -622,6 +626,7 @@ def test_out_of_memory_names_the_limit(kernel: tuple[Any, Any]) -> None:
     reply, _ = run(kc, "hog = []\nwhile True:\n    hog.append(bytearray(50_000_000))", timeout=120)
     assert reply["status"] == "error"
     assert "memory limit of 1 GiB" in reply["evalue"], reply["evalue"]
+    assert reply["traceback"] == [f"{reply['ename']}: {reply['evalue']}"]
     reply, outputs = run(kc, "print('alive')")
     assert text_of(outputs) == "alive\n"
     assert "sandbox restarted" in text_of(outputs, "stderr")

@@ -137,12 +137,13 @@ def test_orphans_reaped_foreign_untouched(
                 str(Path(cfg.workspace_root) / key.user_id),
             ),
         )
-        # Made with flavor medium; its owner's configuration has since become small: it is
-        # resized, never reaped for it (its installed packages are the user's).
+        # Made with flavor medium; its owner has since asked for small: it is resized,
+        # never reaped for it (its installed packages are the user's).
         resized = (
             SandboxService(make_config(flavor="medium")).ensure(ScopeKey(test_user + "-c")).info
         )
-        notice = " ".join(service.ensure(ScopeKey(test_user + "-c")).notes)
+        small = SandboxService(make_config(orphan_grace=1 * SECONDS, flavor="small"))
+        notice = " ".join(small.ensure(ScopeKey(test_user + "-c")).notes)
         assert "now has flavor small" in notice and "it had medium" in notice
         healthy = service.ensure(ScopeKey(test_user + "-d")).info
         time.sleep(1.5)

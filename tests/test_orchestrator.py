@@ -102,8 +102,12 @@ def test_flavor_variant_resizes_in_place_and_gc_loses_nothing(
         a for a in gc(plain.backend, cfg) if a.sandbox_id == info.id and a.action == "destroy"
     ] == []
     assert plain.backend.get(info.id).engine_id == info.engine_id
-    # Back to small: the sandbox shrinks (no other kernel uses it) and still has the package.
-    again = plain.ensure(ScopeKey(env.user))
+    # A door that asks for no flavor (a plain `exec`) takes the sandbox as it is: it never
+    # shrinks back to the default behind the user's back.
+    kept = plain.ensure(ScopeKey(env.user))
+    assert kept.notes == [] and kept.info.limits["memory"] == 4 << 30
+    # Asked for small: the sandbox shrinks (no other kernel uses it) and keeps the package.
+    again = SandboxService(plain.config_with(flavor="small")).ensure(ScopeKey(env.user))
     assert (
         "now has flavor small" in " ".join(again.notes) and again.info.limits["memory"] == 1 << 30
     )

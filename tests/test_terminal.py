@@ -536,6 +536,11 @@ async def test_jupyterlab_terminal_is_the_sandbox(
     )
     assert await term.run("pwd") == "/workspace"
     assert await term.run("id -u") not in ("", "0")
+    # Its uid has an account (the prompt said "I have no name!" in images without one),
+    # and what `pip install --user` puts in ~/.local/bin is found.
+    assert await term.run("whoami") == "sandbox"
+    assert (await term.run('echo "${PS1@P}"')).startswith("sandbox@sandbox:")
+    assert (await term.run('echo "$PATH"')).startswith("/home/sandbox/.local/bin:")
     for _ in range(100):
         if await term.run("stty size") == "27 91":
             break

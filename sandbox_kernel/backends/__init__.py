@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 
-from ..config import ENGINE_ENTRY_POINTS, ENGINES, SandboxConfig
+from ..config import ENGINE_ENTRY_POINTS, ENGINES, SandboxConfig, passed_env
 from .base import (
     Backend,
     Channel,
@@ -60,6 +60,8 @@ def engine_settings(config: SandboxConfig) -> EngineSettings:
         kubernetes_namespace=config.kubernetes_namespace,
         kubernetes_storage_class=config.kubernetes_storage_class,
         kubernetes_workspace_size=config.kubernetes_workspace_size,
+        ca_bundle=config.ca_bundle,
+        env=tuple(sorted(passed_env(config).items())),
     )
 
 
@@ -128,8 +130,15 @@ def make_backend(config: SandboxConfig) -> Backend:
     try:
         docker_backend.client  # type: ignore[attr-defined]  # noqa: B018 - connects and pings once
         return docker_backend
-    except SandboxError:
-        return backend_class("local")(settings)
+    except SandboxError as exc:
+        local = backend_class("local")(settings)
+        local.fallback = _first_words(str(exc))
+        return local
+
+
+def _first_words(message: str) -> str:
+    """The reason of an engine's one-line error, without its advice (after a ';')."""
+    return message.splitlines()[0].split(";")[0].strip() if message else "no answer"
 
 
 def load_adapter(config: SandboxConfig) -> None:

@@ -154,6 +154,9 @@ class EngineSettings:
     kubernetes_namespace: str = ""  # "": the kubeconfig context's (or the pod's own)
     kubernetes_storage_class: str = ""  # "": the cluster's default
     kubernetes_workspace_size: int = 10 << 30
+    ca_bundle: str = ""  # what sandboxes trust (see trust.py): "", a PEM file, or "none"
+    # Variables every process started in a sandbox inherits (config.passed_env).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def installation_id(state_dir: str) -> str:
@@ -453,6 +456,8 @@ class Backend(abc.ABC):
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
+        # Why backend "auto" took this engine rather than Docker ("" when it was chosen).
+        self.fallback = ""
 
     # -- engine --------------------------------------------------------------
     @abc.abstractmethod
@@ -496,6 +501,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def destroy(self, sandbox_id: str) -> bool:
         """Remove the sandbox (the workspace is kept). False if it was already gone."""
+
+    def refresh_trust(self) -> None:
+        """Bring the certificates running sandboxes trust up to date with the settings
+        (see trust.py); engines that give sandboxes none of the host's need nothing."""
+        return None
 
     def resize(self, sandbox_id: str, spec: Spec) -> bool:
         """Give a sandbox the resources of ``spec`` in place; False when the engine cannot."""

@@ -42,6 +42,8 @@ from typing import IO, Any
 
 from ...agent import bootstrap_command, bundle, inline, program
 from ...identity import ScopeKey
+from ...trust import bundle as trust_bundle
+from ...trust import named_env, trust_env
 from .. import idmap
 from ..base import (
     LABEL_AGENT_SOCKETS,
@@ -73,6 +75,15 @@ from ..base import (
     not_found,
     sandbox_id_of,
 )
+from .accounts import (
+    LIMIT,
+    bundle_folder,
+    from_archive,
+    from_layers,
+    refresh_trust,
+    root_files,
+    trust_for_new,
+)
 from .carry import DockerCarry, remake_lock
 from .cgroups import cgroup_usage, end_stuck_starts
 from .channel import DockerChannel, DockerPty
@@ -92,6 +103,7 @@ from .info import (
     LABEL_PIDS,
     LABEL_RUNTIME,
     LABEL_SNAPSHOT_REF,
+    LABEL_TRUST,
     LABEL_UID,
     LABEL_VOLUME_MOUNTS,
     LABEL_WORK_MOUNT,
@@ -361,7 +373,8 @@ class DockerBackend(Backend):
         except (SandboxFailed, SandboxNotFound) as exc:
             raise SandboxFailed(
                 f"image {name} is not present and could not be pulled ({engine_reason(exc)}); "
-                "load or build it locally, or set SANDBOX_KERNEL_IMAGE to an image you have"
+                "load it (`docker load -i FILE`) or build it, or set SANDBOX_KERNEL_IMAGE to an "
+                "image you have with python3 (`sandbox-kernel doctor` names some)"
             ) from None
 
     def _pull(self, repo: str, tag: str, name: str, say: Progress) -> None:
@@ -373,6 +386,30 @@ class DockerBackend(Backend):
             if time.monotonic() - last > 2 and event.get("status"):
                 last = time.monotonic()
                 say(f"pulling {name}: {event.get('status')} {event.get('progress', '')}".rstrip())
+
+    def image_present(self, name: str) -> bool:
+        """Whether image ``name`` is on the engine (nothing is pulled)."""
+        try:
+            with engine_errors(f"use image {name!r}"):
+                self._engine.inspect_image(name)
+        except SandboxNotFound:
+            return False
+        except BadRequest:  # not an image name at all
+            return False
+        return True
+
+    def local_images(self) -> builtins.list[str]:
+        """Tagged images on the engine, newest first (what a user could start from)."""
+        with engine_errors("list images"):
+            images = self.client.api.images()
+        images.sort(key=lambda i: i.get("Created", 0), reverse=True)
+        return [
+            tag
+            for image in images
+            if LABEL_SNAPSHOT_REF not in (image.get("Labels") or {})
+            for tag in image.get("RepoTags") or []
+            if tag != "<none>:<none>"
+        ]
 
     def _network(self) -> str:
         """Our shared network, made or checked once per process."""
@@ -405,6 +442,11 @@ class DockerBackend(Backend):
         if self._wire is not None:  # a local engine: it mounts this host's folders
             sockets = str(self._sockets.ensure(name))
             mounts.append(bind_mount(AGENT_SOCKETS, sockets, read_only=True))
+        trust_label, trust_mount = trust_for_new(
+            self._wire is not None, self.settings.state_dir, self.settings.ca_bundle
+        )
+        if trust_mount is not None:
+            mounts.append(trust_mount)
         cpus = self._cpus(spec)
         environment = {
             "HOME": HOME,
@@ -417,6 +459,8 @@ class DockerBackend(Backend):
             # Debian-based images refuse even that without this switch.
             "PIP_BREAK_SYSTEM_PACKAGES": "1",
             "PYTHONUNBUFFERED": "1",
+            # The certificates sandboxes trust (see trust.py), for every program there.
+            **(trust_env() if trust_label else {}),
         }
         host: dict[str, Any] = {
             "Init": True,
@@ -460,12 +504,16 @@ class DockerBackend(Backend):
                 LABEL_AGENT_SOCKETS: sockets,
                 LABEL_DISK: disk_label(way, spec.disk),
                 LABEL_WORKSPACE_DISK: "" if any(unbounded) else "1",
+                LABEL_TRUST: trust_label,
             },
             "HostConfig": host,
         }
         if spec.egress and spec.network:
             egress_config(config, self._installation, spec.egress)
         return config
+
+    def refresh_trust(self) -> None:
+        refresh_trust(self._wire is not None, self.settings.state_dir, self.settings.ca_bundle)
 
     def _cpus(self, spec: Spec) -> float:
         # Docker refuses more CPUs than the engine's machine has: a large flavor on a
@@ -480,7 +528,13 @@ class DockerBackend(Backend):
         one found "created" may be starting in another process meanwhile, with its layer
         mounted (overlayfs does not allow writing beneath a mount); the engine's archive
         call waits for such a start."""
-        uid, _, gid = container.labels.get(LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
+        text_uid, _, text_gid = container.labels.get(
+            LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}"
+        ).partition(":")
+        uid, gid = int(text_uid), int(text_gid or text_uid)
+        ca = b""
+        if container.labels.get(LABEL_TRUST) == "copy":  # an engine that cannot mount ours
+            ca = trust_bundle(self.settings.ca_bundle)
         if just_created and self._layers_writable is not False and os.geteuid() == 0:
             if "GraphDriver" not in container.attrs:
                 container = self._reinspect(container)
@@ -488,11 +542,21 @@ class DockerBackend(Backend):
             # A local engine whose layers are this host's folders; else never asked again.
             self._layers_writable = self._wire is not None and driver.get("Name") == "overlay2"
             if self._layers_writable:
-                if home_in_layer(driver, int(uid), int(gid or uid)):
+                extra = root_files(uid, gid, from_layers(driver), ca)
+                if home_in_layer(driver, uid, gid, extra):
                     return
                 self._layers_writable = False  # remapped users, say: the archive from now on
+        extra = root_files(uid, gid, lambda path: self._image_file(container, path), ca)
         with engine_errors("make the home folder in", self._id(container)):
-            self._engine.put_archive(container.id, "/", home_archive(int(uid), int(gid or uid)))
+            self._engine.put_archive(container.id, "/", home_archive(uid, gid, extra))
+
+    def _image_file(self, container: Inspected, path: str) -> bytes | None:
+        """A plain file of a container that has not run yet (its image's), or None."""
+        try:
+            with engine_errors(f"read /{path} of", self._id(container)):
+                return from_archive(self._engine.get_archive(container.id, "/" + path, LIMIT))
+        except SandboxNotFound:
+            return None
 
     def _start(self, container: Inspected, fresh: bool = False) -> SandboxInfo:
         """Start the container (its disks and idmapped mounts first: a reboot drops
@@ -587,6 +651,8 @@ class DockerBackend(Backend):
                 progress(f"starting sandbox {sandbox_id}")
             if container.labels.get(LABEL_AGENT_SOCKETS):  # (a create made it just now)
                 self._sockets.ensure(container.name)
+            if container.labels.get(LABEL_TRUST) == "mount":  # its source folder, current
+                bundle_folder(self.settings.state_dir, self.settings.ca_bundle)
             return self._start(container)
         return container_info(self._installation, self._reinspect(container))
 
@@ -698,7 +764,10 @@ class DockerBackend(Backend):
             "AttachStdout": True,
             "AttachStderr": True,
             "Cmd": cmd,
-            "Env": [f"{k}={v}" for k, v in exec_env(container.attrs, env).items()],
+            "Env": [
+                f"{k}={v}"
+                for k, v in exec_env(container.attrs, self._env(container.attrs, env)).items()
+            ],
             "WorkingDir": cwd,
         }
         engine = self._engine
@@ -709,6 +778,19 @@ class DockerBackend(Backend):
         channel = DockerChannel(raw, exec_id, merge_stderr=merge_stderr, api=engine)
         channel.keep_alive = keep_alive
         return channel
+
+    def _env(self, attrs: dict[str, Any], env: dict[str, str] | None) -> dict[str, str]:
+        """What a process started in a sandbox gets besides the container's own
+        environment: the variables sandboxes inherit (``pass_env``) and, where an
+        administrator named a ``ca_bundle``, those that make it the trust store of pip,
+        requests, curl and git; never one the container sets itself (an egress sandbox's
+        proxy is its only way out); then ``env``."""
+        own = env_of(attrs)
+        passed = dict(self.settings.env)
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_TRUST) and self.settings.ca_bundle not in ("", "none"):
+            passed.update(named_env())  # an administrator's bundle: the store, over all else
+        return {**{k: v for k, v in passed.items() if k not in own}, **(env or {})}
 
     def agent_listener(self, info: SandboxInfo) -> AgentListener | None:
         if not info.agent_sockets:
@@ -748,7 +830,7 @@ class DockerBackend(Backend):
                 stderr=True,
                 tty=True,
                 workdir=cwd,
-                environment=exec_env(container.attrs, env),
+                environment=exec_env(container.attrs, self._env(container.attrs, env)),
             )["Id"]
             sock = api.exec_start(exec_id, socket=True, tty=True)
         raw = getattr(sock, "_sock", sock)

@@ -17,13 +17,15 @@ import json
 import os
 import tarfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from pathlib import PurePosixPath
 from typing import IO, Any
 
 from ...agent import program
+from ...trust import write_all
 from ..base import WORKSPACE, SandboxError
+from .accounts import RootFile
 from .channel import DockerChannel
 
 CHUNK = 1 << 20
@@ -87,22 +89,30 @@ def read_file(open_helper: HelperOpener, sandbox_id: str, path: str) -> Iterator
         channel.close()
 
 
-def home_archive(uid: int, gid: int) -> bytes:
+def home_archive(uid: int, gid: int, extra: Sequence[RootFile] = ()) -> bytes:
     """A tar of /home/sandbox owned by the sandbox user, to put in before the first
-    start (the image may not have that folder, and the sandbox user cannot make it)."""
+    start (the image may not have that folder, and the sandbox user cannot make it),
+    with ``extra`` files owned by root (see :mod:`.accounts`)."""
     buf = io.BytesIO()
+    now = int(time.time())
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name in ("home", "home/sandbox"):
             entry = tarfile.TarInfo(name)
             entry.type = tarfile.DIRTYPE
             entry.mode = 0o755
             entry.uid, entry.gid = (0, 0) if name == "home" else (uid, gid)
-            entry.mtime = int(time.time())
+            entry.mtime = now
             tar.addfile(entry)
+        for path, data, mode in extra:
+            entry = tarfile.TarInfo(path)
+            entry.size, entry.mode, entry.mtime = len(data), mode, now
+            tar.addfile(entry, io.BytesIO(data))
     return buf.getvalue()
 
 
-def home_in_layer(graph_driver: Mapping[str, Any], uid: int, gid: int) -> bool:
+def home_in_layer(
+    graph_driver: Mapping[str, Any], uid: int, gid: int, extra: Sequence[RootFile] = ()
+) -> bool:
     """Make what :func:`home_archive` holds straight in a created container's own layer;
     False when that is not certain to be right (the caller sends the archive instead).
 
@@ -130,11 +140,37 @@ def home_in_layer(graph_driver: Mapping[str, Any], uid: int, gid: int) -> bool:
             os.close(_owned_folder(home, "sandbox", uid, gid))
         finally:
             os.close(home)
+        for path, data, mode in extra:
+            _root_file(layer, path, data, mode)
         return True
     except OSError:
         return False
     finally:
         os.close(layer)
+
+
+def _root_file(layer: int, path: str, data: bytes, mode: int) -> None:
+    """``path`` (relative to /) in the container's own layer, root's, its folders made
+    as root's 0755 (they show merged with the image's). The layer of a container that
+    never ran is empty but for what we wrote: an existing file is written over."""
+    *folders, name = path.split("/")
+    parent = os.dup(layer)
+    try:
+        for folder in folders:
+            inner = _owned_folder(parent, folder, 0, 0)
+            os.close(parent)
+            parent = inner
+        fd = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=parent
+        )
+        try:
+            write_all(fd, data)
+            os.fchown(fd, 0, 0)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent)
 
 
 def _owned_folder(parent: int, name: str, uid: int, gid: int) -> int:

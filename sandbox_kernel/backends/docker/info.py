@@ -50,6 +50,8 @@ LABEL_MOUNT_ID = LABEL_PREFIX + "workspace-mount-id"
 LABEL_WORK_MOUNT_ID = LABEL_PREFIX + "work-mount-id"
 # The idmapped mounts of writable mapped folders: a JSON list of [folder, mount, identity].
 LABEL_VOLUME_MOUNTS = LABEL_PREFIX + "volume-mounts"
+# How the container trusts the host's CA bundle (see trust.py): "mount", "copy" or "".
+LABEL_TRUST = LABEL_PREFIX + "trust"
 LABEL_SNAPSHOT_REF = LABEL_PREFIX + "snapshot-ref"  # on snapshots and the sandboxes made from them
 # How the sandbox's own files were bounded when it was made, and to what size
 # ("image:10737418240", "storage-opt:...", "" for not at all): see docker/disk.py.

@@ -109,8 +109,10 @@ class EngineCalls(ABC):
         payload: bytes | None,
         headers: dict[str, str],
         timeout: float,
+        limit: int = 0,
     ) -> tuple[str, bytes]:
-        """Send one request; (the answer's content type, its body); a refusal raises."""
+        """Send one request; (the answer's content type, its body, or its first ``limit``
+        bytes when that is not 0); a refusal raises."""
 
     @abstractmethod
     def exec_start(self, exec_id: str, tty: bool, timeout: float) -> tuple[socket.socket, Any]:
@@ -139,6 +141,19 @@ class EngineCalls(ABC):
         self.request(
             "PUT", f"/containers/{_q(container_id)}/archive", params={"path": path}, tar=tar
         )
+
+    def get_archive(self, container_id: str, path: str, limit: int) -> bytes:
+        """The first ``limit`` bytes (at most) of the tar the engine makes of ``path`` in
+        the container; the rest is never read (a folder's tar holds all beneath it)."""
+        return self._send(
+            "GET",
+            f"/containers/{_q(container_id)}/archive",
+            {"path": path},
+            None,
+            {},
+            ENGINE_TIMEOUT,
+            limit,
+        )[1]
 
     def start_container(self, container_id: str) -> None:
         self.request("POST", f"/containers/{_q(container_id)}/start")
@@ -198,6 +213,7 @@ class EngineWire(EngineCalls):
         payload: bytes | None,
         headers: dict[str, str],
         timeout: float,
+        limit: int = 0,
     ) -> tuple[str, bytes]:
         if params:
             path = f"{path}?{urlencode(params)}"
@@ -205,7 +221,8 @@ class EngineWire(EngineCalls):
         try:
             conn.request(method, path, body=payload, headers=headers)
             response = conn.getresponse()
-            data = response.read()
+            ok = 200 <= response.status < 300
+            data = _read_up_to(response, limit) if limit and ok else response.read()
             response.close()
         except (OSError, http.client.HTTPException) as exc:
             raise EngineSilent(exc) from None
@@ -257,6 +274,7 @@ class SdkCalls(EngineCalls):
         payload: bytes | None,
         headers: dict[str, str],
         timeout: float,
+        limit: int = 0,
     ) -> tuple[str, bytes]:
         api = self.api
         url = f"{api.base_url}/v{api.api_version}{path}"
@@ -269,10 +287,13 @@ class SdkCalls(EngineCalls):
             data=payload,
             headers=headers,
             timeout=patience,
+            stream=bool(limit),
         )
         try:
             api._raise_for_status(response)
-            data = response.content
+            data = (
+                _read_up_to(response.raw, limit, decode_content=True) if limit else response.content
+            )
         finally:
             response.close()
         return response.headers.get("Content-Type", ""), data
@@ -320,6 +341,17 @@ def _error_body(sock: socket.socket, head: bytes) -> bytes:
         return sock.recv(ERROR_BODY_LIMIT)
     except OSError:
         return b""
+
+
+def _read_up_to(stream: Any, limit: int, **how: Any) -> bytes:
+    """At most ``limit`` bytes of an answer's body: fewer only at its end."""
+    data = bytearray()
+    while len(data) < limit:
+        chunk = stream.read(min(limit - len(data), 1 << 20), **how)
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:

@@ -404,8 +404,7 @@ class LocalBackend(Backend):
         its size, a file system image per workspace, would be mounted and returned here.)"""
         return str(record["workspace"])
 
-    @staticmethod
-    def _base_env(env: dict[str, str] | None, home: str) -> dict[str, str]:
+    def _base_env(self, env: dict[str, str] | None, home: str) -> dict[str, str]:
         return {
             # No ~/.local/bin: the host's programs must not find a planted python3 (the
             # agent puts it first for cells, agent.as_user for the user's commands).
@@ -416,6 +415,7 @@ class LocalBackend(Backend):
             "PYTHONUNBUFFERED": "1",
             "PIP_BREAK_SYSTEM_PACKAGES": "1",
             "PIP_USER": "1",  # the interpreter's site-packages are the host's: never write there
+            **dict(self.settings.env),  # what sandboxes inherit (pass_env): proxies, index
             "HOME": home,
             **(env or {}),
         }
