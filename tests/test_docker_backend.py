@@ -75,8 +75,8 @@ def test_home_folder_is_the_sandbox_users_either_way(
     the engine's archive call where that is not certain to be right: the same folder.
     Either way the sandbox's uid gets an account (a terminal's prompt names it, `whoami`
     answers) and a login shell finds what `pip install --user` puts in ~/.local/bin."""
-    from sandbox_kernel.backends.docker import backend as docker_module
-    from sandbox_kernel.backends.docker.files import home_in_layer
+    from sandbox_kernel.backends.docker import home as home_module
+    from sandbox_kernel.backends.docker.home import home_in_layer
 
     if way == "layer" and (os.geteuid() != 0 or engine().info().get("Driver") != "overlay2"):
         pytest.skip("the layer is written only by root, on an overlay2 engine")
@@ -86,7 +86,7 @@ def test_home_folder_is_the_sandbox_users_either_way(
         taken.append(way == "layer" and home_in_layer(driver, uid, gid, extra))
         return taken[-1]
 
-    monkeypatch.setattr(docker_module, "home_in_layer", spy)
+    monkeypatch.setattr(home_module, "home_in_layer", spy)
     info = service.ensure(ScopeKey(test_user)).info
     assert taken == [way == "layer"]
     shown = run(

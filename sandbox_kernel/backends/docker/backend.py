@@ -1,31 +1,20 @@
-"""Sandboxes as Docker containers, one per scope key.
+"""Sandboxes as Docker containers, one per scope key: their life cycle and processes.
 
 A container is found again by its deterministic name (the sandbox id plus this
 installation's tag, see :func:`~.base.engine_name`) and our labels, so the kernel, the
 CLI and the server agree without sharing a process; a name conflict on create means
-another process won the race, and we use its container.
+another process won the race, and we use its container. Containers run hardened
+(:mod:`.security`); the container's main process only waits, and the interpreters are
+``docker exec`` processes whose stdin and stdout form a :class:`~.channel.DockerChannel`.
 
-Containers run hardened by default: a non-root user, every capability dropped,
-no-new-privileges, a seccomp profile of ours (no setuid files, no namespaces, see
-:mod:`.security`), pids/memory/CPU limits from the flavor, no published
-ports, one shared network on which sandboxes cannot reach each other (or none,
-:mod:`.network`), and
-the runtime the administrator chose (``runsc`` for gVisor). The user's workspace is a
-host folder bind-mounted at /workspace, so it outlives the container
-(:mod:`.mounts`).
-
-The container's main process only waits (``signal.pause()`` under docker-init); the
-interpreters are ``docker exec`` processes whose stdin/stdout form a
-:class:`~.channel.DockerChannel`.
-
-This module is the backend's life cycle and processes; the rest of it lives beside it:
-:mod:`.errors` (every engine error becomes ours there), :mod:`.info`
-(labels, and a container as a SandboxInfo), :mod:`.mounts`,
-:mod:`.snapshots`, :mod:`.files`, :mod:`.security`, :mod:`.network`, :mod:`.env`
-(the PATH of the host's processes in a container), :mod:`.channel`, :mod:`.cgroups`, and the programs of ``sandbox_kernel.agent`` (what runs inside). The
-calls on a kernel's path (look up, create, start, processes) are requests stated in
-:mod:`.wire` and sent without the docker SDK to a local engine; the SDK serves
-the rest, and everything for an engine reached over TCP or SSH.
+The rest of the backend lives beside this module, one concern each: :mod:`.errors`
+(every engine error becomes ours there), :mod:`.info` (labels; a container as a
+SandboxInfo), :mod:`.images`, :mod:`.home` (what a new container gets before its first
+start), :mod:`.mounts`, :mod:`.disk`, :mod:`.protect`, :mod:`.network`,
+:mod:`.egress`, :mod:`.env`, :mod:`.snapshots`, :mod:`.carry`, :mod:`.files`,
+:mod:`.sockets`, :mod:`.cgroups`. The calls on a kernel's path (look up, create,
+start, processes) are requests stated in :mod:`.wire` and sent without the docker SDK
+to a local engine; the SDK serves the rest, and everything for a remote engine.
 """
 
 from __future__ import annotations
@@ -42,8 +31,6 @@ from typing import IO, Any
 
 from ...agent import bootstrap_command, bundle, inline, program
 from ...identity import ScopeKey
-from ...trust import bundle as trust_bundle
-from ...trust import named_env, trust_env
 from .. import idmap
 from ..base import (
     LABEL_AGENT_SOCKETS,
@@ -56,7 +43,6 @@ from ..base import (
     WORKSPACE,
     AlreadyExists,
     Backend,
-    BadRequest,
     Conflict,
     EgressCount,
     EngineSettings,
@@ -76,23 +62,29 @@ from ..base import (
     sandbox_id_of,
 )
 from .accounts import (
-    LIMIT,
     bundle_folder,
-    from_archive,
-    from_layers,
     refresh_trust,
-    root_files,
     trust_for_new,
 )
 from .carry import DockerCarry, remake_lock
-from .cgroups import cgroup_usage, end_stuck_starts
-from .channel import DockerChannel, DockerPty
+from .cgroups import end_stuck_starts
+from .channel import DockerChannel, DockerPty, open_docker_pty
 from .disk import IMAGE, STORAGE_OPT, DockerDisks, disk_label, read_label
 from .egress import EgressProxies
 from .egress import sandbox_config as egress_config
-from .env import DEFAULT_PATH, HOME, env_of, exec_env, path_of, sandbox_path
-from .errors import create_failed, engine_errors, engine_reason, exec_failure, unreachable
-from .files import HelperOpener, home_archive, home_in_layer, read_file, write_file
+from .env import (
+    DEFAULT_PATH,
+    env_of,
+    exec_env,
+    path_of,
+    process_env,
+    sandbox_environment,
+    sandbox_path,
+)
+from .errors import create_failed, engine_errors, exec_failure, unreachable
+from .files import HelperOpener, read_file, write_file
+from .home import HomeMaker
+from .images import ensure_image, image_present, local_images
 from .info import (
     LABEL_CPUS,
     LABEL_DISK,
@@ -112,13 +104,13 @@ from .info import (
     STATES,
     Inspected,
     container_info,
-    stats_usage,
+    memory_usage,
     summary_info,
 )
-from .mounts import DEFAULT_UID, WorkspaceMounts, bind_mount
+from .mounts import WorkspaceMounts, bind_mount
 from .network import NETWORK, port_target_of, shared_network
 from .protect import protect_writable
-from .security import seccomp_profile
+from .security import hardened_host
 from .snapshots import DockerSnapshots
 from .sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
 from .wire import ENGINE_TIMEOUT, EngineCalls, EngineWire, SdkCalls
@@ -150,7 +142,6 @@ class DockerBackend(Backend):
         self._client: Any = None
         self._installation = settings.installation
         self._network_checked = False
-        self._layers_writable: bool | None = None  # see _prepare
         self._mounts = WorkspaceMounts(settings)
         self._sockets = AgentSocketFolders(settings.state_dir)
         self._snapshots = DockerSnapshots(settings.installation, lambda: self.client)
@@ -160,6 +151,7 @@ class DockerBackend(Backend):
         # The calls on a kernel's path go straight to a local engine's socket, without
         # the SDK (see docker_wire); None: the SDK carries them too (a remote engine).
         self._wire = EngineWire.from_env()
+        self._home = HomeMaker(lambda: self._engine, self._wire is not None, settings.ca_bundle)
         self._disks = DockerDisks(
             settings, lambda: self._engine, lambda: self._wire is not None, self._mounts.release
         )
@@ -352,64 +344,15 @@ class DockerBackend(Backend):
                 time.sleep(0.05)
 
     def _ensure_image(self, name: str, say: Progress) -> Inspected:
-        """Image ``name`` (its attributes), pulled when it is not here."""
-        try:
-            with engine_errors(f"use image {name!r}"):
-                return Inspected(self._engine.inspect_image(name))
-        except SandboxNotFound:
-            pass
-        except BadRequest as exc:  # not an image name at all (capitals, spaces...)
-            raise SandboxFailed(
-                f"bad image name {name!r}: {engine_reason(exc)}; set SANDBOX_KERNEL_IMAGE to a valid one"
-            ) from None
-        say(f"image {name} is not here; pulling it")
-        repo, _, tag = (
-            name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "latest")
-        )
-        try:
-            with engine_errors(f"pull {name}", refused=SandboxFailed):
-                self._pull(repo, tag, name, say)
-                return Inspected(self._engine.inspect_image(name))
-        except (SandboxFailed, SandboxNotFound) as exc:
-            raise SandboxFailed(
-                f"image {name} is not present and could not be pulled ({engine_reason(exc)}); "
-                "load it (`docker load -i FILE`) or build it, or set SANDBOX_KERNEL_IMAGE to an "
-                "image you have with python3 (`sandbox-kernel doctor` names some)"
-            ) from None
-
-    def _pull(self, repo: str, tag: str, name: str, say: Progress) -> None:
-        """Pull, saying how it goes every few seconds; an error event fails it."""
-        last = 0.0
-        for event in self.client.api.pull(repo, tag=tag, stream=True, decode=True):
-            if "error" in event:
-                raise SandboxFailed(str(event["error"]))
-            if time.monotonic() - last > 2 and event.get("status"):
-                last = time.monotonic()
-                say(f"pulling {name}: {event.get('status')} {event.get('progress', '')}".rstrip())
+        return ensure_image(self._engine, lambda: self.client, name, say)
 
     def image_present(self, name: str) -> bool:
         """Whether image ``name`` is on the engine (nothing is pulled)."""
-        try:
-            with engine_errors(f"use image {name!r}"):
-                self._engine.inspect_image(name)
-        except SandboxNotFound:
-            return False
-        except BadRequest:  # not an image name at all
-            return False
-        return True
+        return image_present(self._engine, name)
 
     def local_images(self) -> builtins.list[str]:
         """Tagged images on the engine, newest first (what a user could start from)."""
-        with engine_errors("list images"):
-            images = self.client.api.images()
-        images.sort(key=lambda i: i.get("Created", 0), reverse=True)
-        return [
-            tag
-            for image in images
-            if LABEL_SNAPSHOT_REF not in (image.get("Labels") or {})
-            for tag in image.get("RepoTags") or []
-            if tag != "<none>:<none>"
-        ]
+        return local_images(self.client)
 
     def _network(self) -> str:
         """Our shared network, made or checked once per process."""
@@ -448,33 +391,8 @@ class DockerBackend(Backend):
         if trust_mount is not None:
             mounts.append(trust_mount)
         cpus = self._cpus(spec)
-        environment = {
-            "HOME": HOME,
-            "USER": "sandbox",
-            "LOGNAME": "sandbox",
-            # The user's ~/.local/bin is put first by what runs their code (the agent
-            # for cells; agent.as_user for their commands), never here.
-            "PATH": path,
-            # pip falls back to a user install (HOME, kept until destroy) as non-root;
-            # Debian-based images refuse even that without this switch.
-            "PIP_BREAK_SYSTEM_PACKAGES": "1",
-            "PYTHONUNBUFFERED": "1",
-            # The certificates sandboxes trust (see trust.py), for every program there.
-            **(trust_env() if trust_label else {}),
-        }
-        host: dict[str, Any] = {
-            "Init": True,
-            "Mounts": mounts,
-            "CapDrop": ["ALL"],
-            "SecurityOpt": ["no-new-privileges", f"seccomp={seccomp_profile()}"],
-            "PidsLimit": spec.pids,
-            "Memory": spec.memory,
-            "MemorySwap": spec.memory,
-            "NanoCpus": int(cpus * 1e9),
-            "NetworkMode": self._network() if spec.network else "none",
-        }
-        if spec.runtime:
-            host["Runtime"] = spec.runtime
+        network = self._network() if spec.network else "none"
+        host = hardened_host(spec, mounts, cpus, network)
         way = self._disks.layer_way(self._engine_info()) if spec.disk else ""
         if way == STORAGE_OPT:
             host["StorageOpt"] = {"size": str(spec.disk)}
@@ -485,7 +403,7 @@ class DockerBackend(Backend):
             "User": f"{uid}:{gid}",
             "WorkingDir": WORKSPACE,
             "Hostname": "sandbox",
-            "Env": [f"{k}={v}" for k, v in environment.items()],
+            "Env": [f"{k}={v}" for k, v in sandbox_environment(path, bool(trust_label)).items()],
             "Labels": {
                 **labels,
                 LABEL_WORKSPACE: str(workspace),
@@ -522,41 +440,10 @@ class DockerBackend(Backend):
         return spec.cpus if spec.cpus <= 1 else min(spec.cpus, self._engine_cpus())
 
     def _prepare(self, container: Inspected, *, just_created: bool = False) -> None:
-        """Create the sandbox user's HOME before start (the image may not have it).
-
-        Written straight into the layer only for a container this process just created:
-        one found "created" may be starting in another process meanwhile, with its layer
-        mounted (overlayfs does not allow writing beneath a mount); the engine's archive
-        call waits for such a start."""
-        text_uid, _, text_gid = container.labels.get(
-            LABEL_UID, f"{DEFAULT_UID}:{DEFAULT_UID}"
-        ).partition(":")
-        uid, gid = int(text_uid), int(text_gid or text_uid)
-        ca = b""
-        if container.labels.get(LABEL_TRUST) == "copy":  # an engine that cannot mount ours
-            ca = trust_bundle(self.settings.ca_bundle)
-        if just_created and self._layers_writable is not False and os.geteuid() == 0:
-            if "GraphDriver" not in container.attrs:
-                container = self._reinspect(container)
-            driver = container.attrs.get("GraphDriver") or {}
-            # A local engine whose layers are this host's folders; else never asked again.
-            self._layers_writable = self._wire is not None and driver.get("Name") == "overlay2"
-            if self._layers_writable:
-                extra = root_files(uid, gid, from_layers(driver), ca)
-                if home_in_layer(driver, uid, gid, extra):
-                    return
-                self._layers_writable = False  # remapped users, say: the archive from now on
-        extra = root_files(uid, gid, lambda path: self._image_file(container, path), ca)
-        with engine_errors("make the home folder in", self._id(container)):
-            self._engine.put_archive(container.id, "/", home_archive(uid, gid, extra))
-
-    def _image_file(self, container: Inspected, path: str) -> bytes | None:
-        """A plain file of a container that has not run yet (its image's), or None."""
-        try:
-            with engine_errors(f"read /{path} of", self._id(container)):
-                return from_archive(self._engine.get_archive(container.id, "/" + path, LIMIT))
-        except SandboxNotFound:
-            return None
+        """The sandbox user's HOME and the root files, before the first start (home.py)."""
+        self._home.prepare(
+            container, self._id(container), self._reinspect, just_created=just_created
+        )
 
     def _start(self, container: Inspected, fresh: bool = False) -> SandboxInfo:
         """Start the container (its disks and idmapped mounts first: a reboot drops
@@ -780,17 +667,7 @@ class DockerBackend(Backend):
         return channel
 
     def _env(self, attrs: dict[str, Any], env: dict[str, str] | None) -> dict[str, str]:
-        """What a process started in a sandbox gets besides the container's own
-        environment: the variables sandboxes inherit (``pass_env``) and, where an
-        administrator named a ``ca_bundle``, those that make it the trust store of pip,
-        requests, curl and git; never one the container sets itself (an egress sandbox's
-        proxy is its only way out); then ``env``."""
-        own = env_of(attrs)
-        passed = dict(self.settings.env)
-        labels = (attrs.get("Config") or {}).get("Labels") or {}
-        if labels.get(LABEL_TRUST) and self.settings.ca_bundle not in ("", "none"):
-            passed.update(named_env())  # an administrator's bundle: the store, over all else
-        return {**{k: v for k, v in passed.items() if k not in own}, **(env or {})}
+        return process_env(attrs, self.settings.env, self.settings.ca_bundle, env)
 
     def agent_listener(self, info: SandboxInfo) -> AgentListener | None:
         if not info.agent_sockets:
@@ -811,34 +688,20 @@ class DockerBackend(Backend):
         rows: int = 24,
         cols: int = 80,
     ) -> DockerPty:
-        """``docker exec`` with a TTY, as the container's (non-root) user; the engine makes
-        the terminal and its session. ``cmd`` is started by a two-line python3 prelude
-        that first writes its pid (see :class:`DockerPty`), then becomes ``cmd``."""
+        """``docker exec`` with a TTY, as the container's (non-root) user (see
+        :func:`.channel.open_docker_pty`)."""
         container = self._running(sandbox_id)
-        sid = self._id(container)
-        api = self.client.api
-        announce = (
-            "import os, sys; os.write(1, b'\\x1b]sk-pid;%d\\x07' % os.getpid()); "
-            "os.execvp(sys.argv[1], sys.argv[1:])"
-        )
-        with engine_errors("open a terminal in", sid):
-            exec_id = api.exec_create(
+        environment = exec_env(container.attrs, self._env(container.attrs, env))
+        with engine_errors("open a terminal in", self._id(container)):
+            return open_docker_pty(
+                self.client.api,
                 container.id,
-                inline(announce, *cmd),
-                stdin=True,
-                stdout=True,
-                stderr=True,
-                tty=True,
-                workdir=cwd,
-                environment=exec_env(container.attrs, self._env(container.attrs, env)),
-            )["Id"]
-            sock = api.exec_start(exec_id, socket=True, tty=True)
-        raw = getattr(sock, "_sock", sock)
-        pty = DockerPty(raw, exec_id, container.id, api)
-        pty.keep_alive = sock  # as for channels: the SDK's wrapper must outlive the socket
-        pty.resize(rows, cols)
-        pty.read_session(timeout=min(60.0, self.settings.start_timeout))
-        return pty
+                cmd,
+                cwd=cwd,
+                environment=environment,
+                size=(rows, cols),
+                timeout=min(60.0, self.settings.start_timeout),
+            )
 
     def exec(
         self,
@@ -857,18 +720,9 @@ class DockerBackend(Backend):
             # processes). The host keeps its own deadline, a little later.
             deadline = time.monotonic() + timeout + EXEC_GRACE
         channel = self.open_channel(sandbox_id, cmd, cwd=cwd, env=env, merge_stderr=True)
-        out = bytearray()
         try:
-            # stdin is not used: closing our half tells the process so.
-            channel.close_input()
-            while deadline is None or time.monotonic() < deadline:
-                if deadline is not None:
-                    channel.set_timeout(max(0.01, deadline - time.monotonic()))
-                chunk = channel.read()  # b"" at the end of output, or at the deadline
-                if not chunk:
-                    break
-                if len(out) < EXEC_OUTPUT_LIMIT:
-                    out += chunk[: EXEC_OUTPUT_LIMIT - len(out)]
+            channel.close_input()  # stdin is not used: closing our half tells the process so
+            out = bytearray(channel.read_until(deadline, EXEC_OUTPUT_LIMIT))
         finally:
             channel.close()
         # Within the last half second the read gave up at the deadline: the runner in the
@@ -919,24 +773,7 @@ class DockerBackend(Backend):
 
     # -- usage -----------------------------------------------------------------------
     def usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, float]]:
-        """Memory in use per running sandbox.
-
-        Read from the engine host's cgroup files when they are here (no engine round
-        trip, so listing 100 sandboxes stays fast); else one one-shot stats call each.
-        """
-        found: dict[str, dict[str, float]] = {}
-        for info in infos:
-            local = cgroup_usage(info.engine_id)
-            if local is not None:
-                found[info.id] = local
-                continue
-            try:
-                with engine_errors("read the memory use of", info.id):
-                    raw = self.client.api.stats(info.engine_id, stream=False, one_shot=True)
-            except SandboxError:
-                continue  # it stopped meanwhile: no figure rather than an error
-            found[info.id] = stats_usage(raw)
-        return found
+        return memory_usage(infos, lambda: self.client)
 
     def disk_usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, int]]:
         return self._disks.usage(infos)

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from typing import Any
 
+from ...agent import inline
 from ...host_python import python_command
 from ..base import Channel, Pty, SandboxError
 
@@ -116,6 +117,20 @@ class DockerChannel(Channel):
             self._sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+
+    def read_until(self, deadline: float | None, limit: int) -> bytes:
+        """What the process writes until its output ends or ``deadline`` (monotonic)
+        passes, the first ``limit`` bytes of it (the rest is read and dropped)."""
+        out = bytearray()
+        while deadline is None or time.monotonic() < deadline:
+            if deadline is not None:
+                self.set_timeout(max(0.01, deadline - time.monotonic()))
+            chunk = self.read()  # b"" at the end of output, or at the deadline
+            if not chunk:
+                break
+            if len(out) < limit:
+                out += chunk[: limit - len(out)]
+        return bytes(out)
 
     def read_line(self, limit: int = 1 << 16) -> bytes:
         """One line of output (without its newline); b"" at EOF or past ``limit`` bytes."""
@@ -251,6 +266,42 @@ class DockerPty(Pty):
         close_socket(self._sock)
         if self._watcher is not None and self._watcher.stdin is not None:
             self._watcher.stdin.close()  # the watcher's cue (as our death would be)
+
+
+def open_docker_pty(
+    api: Any,
+    container_id: str,
+    cmd: list[str],
+    *,
+    cwd: str,
+    environment: dict[str, str],
+    size: tuple[int, int],
+    timeout: float,
+) -> DockerPty:
+    """A terminal in a container: ``docker exec`` with a TTY, as the container's user;
+    the engine makes the terminal and its session. ``cmd`` is started by a two-line
+    python3 prelude that first writes its pid (see :class:`DockerPty`), then becomes
+    ``cmd``; the session is read (within ``timeout`` seconds) before it is handed over."""
+    announce = (
+        "import os, sys; os.write(1, b'\\x1b]sk-pid;%d\\x07' % os.getpid()); "
+        "os.execvp(sys.argv[1], sys.argv[1:])"
+    )
+    exec_id = api.exec_create(
+        container_id,
+        inline(announce, *cmd),
+        stdin=True,
+        stdout=True,
+        stderr=True,
+        tty=True,
+        workdir=cwd,
+        environment=environment,
+    )["Id"]
+    sock = api.exec_start(exec_id, socket=True, tty=True)
+    pty = DockerPty(getattr(sock, "_sock", sock), exec_id, container_id, api)
+    pty.keep_alive = sock  # as for channels: the SDK's wrapper must outlive the socket
+    pty.resize(*size)
+    pty.read_session(timeout=timeout)
+    return pty
 
 
 def hang_up_when_gone() -> None:

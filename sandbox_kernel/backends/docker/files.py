@@ -5,9 +5,8 @@ outside the container's view: a cell that swaps a folder for a symlink mid-copy 
 against the host (CVE-2018-15664). So workspace files cross through a small helper
 (:mod:`sandbox_kernel.agent.fs_helper`) run *inside* the container as the sandbox user,
 over a ``docker exec`` channel: whatever it resolves stays within what the sandbox may
-reach. The one archive we still send is :func:`home_archive`, into a container that has
-never run (nothing in it is hostile yet); on a local engine even that is written
-straight into the container's own layer (:func:`home_in_layer`).
+reach. The one archive we still send is the home folder (:mod:`.home`), into a
+container that has never run (nothing in it is hostile yet).
 """
 
 from __future__ import annotations
@@ -15,17 +14,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import tarfile
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator
 from pathlib import PurePosixPath
 from typing import IO, Any
 
 from ...agent import program
-from ...trust import write_all
 from ..base import WORKSPACE, SandboxError
-from .accounts import RootFile
 from .channel import DockerChannel
 
 CHUNK = 1 << 20
@@ -87,105 +81,6 @@ def read_file(open_helper: HelperOpener, sandbox_id: str, path: str) -> Iterator
             yield chunk
     finally:
         channel.close()
-
-
-def home_archive(uid: int, gid: int, extra: Sequence[RootFile] = ()) -> bytes:
-    """A tar of /home/sandbox owned by the sandbox user, to put in before the first
-    start (the image may not have that folder, and the sandbox user cannot make it),
-    with ``extra`` files owned by root (see :mod:`.accounts`)."""
-    buf = io.BytesIO()
-    now = int(time.time())
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name in ("home", "home/sandbox"):
-            entry = tarfile.TarInfo(name)
-            entry.type = tarfile.DIRTYPE
-            entry.mode = 0o755
-            entry.uid, entry.gid = (0, 0) if name == "home" else (uid, gid)
-            entry.mtime = now
-            tar.addfile(entry)
-        for path, data, mode in extra:
-            entry = tarfile.TarInfo(path)
-            entry.size, entry.mode, entry.mtime = len(data), mode, now
-            tar.addfile(entry, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def home_in_layer(
-    graph_driver: Mapping[str, Any], uid: int, gid: int, extra: Sequence[RootFile] = ()
-) -> bool:
-    """Make what :func:`home_archive` holds straight in a created container's own layer;
-    False when that is not certain to be right (the caller sends the archive instead).
-
-    The archive call costs a new sandbox 50 ms of the engine (it re-executes itself to
-    unpack in a chroot), a fifth of its engine time; until the container first starts,
-    its layer is an ordinary folder of the engine's host, and writing it takes well under
-    a millisecond. Taken only with the engine's overlay2 driver, as root, and when the
-    layer is owned by root: an engine that remaps users (rootless, userns-remap) owns
-    it as another user, and the ids would then be wrong inside. Nothing runs in the
-    container yet, so nothing in it can race this."""
-    upper = (graph_driver.get("Data") or {}).get("UpperDir")
-    if graph_driver.get("Name") != "overlay2" or os.geteuid() != 0:
-        return False
-    if not isinstance(upper, str) or not os.path.isabs(upper):
-        return False
-    try:
-        layer = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return False
-    try:
-        if os.fstat(layer).st_uid != 0:
-            return False
-        home = _owned_folder(layer, "home", 0, 0)
-        try:
-            os.close(_owned_folder(home, "sandbox", uid, gid))
-        finally:
-            os.close(home)
-        for path, data, mode in extra:
-            _root_file(layer, path, data, mode)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(layer)
-
-
-def _root_file(layer: int, path: str, data: bytes, mode: int) -> None:
-    """``path`` (relative to /) in the container's own layer, root's, its folders made
-    as root's 0755 (they show merged with the image's). The layer of a container that
-    never ran is empty but for what we wrote: an existing file is written over."""
-    *folders, name = path.split("/")
-    parent = os.dup(layer)
-    try:
-        for folder in folders:
-            inner = _owned_folder(parent, folder, 0, 0)
-            os.close(parent)
-            parent = inner
-        fd = os.open(
-            name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=parent
-        )
-        try:
-            write_all(fd, data)
-            os.fchown(fd, 0, 0)
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
-    finally:
-        os.close(parent)
-
-
-def _owned_folder(parent: int, name: str, uid: int, gid: int) -> int:
-    """``name`` in ``parent`` as a folder (made when missing; never through a link),
-    mode 0755 and owned as given, opened."""
-    with suppress(FileExistsError):
-        os.mkdir(name, 0o700, dir_fd=parent)
-    folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
-    try:
-        os.fchown(folder, uid, gid)
-        os.fchmod(folder, 0o755)
-    except OSError:
-        os.close(folder)
-        raise
-    return folder
 
 
 def _json_line(line: bytes) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -27,11 +28,14 @@ from ..base import (
     LABEL_USER,
     LABEL_WORK_FOLDER,
     LABEL_WORKSPACE,
+    SandboxError,
     SandboxInfo,
     egress_of,
     sandbox_id_of,
     volumes_of,
 )
+from .cgroups import cgroup_usage
+from .errors import engine_errors
 
 BACKEND = "docker"
 # Labels only the Docker backend writes (beside base.py's): the limits a container was
@@ -227,3 +231,26 @@ def stats_usage(raw: dict[str, Any]) -> dict[str, float]:
         "memory": max(0, (mem.get("usage") or 0) - cache),
         "pids": (raw.get("pids_stats") or {}).get("current", 0),
     }
+
+
+def memory_usage(
+    infos: list[SandboxInfo], client: Callable[[], Any]
+) -> dict[str, dict[str, float]]:
+    """Memory in use per running sandbox of ``infos``.
+
+    Read from the engine host's cgroup files when they are here (no engine round trip,
+    so listing 100 sandboxes stays fast); else one one-shot stats call each through
+    ``client()`` (the SDK's)."""
+    found: dict[str, dict[str, float]] = {}
+    for info in infos:
+        local = cgroup_usage(info.engine_id)
+        if local is not None:
+            found[info.id] = local
+            continue
+        try:
+            with engine_errors("read the memory use of", info.id):
+                raw = client().api.stats(info.engine_id, stream=False, one_shot=True)
+        except SandboxError:
+            continue  # it stopped meanwhile: no figure rather than an error
+        found[info.id] = stats_usage(raw)
+    return found

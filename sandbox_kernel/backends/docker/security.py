@@ -14,6 +14,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
+from ..base import Spec
 from ..seccomp import CLONE_NS_FLAGS, DENIED, MODE_ARGS, NOT_IMPLEMENTED, S_ISGID, S_ISUID
 
 
@@ -47,3 +48,25 @@ def seccomp_profile() -> str:
         "syscalls": rules,
     }
     return json.dumps(profile, separators=(",", ":"))
+
+
+def hardened_host(
+    spec: Spec, mounts: list[dict[str, Any]], cpus: float, network: str
+) -> dict[str, Any]:
+    """A new container's host configuration: no capabilities, no new privileges, our
+    seccomp profile, the flavor's limits (memory without swap beyond it), ``mounts``,
+    ``network`` (or ``"none"``) and the runtime the administrator chose."""
+    host: dict[str, Any] = {
+        "Init": True,
+        "Mounts": mounts,
+        "CapDrop": ["ALL"],
+        "SecurityOpt": ["no-new-privileges", f"seccomp={seccomp_profile()}"],
+        "PidsLimit": spec.pids,
+        "Memory": spec.memory,
+        "MemorySwap": spec.memory,
+        "NanoCpus": int(cpus * 1e9),
+        "NetworkMode": network,
+    }
+    if spec.runtime:
+        host["Runtime"] = spec.runtime
+    return host
