@@ -2,7 +2,7 @@
 
 Binary units (what Docker and the kernel's limits use); one decimal below ten, whole
 numbers above: "512 MiB", "1.5 GiB", "12 GiB". Parsing sizes people write lives with
-the settings (:func:`sandbox_kernel.config.parse_size`).
+the settings (:func:`sandbox_kernel.setting_values.parse_size`).
 """
 
 from __future__ import annotations
