@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .agent import inline
-from .backends.base import MAX_PORT, MIN_PORT
-from .errors import BadRequest, shorten
+from .backends.base import MAX_PORT, MIN_PORT, Backend
+from .errors import BadRequest, SandboxFailed, shorten
 
 PROXY_MOUNT = "sandbox-kernel/proxy"
 MAX_PORTS = 256  # listening ports reported for one sandbox (the rest are left out)
@@ -108,3 +108,18 @@ def listening_ports(text: str) -> list[ListeningPort]:
         if len(found) >= MAX_PORTS:
             break
     return [found[p] for p in sorted(found)]
+
+
+PORTS_TIMEOUT = 10.0  # seconds reading a sandbox's listening ports may take
+
+
+def read_listening_ports(backend: Backend, sandbox_id: str) -> list[ListeningPort]:
+    """The TCP ports processes of the running sandbox listen on, read from inside it (its
+    own TCP tables, by a short program of the host's, bounded in time)."""
+    result = backend.exec(sandbox_id, READ_TABLES, timeout=PORTS_TIMEOUT, cwd="/")
+    if result.exit_code != 0:
+        raise SandboxFailed(
+            f"could not read the listening ports of {sandbox_id} "
+            f"(exit {result.exit_code}): {shorten(result.output.decode(errors='replace'), 200)}"
+        )
+    return listening_ports(result.output.decode("ascii", "replace"))

@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import events
+from . import events, notices
 from .agent import as_user
 from .backends import Backend, make_backend
 from .backends.base import (
@@ -84,13 +84,12 @@ from .folders import (
 )
 from .identity import ScopeKey
 from .lifecycle import decide, quota_check, stats
-from .preview import READ_TABLES, ListeningPort, check_port, listening_ports
+from .preview import ListeningPort, check_port, read_listening_ports
 from .store import AGENT, Store
 from .units import format_size
 from .volumes import VolumeError, check_work_folder, described
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-PORTS_TIMEOUT = 10.0  # seconds reading a sandbox's listening ports may take
 VARIANT = "--v"
 WORK = "--w"
 
@@ -106,14 +105,6 @@ def _of_flavor(spec: Spec, config: SandboxConfig, flavor: str) -> Spec:
     if not flavor or flavor not in config.flavors:
         return spec
     return replace(spec, egress=config.egress(flavor))
-
-
-def _stopped_notice(info: SandboxInfo) -> str:
-    """What a user must hear when their stopped sandbox starts again ("": nothing)."""
-    previous = info.exit_reason
-    if previous.startswith("out of memory"):
-        return f"sandbox restarted: {LOST_NOTICE} ({info.id} had stopped: {previous})"
-    return ""
 
 
 def workspace_dir(config: SandboxConfig, key: ScopeKey) -> Path:
@@ -340,7 +331,7 @@ class SandboxService:
             ensured = self._made(sid, key, spec, say, record)
         elif info.state == "stopped" and self._remade_at_start(info, spec):
             made = self._remake(info, key, spec, say)
-            ensured = Ensured(made, "started", _stopped_notice(info))
+            ensured = Ensured(made, "started", notices.stopped(info))
         else:
             if spec.snapshot and info.snapshot != spec.snapshot:
                 self._check_snapshot(key.user, spec.snapshot)
@@ -439,7 +430,9 @@ class SandboxService:
         self.store.put(
             self.backend.name, info.id, info.user, made.engine_id, made.spec, made.flavor
         )
-        say(f"sandbox {info.id} now maps {described(spec.volumes)}; {self._remake_words()}")
+        say(
+            f"sandbox {info.id} now maps {described(spec.volumes)}; {notices.remake_words(self.backend)}"
+        )
         return made
 
     def _own_spec(self, info: SandboxInfo) -> Spec:
@@ -461,20 +454,11 @@ class SandboxService:
             )
         return _of_flavor(spec, self.config, flavor)
 
-    def _remake_words(self) -> str:
-        """What a remake keeps, as listings promise it before it happens."""
-        if self.backend.keeps_files_on_remake:
-            return "its files and installed packages are kept"
-        return (
-            f"its own files (installed packages) are not kept: the {self.backend.name} backend "
-            "cannot add folders to a sandbox; /workspace is kept"
-        )
-
     def _revive(self, info: SandboxInfo, spec: Spec, say: Progress) -> Ensured:
         """Bring an existing sandbox to running; say what the user lost, if anything."""
         if info.state == "running":
             return Ensured(info, "existing")
-        notice = _stopped_notice(info)
+        notice = notices.stopped(info)
         with self._reservation(info.id, spec.memory, new=False):
             info = self.backend.start(info.id, say)
         return Ensured(info, "started", notice)
@@ -490,9 +474,11 @@ class SandboxService:
         cfg = config or self.config
         info, notes = ensured.info, list(ensured.notes)
         if info.spec and info.spec != _as_for(spec, info).fingerprint():
-            notes.append(self._outdated_note(info, spec))
+            notes.append(
+                notices.outdated(info, spec, self._remade_at_start(info, spec), self.backend)
+            )
         if ensured.event == "created" or ensured.event == "recreated":
-            clamped = self._clamped(info, spec)
+            clamped = notices.clamped(info, spec)
             if clamped:
                 notes.append(clamped)
         elif info.flavor and info.flavor != spec.flavor and "flavor" in cfg.asked:
@@ -501,18 +487,6 @@ class SandboxService:
             info = self.backend.get(info.id)
             info.flavor = flavor  # the engine's labels keep the flavor it was made with
         return replace(ensured, info=info, notes=notes)
-
-    @staticmethod
-    def _clamped(info: SandboxInfo, spec: Spec) -> str:
-        """What a sandbox got less of than its flavor says (the engine's machine has
-        fewer CPUs), in one line; "" when it got all of it."""
-        cpus = float(info.limits.get("cpus") or spec.cpus)
-        if cpus >= spec.cpus:
-            return ""
-        return (
-            f"flavor {spec.flavor} asks for {spec.cpus:g} CPUs, but the engine's machine has "
-            f"{cpus:g}: {info.id} gets {cpus:g}"
-        )
 
     def _resize(self, info: SandboxInfo, spec: Spec) -> tuple[str, str]:
         """Resize ``info`` to ``spec``'s flavor where it may be: (what to tell the user,
@@ -546,44 +520,8 @@ class SandboxService:
         )
         return (
             f"sandbox {info.id} now has flavor {asked} ({got}, {format_size(spec.memory)}"
-            f"{self._disk_words(now, spec)}; it had {had})",
+            f"{notices.disk_words(now, spec)}; it had {had})",
             asked,
-        )
-
-    @staticmethod
-    def _disk_words(info: SandboxInfo, spec: Spec) -> str:
-        """What a resize did to the sandbox's disk, in a few words."""
-        disk = int(info.limits.get("disk") or 0)
-        if not disk or not spec.disk:
-            return ""  # not bounded: listings say why
-        if disk >= spec.disk:
-            kept = (
-                f"; its disk stays {format_size(disk)}: disks never shrink"
-                if disk > spec.disk
-                else ""
-            )
-            return f", {format_size(spec.disk)} of disk{kept}"
-        if "grows" in info.disk_note:
-            return f"; {info.disk_note}"
-        return f"; its disk stays {format_size(disk)}: the engine cannot grow it"
-
-    def _outdated_note(self, info: SandboxInfo, spec: Spec) -> str:
-        if info.state == "running" and self._remade_at_start(info, spec):
-            return (
-                f"sandbox {info.id} maps {described(mapped_volumes(info))}; the folders mapped now "
-                f"are {described(spec.volumes)}: it is made anew with them at its next start "
-                f"({self._remake_words()}); `sandbox-kernel stop {info.id}` to get there sooner"
-            )
-        if spec.work_folder and info.work_folder != spec.work_folder:
-            return (
-                f"sandbox {info.id} was made without your folder {spec.work_folder}, so cells run in "
-                f"/workspace; to work beside your notebook, destroy it (`sandbox-kernel destroy {info.id}`, "
-                "the workspace is kept) and restart the kernel"
-            )
-        return (
-            f"sandbox {info.id} was made from {info.image or 'other settings'}; your settings now make "
-            f"{spec.source}: files and packages stay until you destroy it (`sandbox-kernel destroy {info.id}`, "
-            "the workspace is kept)"
         )
 
     @contextmanager
@@ -638,7 +576,7 @@ class SandboxService:
                         f"made with other folder mappings ({described(mapped_volumes(info))}; "
                         f"now {described(current.volumes)})"
                     )
-                    info.remake = f"made anew with them at its next start: {self._remake_words()}"
+                    info.remake = f"made anew with them at its next start: {notices.remake_words(self.backend)}"
             item = info.to_dict()
             item["usage"] = {
                 **self._with_cpu_rate(info.id, usage.get(info.id, {})),
@@ -806,13 +744,7 @@ class SandboxService:
         found: builtins.list[ListeningPort] = []
         if info.state == "running":
             with events.engine_call(self.store, self.backend.name, "ports"):
-                result = self.backend.exec(info.id, READ_TABLES, timeout=PORTS_TIMEOUT, cwd="/")
-            if result.exit_code != 0:
-                raise SandboxFailed(
-                    f"could not read the listening ports of {sandbox_id} "
-                    f"(exit {result.exit_code}): {shorten(result.output.decode(errors='replace'), 200)}"
-                )
-            found = listening_ports(result.output.decode("ascii", "replace"))
+                found = read_listening_ports(self.backend, info.id)
         return {
             "sandbox_id": info.id,
             "state": info.state,
