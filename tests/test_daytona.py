@@ -430,9 +430,9 @@ def test_slow_creation_shows_progress_and_waits(
 def test_rate_limit_is_retried_then_reported(
     fake: FakeDaytona, service_for: Callable[..., SandboxService], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandbox_kernel.backends.daytona import backend as daytona_backend
+    from sandbox_kernel.backends.daytona import errors as daytona_errors
 
-    monkeypatch.setattr(daytona_backend, "RETRY_DELAYS", (0.05, 0.1, 0.2))
+    monkeypatch.setattr(daytona_errors, "RETRY_DELAYS", (0.05, 0.1, 0.2))
     service = service_for()
     backend = service.backend
     info = service.ensure(user_key(f"u{uuid.uuid4().hex[:6]}")).info

@@ -46,12 +46,9 @@ from daytona import (
     VolumeMount,
 )
 from daytona.common.errors import (
-    DaytonaAuthenticationError,
     DaytonaConflictError,
     DaytonaError,
-    DaytonaForbiddenError,
     DaytonaNotFoundError,
-    DaytonaRateLimitError,
 )
 
 from ...errors import FileMissing
@@ -98,6 +95,7 @@ from ..base import (
 )
 from .channel import DaytonaPty, PtyChannel, bash_word
 from .egress import daytona_egress, egress_note
+from .errors import call, message
 from .mapped import check_mapped
 from .preview import PreviewLinks, preview_target
 
@@ -106,8 +104,6 @@ T = TypeVar("T")
 AGENT_LOG = "/tmp/.sandbox-agent.log"
 READY = b"\x01SKREADY\n"
 SHELL_READY = b"\x01SKSHELL\x01"  # a terminal's shell is ours from here (see open_pty)
-# Rate-limit retries: 0.5 s doubling to 8 s, about 30 s in all before giving up.
-RETRY_DELAYS = (0.5, 1, 2, 4, 8, 8, 8)
 
 _STATES = {
     "started": "running",
@@ -184,37 +180,7 @@ class DaytonaBackend(Backend):
         return self._client
 
     def _call(self, fn: Callable[..., T], *args: Any, what: str = "", **kwargs: Any) -> T:
-        """One SDK call: 429 retried with backoff, errors turned into ours with a clear message."""
-        for delay in (*RETRY_DELAYS, None):
-            try:
-                return fn(*args, **kwargs)
-            except DaytonaRateLimitError:
-                if delay is None:
-                    raise EngineUnavailable(
-                        f"Daytona kept answering 429 (rate limit) to {what or 'a request'} for "
-                        "half a minute; wait a moment and try again, or raise your organization's limits"
-                    ) from None
-                time.sleep(delay)
-            except DaytonaAuthenticationError:
-                raise EngineUnavailable(
-                    "Daytona refused the API key (401): check DAYTONA_API_KEY (and DAYTONA_API_URL)"
-                ) from None
-            except DaytonaForbiddenError as exc:
-                raise SandboxError(
-                    f"Daytona refused {what or 'the request'} (403): {_message(exc)}; "
-                    "the API key needs sandbox, volume and snapshot permissions"
-                ) from None
-            except (DaytonaNotFoundError, DaytonaConflictError):
-                raise  # callers decide: a missing sandbox, a lost create race
-            except DaytonaError as exc:
-                status = getattr(exc, "status_code", None)
-                code = f" ({status})" if status else ""
-                message = f"Daytona failed to {what or 'answer'}{code}: {_message(exc)}"
-                if status and 400 <= status < 500:
-                    raise SandboxError(message) from None
-                # 5xx and dropped connections: the service (or the sandbox's runner) is unwell.
-                raise EngineUnavailable(message) from None
-        raise AssertionError("unreachable")
+        return call(fn, *args, what=what, **kwargs)
 
     def health(self) -> Health:
         try:
@@ -708,7 +674,7 @@ class DaytonaBackend(Backend):
         except DaytonaNotFoundError:
             raise FileMissing(f"no file {path!r} in the workspace") from None
         except DaytonaError as exc:
-            raise SandboxError(f"download of {path!r} failed: {_message(exc)}") from None
+            raise SandboxError(f"download of {path!r} failed: {message(exc)}") from None
 
     # -- snapshots -----------------------------------------------------------------------
     # Daytona snapshot names are organization-wide: ours are "sk-" + the owner-qualified ref.
@@ -777,10 +743,6 @@ class DaytonaBackend(Backend):
 def _is_files(sandbox: Any) -> bool:
     """Whether a Daytona sandbox of ours is a files sandbox (by its label)."""
     return (sandbox.labels or {}).get(LABEL_ROLE) == ROLE_FILES
-
-
-def _message(exc: DaytonaError) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
 
 
 def _volume_name(user: str) -> str:
