@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from traitlets import Bool, Enum, Float, Int, List, TraitType, Unicode
+from traitlets import Bool, Dict, Enum, Float, Int, List, TraitType, Undefined, Unicode
 
 if TYPE_CHECKING:
     from sphinx.application import Sphinx
@@ -99,6 +99,8 @@ def trait_default(cls: type, name: str, trait: TraitType[Any, Any]) -> str:
     from jupyter_core.paths import jupyter_data_dir
 
     value: Any = trait.default_value
+    if value is Undefined:  # a list's default is made anew for each instance
+        value = trait.default()
     if name in getattr(cls, "_trait_default_generators", {}):
         instance = cls()
         value = instance.trait_defaults(name)
@@ -110,7 +112,7 @@ def trait_default(cls: type, name: str, trait: TraitType[Any, Any]) -> str:
     if isinstance(value, bool):
         return code(str(value).lower())
     if isinstance(value, list):
-        return code(json.dumps(value)) if value else "`[]` (any)"
+        return code(json.dumps(value))
     if isinstance(value, float) and value.is_integer():
         return code(int(value))
     if isinstance(value, int) and value >= 1 << 20 and "byte" in (trait.help or "").lower():
@@ -153,13 +155,22 @@ def settings_markdown() -> str:
                     "",
                     f"- configuration: `c.SandboxConfig.{name}`",
                     f"- environment: `{ENV_PREFIX}{name.upper()}`",
-                    f"- type: {trait_type(trait)}",
+                    f"- type: {trait_type(trait)}{_as_variable(trait)}",
                     f"- default: {trait_default(SandboxConfig, name, trait)}",
                     f"- decided by: {who}",
                 ]
             )
         )
     return "\n\n".join(parts) + "\n"
+
+
+def _as_variable(trait: TraitType[Any, Any]) -> str:
+    """How a setting's environment variable spells a value, where that is not plain."""
+    if isinstance(trait, List):
+        return " (as a variable: a JSON list, or words apart by commas or spaces)"
+    if isinstance(trait, Dict):
+        return " (as a variable: a JSON table)"
+    return ""
 
 
 def extension_settings_markdown() -> str:
