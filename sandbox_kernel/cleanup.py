@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .backends import disks
 from .errors import NotSupported, SandboxError
 from .service import SandboxService
 
@@ -91,17 +92,22 @@ def plan(services: list[SandboxService], workspaces: bool) -> tuple[list[Step], 
         steps.append(Step(f"{run} (folders of idmapped mounts)", _remover(run, set())))
     kept = []
     workspace_root = Path(config.workspace_root)
-    keep = set() if workspaces else {workspace_root}
     state = Path(config.state_dir)
-    if state.exists():
-        inside = (
-            " (its workspaces/ kept)" if workspace_root.parent == state and not workspaces else ""
-        )
-        steps.append(Step(f"the state folder {state}{inside}", _remover(state, keep), last=True))
+    # A workspace bounded by a disk image keeps its files in the image (the state
+    # folder's disks/workspace), mounted over its folder: kept with the workspaces.
+    images = state / "disks" / disks.WORKSPACE
     if workspaces and workspace_root.exists():
-        steps.append(Step(f"every workspace, in {workspace_root}", _remover(workspace_root, set())))
+        steps.append(
+            Step(f"every workspace, in {workspace_root}", _workspaces_remover(workspace_root))
+        )
     elif workspace_root.exists():
         kept.append(f"the workspaces in {workspace_root} (--workspaces removes them)")
+    if images.exists() and not workspaces:
+        kept.append(f"the workspaces' disk images in {images} (--workspaces removes them)")
+    if state.exists():
+        keep = set() if workspaces else {workspace_root, images}
+        inside = "" if workspaces else " (its workspaces kept)"
+        steps.append(Step(f"the state folder {state}{inside}", _remover(state, keep), last=True))
     return steps, kept
 
 
@@ -188,6 +194,17 @@ def _remover(top: Path, keep: set[Path]) -> Callable[[], str | None]:
             raise SandboxError(
                 f"left {', '.join(mounted)}: still mounted (unmount it, then run again)"
             )
+
+    return run
+
+
+def _workspaces_remover(root: Path) -> Callable[[], str | None]:
+    """Remove every workspace, the disk images mounted over them taken off first."""
+    remove = _remover(root, set())
+
+    def run() -> None:
+        disks.release_beneath(root)
+        remove()
 
     return run
 

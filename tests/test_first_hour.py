@@ -32,6 +32,7 @@ from jupyter_client import AsyncKernelClient
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from sandbox_kernel.backends import disks
 from sandbox_kernel.config import load_config
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.service import SandboxService
@@ -404,9 +405,42 @@ def test_uninstall_removes_this_installation_only(kenv: KernelEnv, tmp_path: Pat
         for i in client.images.list(filters={"label": "sandbox-kernel.snapshot"})
         if i.labels.get("sandbox-kernel.user") == kenv.user
     ]
-    assert not Path(kenv.config().state_dir).exists()
-    assert (kenv.workspace / "notes.txt").read_text() == "mine"
+    state = Path(kenv.config().state_dir)
+    images = state / "disks" / "workspace"
+    if disks.support().ok:  # the workspace's files are in its disk image: kept with it
+        assert f"keeping the workspaces' disk images in {images}" in done.stdout
+        left = {str(p.relative_to(state)) for p in state.rglob("*") if not p.is_dir()}
+        assert f"disks/workspace/{key.user_id}.img" in left, left
+        assert all(p.startswith("disks/workspace/") for p in left), left
+        disks.release_beneath(kenv.workspace)  # as a reboot would
+        assert not (kenv.workspace / "notes.txt").exists()
+        again = SandboxService(kenv.config()).ensure(key).info  # installed again
+        assert (kenv.workspace / "notes.txt").read_text() == "mine"
+        SandboxService(kenv.config()).destroy(None, again.id)
+    else:
+        assert not state.exists()
+        assert (kenv.workspace / "notes.txt").read_text() == "mine"
     shutil.rmtree(tmp_path / "other-state", ignore_errors=True)
+
+
+def test_uninstall_with_workspaces_removes_them_and_their_disk_images(
+    kenv: KernelEnv, tmp_path: Path
+) -> None:
+    """--workspaces takes the workspaces' disk images off their folders first, then
+    removes both: nothing of the installation is left, nothing is left mounted."""
+    service = SandboxService(kenv.config())
+    service.ensure(ScopeKey(kenv.user))
+    (kenv.workspace / "notes.txt").write_text("mine")
+    env = cli_env(kenv, JUPYTER_DATA_DIR=str(tmp_path / "jupyter-data"))
+    env.pop("JUPYTER_PATH")
+    done = subprocess.run(
+        [CLI, "uninstall", "--workspaces"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = kenv.config()
+    assert not Path(config.state_dir).exists()
+    assert not Path(config.workspace_root).exists()
+    assert not [m for m in disks.mount_points() if m[1].startswith(config.workspace_root)]
 
 
 def test_papermill_from_the_checkout_root_reads_beside_the_notebook_with_cwd(
