@@ -17,7 +17,7 @@ from typing import Any
 
 from .backends.base import WORKSPACE, SandboxInfo
 from .config import SandboxConfig
-from .errors import SandboxError
+from .errors import SandboxError, shorten
 from .identity import ScopeKey
 from .service import SandboxService
 
@@ -80,10 +80,10 @@ else:
     except Exception as exc:
         reason = getattr(exc, "reason", exc)
         out["tls"] = isinstance(reason, ssl.SSLError)
-        out["error"] = (str(reason) or type(reason).__name__)[:300]
+        out["error"] = (str(reason) or type(reason).__name__)[:2000]
 status = out.get("status")
 out["reached"] = isinstance(status, int) and (status < 400 or status in (401, 403, 404))
-out["error"] = str(out.get("error", ""))[:300]
+out["error"] = str(out.get("error", ""))[:2000]
 print(json.dumps(out))
 """
 
@@ -256,7 +256,7 @@ def _index(service: SandboxService, cfg: SandboxConfig, info: SandboxInfo) -> Ch
         )
     if status is not None and not said.get("error"):
         return Check("index", "problem", f"{url} answered HTTP {status} to the sandbox")
-    error = said.get("error", "no answer")
+    error = shorten(str(said.get("error") or "no answer"), 240)  # untrusted, and pip is wordy
     if said.get("tls"):
         remake = ""
         if not said.get("trust") and cfg.ca_bundle != "none":

@@ -60,7 +60,11 @@ class SandboxFailed(SandboxError):
 def shorten(text: str, limit: int = 80) -> str:
     """``text`` cut to ``limit`` characters for a message or a log line (names can be huge)."""
     text = str(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    word = cut.rsplit(" ", 1)[0]  # at a word's end, unless that loses much
+    return (word if len(word) > limit * 3 // 4 else cut) + "..."
 
 
 class AlreadyExists(SandboxError):

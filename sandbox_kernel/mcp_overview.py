@@ -13,7 +13,7 @@ from .config import SandboxConfig
 from .errors import Forbidden
 from .lifecycle import gc
 from .service import SandboxService
-from .units import format_size
+from .units import cpus_words, format_size
 
 Answer = tuple[str, dict[str, Any]]
 
@@ -83,7 +83,7 @@ def resource_stats(service: SandboxService, owner: str) -> Answer:
     lines = [_usage_line(s) for s in sandboxes] or ["no sandboxes yet: execute_code makes yours"]
     lines.append(
         f"yours: {yours['sandboxes']} sandboxes ({yours['running']} running), "
-        f"{yours['cpus_reserved']:g} CPUs and {format_size(yours['memory_reserved'])} of memory "
+        f"{cpus_words(yours['cpus_reserved'])} and {format_size(yours['memory_reserved'])} of memory "
         f"reserved, {format_size(yours['memory_used'])} used"
     )
     left = quota["sandboxes_left"]
@@ -143,7 +143,7 @@ def _usage_line(s: dict[str, Any]) -> str:
         shown = "?" if used is None else format_size(used)
         return f"{shown} of {format_size(limit)}" if limit else f"{shown} (not bounded)"
 
-    parts = [f"{s['id']}: {s['state']}, flavor {s['flavor']} ({s['cpus']:g} CPUs)"]
+    parts = [f"{s['id']}: {s['state']}, flavor {s['flavor']} ({cpus_words(s['cpus'])})"]
     if s["state"] == "running":
         if s["cpu"] is not None:
             parts.append(f"CPU {s['cpu'] * 100:.0f}%")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .backends import Backend
 from .backends.base import LOST_NOTICE, SandboxInfo, Spec, mapped_volumes
-from .units import format_size
+from .units import cpus_words, format_size
 from .volumes import described
 
 
@@ -36,8 +36,23 @@ def clamped(info: SandboxInfo, spec: Spec) -> str:
     if cpus >= spec.cpus:
         return ""
     return (
-        f"flavor {spec.flavor} asks for {spec.cpus:g} CPUs, but the engine's machine has "
+        f"flavor {spec.flavor} asks for {cpus_words(spec.cpus)}, but the engine's machine has "
         f"{cpus:g}: {info.id} gets {cpus:g}"
+    )
+
+
+def resized(now: SandboxInfo, spec: Spec, had: str) -> str:
+    """What a sandbox got from a resize to ``spec``'s flavor (``now``: as it is after it;
+    ``had``: its flavor before), in one line."""
+    cpus = float(now.limits.get("cpus") or spec.cpus)
+    got = cpus_words(cpus) + (
+        f" (flavor {spec.flavor} asks for {spec.cpus:g}; the engine's machine has {cpus:g})"
+        if cpus < spec.cpus
+        else ""
+    )
+    return (
+        f"sandbox {now.id} now has flavor {spec.flavor} ({got}, {format_size(spec.memory)}"
+        f"{disk_words(now, spec)}; it had {had})"
     )
 
 

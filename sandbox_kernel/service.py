@@ -86,7 +86,6 @@ from .identity import ScopeKey
 from .lifecycle import decide, quota_check, stats
 from .preview import ListeningPort, check_port, read_listening_ports
 from .store import AGENT, Store
-from .units import format_size
 from .volumes import VolumeError, check_work_folder, described
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -512,17 +511,7 @@ class SandboxService:
         with self._reservation(info.id, int(info.limits.get("memory") or 0) + extra, new=False):
             self.backend.resize(info.id, spec)
         now = self.backend.get(info.id)
-        cpus = float(now.limits.get("cpus") or spec.cpus)
-        got = f"{cpus:g} CPUs" + (
-            f" (flavor {asked} asks for {spec.cpus:g}; the engine's machine has {cpus:g})"
-            if cpus < spec.cpus
-            else ""
-        )
-        return (
-            f"sandbox {info.id} now has flavor {asked} ({got}, {format_size(spec.memory)}"
-            f"{notices.disk_words(now, spec)}; it had {had})",
-            asked,
-        )
+        return notices.resized(now, spec, had), asked
 
     @contextmanager
     def _reservation(self, sid: str, memory: int, new: bool) -> Iterator[None]:

@@ -21,3 +21,8 @@ def format_size(n: float) -> str:
         return f"{value:.0f} B"
     text = f"{value:.1f}" if value < 10 else f"{value:.0f}"
     return f"{text.removesuffix('.0')} {unit}"
+
+
+def cpus_words(n: float) -> str:
+    """``n`` CPUs as "1 CPU", "2 CPUs", "0.5 CPUs"."""
+    return f"{n:g} CPU" + ("" if n == 1 else "s")

@@ -242,7 +242,7 @@ def test_flavors_say_what_was_applied_and_change_only_when_asked(kenv: KernelEnv
     assert SandboxService(kenv.config()).backend.get(big.info.id).limits["memory"] == 4 << 30
     small = SandboxService(kenv.config(flavor="small")).ensure(key)
     assert small.info.limits["memory"] == 1 << 30
-    assert any("now has flavor small (1 CPUs" in n for n in small.notes), small.notes
+    assert any("now has flavor small (1 CPU," in n for n in small.notes), small.notes
     grown = SandboxService(kenv.config(flavor="large")).ensure(key)
     if engine_cpus < 4:
         note = " ".join(grown.notes)

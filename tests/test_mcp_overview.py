@@ -122,7 +122,7 @@ async def test_stdio_schemas_mappings_stats_and_the_clean_up(
         assert quota["max_sandboxes"] == 50
         assert quota["sandboxes_left"] == 50 - stats_data["installation"]["sandboxes"]
         said = texts(resources)
-        assert f"sk-{kenv.user}: running, flavor small (1 CPUs)" in said
+        assert f"sk-{kenv.user}: running, flavor small (1 CPU)" in said
         assert "more sandboxes of 50" in said and "no limit on memory" in said
 
         # The one who runs the stdio server owns the state folder: an administrator.
