@@ -28,8 +28,8 @@ installation loads is pinned in bpffs under its own folder
 link per hook), so it outlives the server that loaded it and is found again by the next;
 two installations each have their own and never see each other's mounts. Loading and
 registering need root (``CAP_BPF``, ``CAP_MAC_ADMIN``, entering a container's mount
-namespace): a root server does it itself, others through the engine (see
-:mod:`.docker.guard_helper`).
+namespace): a root server does it at every start of a container (see
+:mod:`.docker.protect`); elsewhere the listings say that the guard does not hold, and why.
 """
 
 from __future__ import annotations
