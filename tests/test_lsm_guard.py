@@ -11,13 +11,16 @@ listing, the log and the doctor say instead.
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +219,53 @@ def test_where_the_guard_cannot_hold_the_listing_log_and_doctor_say_why(
         assert "not refused" not in listed + logs
         assert guard_line and guard_line[0].split()[1] == "ok:", doctor
         assert lsm_guard.held(installation)
+
+
+def test_a_start_registers_the_sandboxs_own_mounts_of_its_folders(
+    project: dict[str, Any],  # noqa: F811
+) -> None:
+    """The protect helper, in the container's namespace, registers the mounts the
+    sandbox sees its work folder through (the folder and the pinned folders in it),
+    never the host's own view of it (runs where maps can be made, with or without the
+    kernel accepting the program)."""
+    if os.geteuid() != 0:
+        pytest.skip("registering needs root")
+    from sandbox_kernel.backends.docker.protect import apply
+
+    in_sandbox(project, "true")
+    container: Any = sandbox_container(f"sk-{project['user']}")
+    pid = int(container.attrs["State"]["Pid"])
+    installation = f"test-{uuid.uuid4().hex[:8]}"
+    folder = lsm_guard.folder_of(installation)
+    try:
+        lsm_guard._bpffs()
+        os.makedirs(folder)
+        mounts = lsm_guard._create_map(lsm_guard._MAP_LRU_HASH, 8, 8, 64, b"t_mounts")
+        lsm_guard._pin(mounts, f"{folder}/mounts")
+        work = str(project["root"])
+        skipped = apply(pid, [], {"installation": installation, "folders": [work]})
+        assert skipped == [], skipped
+        keys, key = [], b""
+        while True:
+            nxt = ctypes.create_string_buffer(8)
+            cur = ctypes.create_string_buffer(key or bytes(8))
+            attr = struct.pack(
+                "<IIQQ", mounts, 0, lsm_guard._ptr(cur) if key else 0, lsm_guard._ptr(nxt)
+            )
+            try:
+                lsm_guard._bpf(4, attr, "next key")
+            except FileNotFoundError:
+                break
+            key = nxt.raw
+            keys.append(struct.unpack("<Q", key)[0])
+        os.close(mounts)
+        # The work folder itself, and the pinned folders on the way to .git, vendor/lib/.git.
+        assert len(keys) >= 3, keys
+        host_view = os.open(work, os.O_PATH)
+        try:
+            assert lsm_guard.mount_id(host_view) not in keys
+        finally:
+            os.close(host_view)
+    finally:
+        if os.path.isdir(folder):
+            lsm_guard.remove(installation)
