@@ -5,7 +5,8 @@ extension's switch (they live in the environment); it cannot remove what the
 installation made elsewhere: kernelspecs installed with ``sandbox-kernel install
 --user`` (pointing into a virtual environment that may be gone), this installation's
 sandboxes and snapshots, the engine's network once nothing uses it, the idmapped
-mounts' folder under ``/run/sandbox-kernel/``, the state folder, and (only when asked)
+mounts' folder under ``/run/sandbox-kernel/``, its kernel guard pinned under
+``/sys/fs/bpf/sandbox-kernel/``, the state folder, and (only when asked)
 the users' workspaces. Run it first, ``--dry-run`` to see the list.
 
 Nothing is ever followed into a mount point: the workspaces are mounted (idmapped)
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backends import disks
+from .backends import disks, lsm_guard
 from .errors import NotSupported, SandboxError
 from .service import SandboxService
 
@@ -87,6 +88,14 @@ def plan(services: list[SandboxService], workspaces: bool) -> tuple[list[Step], 
                 lambda: _remove_network(docker),
             )
         )
+    guard = lsm_guard.folder_of(services[0].installation)
+    if os.path.isdir(guard):
+        steps.append(
+            Step(
+                f"{guard} (the kernel's guard of protected names)",
+                lambda: _unguard(services[0].installation),
+            )
+        )
     run = Path("/run/sandbox-kernel") / services[0].installation[:8]
     if run.exists():
         steps.append(Step(f"{run} (folders of idmapped mounts)", _remover(run, set())))
@@ -144,6 +153,11 @@ def _destroyer(service: SandboxService, sandbox_id: str) -> Callable[[], str | N
         service.store.delete(service.backend.name, sandbox_id)
 
     return run
+
+
+def _unguard(installation: str) -> str | None:
+    lsm_guard.remove(installation)
+    return None
 
 
 def _remove_network(service: SandboxService) -> str | None:

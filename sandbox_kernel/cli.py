@@ -87,7 +87,7 @@ def _age(seconds: float) -> str:
     return f"{seconds}s"
 
 
-def _print_table(items: list[dict[str, Any]]) -> None:
+def _print_table(items: list[dict[str, Any]], state_dir: str = "") -> None:
     rows = [
         (
             "ID",
@@ -143,9 +143,23 @@ def _print_table(items: list[dict[str, Any]]) -> None:
             print(f"{i['id']}: disk: {i['disk_note']}")
     for isolation in sorted({i["isolation"] for i in items if i["isolation"]}):
         print(f"isolation: {isolation}")
+    guard = _guard_note(items, state_dir)
+    if guard:
+        print(guard)
     ids = [i["id"] for i in items]
     for shared in sorted({x for x in ids if ids.count(x) > 1}):
         print(f"{shared}: a sandbox of each backend has this id; name one with --backend")
+
+
+def _guard_note(items: list[dict[str, Any]], state_dir: str) -> str:
+    """One line when protected names made after a start are not refused by the kernel
+    in the listed Docker sandboxes' writable folders (as the last start found), and why."""
+    from .backends.lsm_guard import remembered
+
+    if not any(i["backend"] == "docker" and i.get("work_folder") for i in items):
+        return ""
+    why = remembered(state_dir)
+    return f"protected names made after a start: not refused by the kernel ({why})" if why else ""
 
 
 def _folder(path: str) -> str:
@@ -177,7 +191,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(items, indent=2))
     elif items:
-        _print_table(items)
+        _print_table(items, cfg.state_dir)
     else:
         print("no sandboxes yet; `sandbox-kernel exec -- python3 -V` creates yours")
     return 0

@@ -62,6 +62,7 @@ PROTECTED_PATHS = (
     ".git/config",
     ".git/hooks",
     ".git/modules",
+    ".git/commondir",
     ".gitmodules",
     ".pre-commit-config.yaml",
     ".envrc",

@@ -109,7 +109,7 @@ class Check:
     """One line of the doctor's answer."""
 
     name: str
-    state: str  # "ok" | "problem" | "skipped"
+    state: str  # "ok" | "problem" | "skipped" | "limited" (a limit to know, nothing to fix)
     text: str
 
     def __str__(self) -> str:
@@ -132,7 +132,8 @@ def examine(service: SandboxService, cfg: SandboxConfig, user: str, here: str) -
         checks.append(sandbox)
     if info is None:
         return checks + [Check(n, "skipped", "no sandbox") for n in ("index", "workspace")]
-    return checks + [_index(service, cfg, info), _writable(service, info, here)]
+    checks += [_index(service, cfg, info), _writable(service, info, here)]
+    return checks + ([_guard(cfg, info)] if info.backend == "docker" and info.work_folder else [])
 
 
 def _engine(service: SandboxService) -> tuple[Check, bool]:
@@ -299,6 +300,23 @@ def _writable(service: SandboxService, info: SandboxInfo, here: str) -> Check:
         for folder, why in failed.items()
     )
     return Check("workspace", "problem", text)
+
+
+def _guard(cfg: SandboxConfig, info: SandboxInfo) -> Check:
+    """Whether the kernel refuses protected names the sandbox makes in its work folder
+    after it started (see backends/lsm_guard.py): not a problem to fix, a limit to know."""
+    from .backends.lsm_guard import remembered
+
+    why = remembered(cfg.state_dir) if cfg.protected_paths else "protected_paths is empty"
+    if why == "":
+        return Check("guard", "ok", "protected names made after a start are refused by the kernel")
+    return Check(
+        "guard",
+        "limited",
+        f"protected names made after a start are not refused ({why or 'not known yet'}): "
+        "a repository a cell makes in your folder takes effect at its next start; run git "
+        "there only after that, or use work_mount = ro",
+    )
 
 
 def doctor_lines(service: SandboxService, cfg: SandboxConfig, user: str, here: str) -> list[str]:

@@ -134,9 +134,12 @@ def test_a_cell_cannot_make_the_hosts_git_run_its_command(project: dict[str, Any
 def test_a_repository_made_after_the_start_is_protected_from_the_next_start(
     project: dict[str, Any],
 ) -> None:
-    """The kernel cannot refuse a name it has never seen (a `.git` made by the sandbox
-    later): such a repository is protected from the sandbox's next start on."""
-    in_sandbox(project, "mkdir -p later/.git/hooks && printf '[core]\\n' > later/.git/config")
+    """A repository the host user makes while the sandbox runs (the sandbox itself may
+    not make one where the kernel's guard holds, see test_lsm_guard.py) is protected
+    from the sandbox's next start on."""
+    in_sandbox(project, "true")
+    later = project["root"] / "later"
+    subprocess.run([GIT, "init", "-q", str(later)], check=True)
     container: Any = sandbox_container(f"sk-{project['user']}")
     container.stop(timeout=1)
     said = in_sandbox(
@@ -145,7 +148,7 @@ def test_a_repository_made_after_the_start_is_protected_from_the_next_start(
         " || echo refused",
     )
     assert "refused" in said or "Read-only" in said, said
-    assert "fsmonitor" not in (project["root"] / "later" / ".git" / "config").read_text()
+    assert "fsmonitor" not in (later / ".git" / "config").read_text()
 
 
 def test_a_read_only_mount_for_code_you_do_not_trust(project: dict[str, Any]) -> None:

@@ -109,7 +109,7 @@ from .info import (
 )
 from .mounts import WorkspaceMounts, bind_mount
 from .network import NETWORK, port_target_of, shared_network
-from .protect import protect_writable
+from .protect import protect_started
 from .security import hardened_host
 from .snapshots import DockerSnapshots
 from .sockets import AGENT_SOCKETS, AgentListener, AgentSocketFolders
@@ -306,7 +306,7 @@ class DockerBackend(Backend):
                 self._remove_failed(created)
                 raise
         self._prepare(created, just_created=True)
-        return self._start(created, fresh=True)
+        return self._start(created, fresh=True, progress=progress)
 
     def _remove_failed(self, container: Inspected) -> None:
         """A container whose making failed half-way goes, with what the host made for it."""
@@ -445,7 +445,9 @@ class DockerBackend(Backend):
             container, self._id(container), self._reinspect, just_created=just_created
         )
 
-    def _start(self, container: Inspected, fresh: bool = False) -> SandboxInfo:
+    def _start(
+        self, container: Inspected, fresh: bool = False, progress: Progress | None = None
+    ) -> SandboxInfo:
         """Start the container (its disks and idmapped mounts first: a reboot drops
         them; ``fresh``: all made just now); the sandbox as it runs."""
         disk_folder = None if fresh else self._disks.remount(container)
@@ -466,25 +468,18 @@ class DockerBackend(Backend):
             raise SandboxFailed(
                 f"sandbox {self._id(container)} stopped right after start{hint}: {logs[-300:]}"
             )
-        self._protect(started)
+        self._protect(started, progress)
         return self._disks.describe(container_info(self._installation, started), started.labels)
 
-    def _protect(self, container: Inspected) -> None:
+    def _protect(self, container: Inspected, progress: Progress | None = None) -> None:
         """Make what host tools trust in the writable host folders (the work folder, the
-        writable mapped folders) read-only inside the container, found afresh, before
-        any process of the user's runs (see protect.py): a root server on a local engine
-        with runc, whose namespaces it may enter. Other servers got the same mounts when
-        the container was made (mounts.py)."""
-        runtime = (container.attrs.get("HostConfig") or {}).get("Runtime") or "runc"
-        if (
-            not self.settings.protected_paths
-            or os.geteuid() != 0
-            or self._wire is None
-            or runtime != "runc"
-        ):
-            return
+        writable mapped folders) read-only inside the container, found afresh, and have
+        the kernel refuse protected names made there later, before any process of the
+        user's runs (see protect.py)."""
         sid = self._id(container)
-        for line in protect_writable(container.attrs, list(self.settings.protected_paths)):
+        for line in protect_started(
+            container.attrs, self.settings, self._wire is not None, progress
+        ):
             log.warning("sandbox %s: %s", sid, line)
 
     def _reinspect(self, container: Inspected) -> Inspected:
@@ -540,7 +535,7 @@ class DockerBackend(Backend):
                 self._sockets.ensure(container.name)
             if container.labels.get(LABEL_TRUST) == "mount":  # its source folder, current
                 bundle_folder(self.settings.state_dir, self.settings.ca_bundle)
-            return self._start(container)
+            return self._start(container, progress=progress)
         return container_info(self._installation, self._reinspect(container))
 
     def resize(self, sandbox_id: str, spec: Spec) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -30,6 +31,7 @@ import sys
 from typing import Any
 
 from ...host_python import python_module
+from .. import lsm_guard
 
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
@@ -42,24 +44,35 @@ _MOVE_MOUNT_T_EMPTY_PATH = 0x40
 _MOUNT_ATTR_RDONLY = 0x1
 _CLONE_NEWNS = 0x00020000
 HELPER_TIMEOUT = 30.0
+log = logging.getLogger("sandbox_kernel")
 
 
-def protect_writable(attrs: dict[str, Any], patterns: list[str]) -> list[str]:
-    """Mount the protected paths (``patterns``) of the started container's writable host
-    folders (``attrs``: its inspect) in its namespace; what could not be, in lines."""
-    # Imported here: the helper process (main) runs this module and needs none of them.
-    from ...folders import protect
+def writable_folders(attrs: dict[str, Any]) -> list[tuple[str, str]]:
+    """The host folders a container (``attrs``: its inspect) writes: (host folder, where
+    the sandbox sees it), its work folder first."""
     from ..base import LABEL_WORK_FOLDER, LABEL_WORK_MODE, volumes_of
 
     labels = (attrs.get("Config") or {}).get("Labels") or {}
-    folders: list[tuple[str, str]] = []  # (host folder, where the sandbox sees it)
+    folders: list[tuple[str, str]] = []
     work = labels.get(LABEL_WORK_FOLDER, "")
     if work and labels.get(LABEL_WORK_MODE) != "ro":
         folders.append((work, work))
-    folders += [(v.source, v.target) for v in volumes_of(labels) if v.writable and v.on_host]
+    return folders + [(v.source, v.target) for v in volumes_of(labels) if v.writable and v.on_host]
+
+
+def protect_writable(attrs: dict[str, Any], patterns: list[str], guard: str = "") -> list[str]:
+    """Mount the protected paths (``patterns``) of the started container's writable host
+    folders (``attrs``: its inspect) in its namespace and, with ``guard`` (an
+    installation whose kernel guard is loaded), register the mounts it sees those
+    folders through with the guard (see lsm_guard.py); what could not be, in lines."""
+    # Imported here: the helper process (main) runs this module and needs none of them.
+    from ...folders import protect
+
+    folders = writable_folders(attrs)
     destinations = [str(m.get("Destination", "")) for m in attrs.get("Mounts") or []]
     pid = int((attrs.get("State") or {}).get("Pid") or 0)
     said: list[str] = []
+    masks: list[tuple[str, str]] = []
     for folder, inside in folders:
         # Folders mounted over parts of it (the work folder's hidden ones) are not walked.
         hidden = [
@@ -68,20 +81,70 @@ def protect_writable(attrs: dict[str, Any], patterns: list[str]) -> list[str]:
             if d.startswith(inside.rstrip("/") + "/")
         ]
         found = protect(folder, patterns, hidden)
-        masks = [(inside + m.path[len(folder) :], m.how) for m in found.masks]
-        skipped = apply(pid, masks) if pid else []
+        masks += [(inside + m.path[len(folder) :], m.how) for m in found.masks]
         if not found.complete:
             said.append(f"protected paths of {inside}: {found.why}; deeper ones stay writable")
-        said += [f"a protected path was not mounted: {line}" for line in skipped[:5]]
+    register = {"installation": guard, "folders": [i for _, i in folders]} if guard else None
+    skipped = apply(pid, masks, register) if pid else []
+    said += [f"a protected path was not mounted: {line}" for line in skipped[:5]]
     return said
 
 
-def apply(pid: int, masks: list[tuple[str, str]]) -> list[str]:
-    """Mount ``masks`` ((path, "pin" | "read-only"), outer first) in the mount namespace
-    of process ``pid`` (the container's init); the paths that could not be, and why."""
-    if not masks:
+_SAID: set[str] = set()  # what this process has logged about the guard
+
+
+def protect_started(
+    attrs: dict[str, Any], settings: Any, local_engine: bool, progress: Any = None
+) -> list[str]:
+    """At each start of a container (``attrs``: its inspect) with writable host folders:
+    mount their protected paths in its namespace and register its mounts with the
+    kernel's guard (lsm_guard.py) -- a root server on a local engine with runc, whose
+    namespaces it may enter (other servers got the mounts when the container was made,
+    see mounts.py). Where the guard does not hold, ``progress`` (the sandbox's log)
+    says why, the server log once; what else could not be done, in lines."""
+    patterns = list(settings.protected_paths)
+    if not patterns or not writable_folders(attrs):
         return []
-    command = python_module(__name__, str(pid), json.dumps(masks))
+    runtime = (attrs.get("HostConfig") or {}).get("Runtime") or "runc"
+    enter = os.geteuid() == 0 and local_engine and runtime == "runc"
+    if os.geteuid() != 0:
+        why = "the server does not run as root (loading the guard needs root)"
+    elif not local_engine:
+        why = "the engine is not on this machine"
+    elif runtime != "runc":
+        why = f"the sandbox runs under {runtime}, not runc"
+    else:
+        why = _load_guard(settings.installation, patterns)
+    lsm_guard.remember(settings.state_dir, why)
+    if why:
+        if why not in _SAID:
+            _SAID.add(why)
+            log.warning("protected names made after a sandbox starts are not refused: %s", why)
+        if progress is not None:
+            progress(f"protected names made after this start are not refused by the kernel: {why}")
+    if not enter:
+        return []
+    return protect_writable(attrs, patterns, "" if why else settings.installation)
+
+
+def _load_guard(installation: str, patterns: list[str]) -> str:
+    """Load (or find) the installation's guard; why it does not hold ("" when it does)."""
+    try:
+        lsm_guard.ensure(installation, patterns)
+    except lsm_guard.GuardUnavailable as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"the guard could not be loaded: {exc.strerror or exc}"
+    return ""
+
+
+def apply(pid: int, masks: list[tuple[str, str]], guard: dict[str, Any] | None = None) -> list[str]:
+    """Mount ``masks`` ((path, "pin" | "read-only"), outer first) in the mount namespace
+    of process ``pid`` (the container's init) and register the mounts of ``guard``'s
+    folders there with its installation's guard; what could not be done, and why."""
+    if not masks and not (guard and guard["folders"]):
+        return []
+    command = python_module(__name__, str(pid), json.dumps(masks), json.dumps(guard))
     try:
         done = subprocess.run(
             command,
@@ -100,6 +163,29 @@ def apply(pid: int, masks: list[tuple[str, str]]) -> list[str]:
     except ValueError:
         return ["the helper gave no readable answer"]
     return [str(s) for s in skipped] if isinstance(skipped, list) else []
+
+
+def _register(pid: int, guard: dict[str, Any], mountinfo: int, mounts: int) -> list[str]:
+    """In the container's namespace: register the mounts at or beneath the guarded
+    folders (read from its mount table, opened before entering it); what failed."""
+    chunks = []
+    while chunk := os.read(mountinfo, 1 << 16):
+        chunks.append(chunk)
+    table = b"".join(chunks).decode("utf-8", "replace")
+    ids, failed = [], []
+    for point in lsm_guard.mount_points(table, list(guard["folders"])):
+        try:
+            fd = _open_beneath(point)
+        except OSError:
+            continue  # a mounted file (a hidden one's /dev/null): nothing is made in it
+        try:
+            ids.append(lsm_guard.mount_id(fd))
+        except OSError as exc:
+            failed.append(f"{point}: not guarded: {exc.strerror or exc}")
+        finally:
+            os.close(fd)
+    lsm_guard.register(mounts, ids)
+    return failed
 
 
 def _libc() -> ctypes.CDLL:
@@ -167,20 +253,31 @@ def _mount_onto_itself(libc: ctypes.CDLL, path: str, read_only: bool) -> None:
 
 
 def main() -> None:
-    """``PID MASKS_JSON``: enter PID's mount namespace and mount each mask; print the
-    paths skipped (gone, or no longer a plain folder or file), as JSON."""
+    """``PID MASKS_JSON [GUARD_JSON]``: enter PID's mount namespace and mount each mask,
+    then register the guarded folders' mounts; print what was skipped (a path gone, or
+    no longer a plain folder or file; a mount not registered), as JSON."""
     pid, masks = int(sys.argv[1]), json.loads(sys.argv[2])
+    guard = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     libc = _libc()
+    skipped = []
+    mountinfo = mounts = -1
+    if guard:  # both opened here: neither is reachable from inside the container
+        mountinfo = os.open(f"/proc/{pid}/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            mounts = lsm_guard.open_mounts(guard["installation"])
+        except OSError as exc:
+            skipped.append(f"the kernel's guard: {exc.strerror or exc}")
     ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     _check(libc.setns(ns, _CLONE_NEWNS), "setns")
     os.close(ns)
     os.chdir("/")
-    skipped = []
     for path, how in masks:
         try:
             _mount_onto_itself(libc, path, read_only=how == "read-only")
         except OSError as exc:
             skipped.append(f"{path}: {exc.strerror or exc}")
+    if guard and mounts >= 0:
+        skipped += _register(pid, guard, mountinfo, mounts)
     print(json.dumps(skipped))
 
 
