@@ -320,6 +320,17 @@ async def test_websocket_needs_the_user(
     assert refused.value.code == 403
 
 
+# Run in a sandbox: listen on an address it does not own (IP_FREEBIND needs no
+# privilege), as an app could to steer a connection made for a preview elsewhere.
+_FREEBIND = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_IP, 15, 1)  # IP_FREEBIND
+s.bind(("192.0.2.1", 8002))
+s.listen(4)
+sys.stdin.read()
+"""
+
 _DRIVE = r"""
 import socket
 svc = service()
@@ -327,10 +338,11 @@ info = svc.ensure(ScopeKey("previewer")).info
 apps = [
     svc.backend.open_channel(info.id, ["python3", "-m", "http.server", "8000"], cwd="/tmp"),
     svc.backend.open_channel(info.id, ["python3", "-m", "http.server", "--bind", "127.0.0.1", "8001"], cwd="/tmp"),
+    svc.backend.open_channel(info.id, ["python3", "-c", ARGS["freebind"]], cwd="/tmp"),
 ]
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
-    if {8000, 8001} <= {p["port"] for p in svc.ports(None, info.id)["ports"]}:
+    if {8000, 8001, 8002} <= {p["port"] for p in svc.ports(None, info.id)["ports"]}:
         break
     time.sleep(0.1)
 
@@ -347,6 +359,7 @@ def get(port):
 
 RESULT["app"] = get(8000)
 RESULT["loopback_only"] = get(8001)
+RESULT["freebind"] = get(8002)
 RESULT["host"] = get(ARGS["host_port"])
 RESULT["preview"] = svc.ports(None, info.id)["preview"]
 for channel in apps:
@@ -357,12 +370,13 @@ RESULT["ended"] = get(8000)
 
 
 def test_previews_of_a_root_servers_and_a_users_sandboxes(local_host: LocalHost) -> None:
-    """The same connections from a driver of each kind of server: the app answers, an
-    app on the sandbox's loopback only and a service on the host's loopback do not, nor
-    anything once no process of the sandbox runs."""
+    """The same connections from a driver of each kind of server: the app answers; an
+    app on the sandbox's loopback only, one on an address the sandbox bound without
+    owning it, and a service on the host's loopback do not, nor anything once no
+    process of the sandbox runs."""
     host = CountingListener()
     try:
-        result = local_host.run(_DRIVE, host_port=host.port)
+        result = local_host.run(_DRIVE, host_port=host.port, freebind=_FREEBIND)
     finally:
         host.close()
     assert result["preview"] is True
@@ -371,6 +385,8 @@ def test_previews_of_a_root_servers_and_a_users_sandboxes(local_host: LocalHost)
         "refused: port 8001 of the sandbox listens on 127.0.0.1"
     )
     assert result["host"].startswith(f"refused: nothing listens on port {host.port}")
+    # An address the sandbox does not own (bound with IP_FREEBIND) names no target.
+    assert result["freebind"].startswith("refused: port 8002 of the sandbox listens on 192.0.2.1")
     assert result["ended"].startswith("refused: no process of sandbox")
     assert host.connections == 0
 

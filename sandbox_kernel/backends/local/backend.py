@@ -45,7 +45,6 @@ from ...folders import protect
 from ...identity import ScopeKey
 from ...safefs import Beneath, make_folder
 from ...volumes import Volume
-from .. import disks
 from ..base import (
     LABEL_INSTALLATION,
     LABEL_SPEC,
@@ -247,11 +246,12 @@ class LocalBackend(Backend):
         make_tmp(own)
 
     def _quiet(self, record: dict[str, Any]) -> bool:
-        """Whether no other sandbox with this workspace runs a process."""
+        """Whether no process of another sandbox with this workspace runs (none has its
+        folder mounted)."""
         return not any(
             o["id"] != record["id"]
             and o["workspace"] == record["workspace"]
-            and self._records.runs(o["id"])
+            and self._records.busy(o["id"])
             for o in self._records.all()
         )
 
@@ -265,7 +265,7 @@ class LocalBackend(Backend):
         )
         self._save(record)
         self._disks.resize(
-            record, spec.disk, not self._records.runs(sandbox_id), lambda: self._quiet(record)
+            record, spec.disk, not self._records.busy(sandbox_id), lambda: self._quiet(record)
         )
         place = self._place()
         folders = place.folders(sandbox_id).values() if place else []
@@ -319,9 +319,10 @@ class LocalBackend(Backend):
         return [EgressCount(a, r, n) for (a, r), n in sorted(totals.items())]
 
     def port_target(self, info: SandboxInfo, port: int) -> PortTarget:
-        """Each connection's socket made in the sandbox's own network namespace (see
-        :mod:`.netns`): no address of the host is involved, and only apps listening
-        beyond the sandbox's loopback are reached, as on Docker."""
+        """Each connection's socket made in the sandbox's own network namespace and
+        connected to its loopback (see :mod:`.netns`): no address of the host is
+        involved. Only apps that listen on every address are reached (an app on its
+        loopback only is not, as on Docker)."""
         if not self.previews:
             raise NotSupported(NO_PREVIEWS)
         self._running(info.id)
@@ -366,17 +367,17 @@ class LocalBackend(Backend):
         disks go."""
         if not self.root.is_dir():
             return
-        live = set()
+        live, orphans = set(), []
         for folder in self.root.iterdir():
             if not folder.is_dir() or folder.name.startswith("."):
                 continue
             record = self._load(folder.name)
             if record is None:
                 self._end_processes(folder.name)
-                disks.unmount(folder / OWN)
+                orphans.append(folder)
             else:
                 live.add(record["engine_id"])
-        self._disks.sweep(live)
+        self._disks.sweep(live, orphans)
 
     def end_all(self) -> None:
         """End every process of every sandbox of this installation (they stay as they

@@ -6,9 +6,10 @@ ext4 files in ``<state_dir>/disks/``, root only, loop-mounted by the host):
 * **the workspace** (``<workspace_root>/<user id>``, shared by all of a user's
   sandboxes and kept when they go) gets an image mounted over that very folder, so
   the server's file routes, every sandbox of the user and the host all see one
-  bounded file system. It is made with the first sandbox made after disk bounds came,
-  when the folder is empty (a folder holding files is left as it is: mounting would
-  hide them; listings say so) and no running sandbox of the user has the plain folder.
+  bounded file system. It is made before the first process of a sandbox made since
+  disk bounds came, when the folder is empty (a folder holding files is left as it is:
+  mounting would hide them; listings say so) and no running sandbox of the user has the
+  plain folder.
   It grows to the largest flavor that uses it and never shrinks.
 * **the sandbox's own files** (its home, where ``pip install --user`` lands, and its
   ``/tmp``) live in ``<state_dir>/local/<id>/own``, over which an image of its own is
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ OLD_WORKSPACE = (
     "bounded from the next sandbox made"
 )
 NO_ONLINE_GROWTH = "this server may not grow a mounted disk: it lacks CAP_SYS_RESOURCE"
+RELEASE_SECONDS = 5.0  # how long a destroy waits for its disk's loop device to let go
 
 
 def own_folder(root: Path, record: dict[str, Any]) -> Path:
@@ -78,11 +81,12 @@ class LocalDisks:
     def prepare(
         self, record: dict[str, Any], *, first: bool, plain_in_use: Callable[[], bool]
     ) -> None:
-        """Before any process of the sandbox runs (its making, and each first process
-        after it ran none): its disks mounted, made when ``first`` (its making) or when
-        its maker died before it made them, and grown where a resize had to wait for
-        nothing to use them. ``plain_in_use()`` says whether a running sandbox of the
-        user has the workspace's plain folder (then its first disk waits)."""
+        """Before any process of the sandbox runs (its making, ``first``, and each first
+        process after it ran none): its disks mounted, made where there are none yet
+        (its maker may have died before it made them), and grown where a resize had to
+        wait for nothing to use them. The workspace's first disk goes only over an empty
+        folder, and waits while ``plain_in_use()`` says a running sandbox of the user
+        has the plain folder (a disk over it then would split the workspace in two)."""
         size = int(record.get("disk") or 0)
         if self.reason() or not size:
             return
@@ -91,7 +95,7 @@ class LocalDisks:
         try:
             if exists:  # (a new sandbox's flavor may be larger: its making grows it)
                 self.images.mount(disks.WORKSPACE, user_id, size if first else 0, workspace)
-            elif first and not plain_in_use():
+            elif not plain_in_use():
                 self.images.mount(disks.WORKSPACE, user_id, size, workspace, only_if_empty=True)
             if record.get(OWN):
                 own = own_folder(self.root, record)
@@ -131,8 +135,10 @@ class LocalDisks:
         self, record: dict[str, Any], size: int, idle: bool, quiet: Callable[[], bool]
     ) -> None:
         """A larger flavor: both disks grow, at once where the host can grow a mounted
-        disk, else when nothing uses them (``idle``: no process of the sandbox runs;
-        ``quiet()``: none of its user's); never smaller."""
+        disk or nothing uses them (``idle``: no process of the sandbox runs; ``quiet()``:
+        none of its user's other sandboxes'), else before the sandbox's next first
+        process (the workspace's: before one once none of its user's runs); never
+        smaller."""
         if self.reason() or not size:
             return
         engine_id, user_id = record["engine_id"], _user_id(record)
@@ -147,27 +153,43 @@ class LocalDisks:
                     self.images.settle(disks.SANDBOX, engine_id, own_folder(self.root, record))
             if self.images.image(disks.WORKSPACE, user_id).exists():
                 self.images.grow(disks.WORKSPACE, user_id, size)
-                self.settle_workspace(record, quiet)
+                self.settle_workspace(record, lambda: idle and quiet())
         except OSError as exc:
             raise SandboxFailed(f"cannot grow the disk of {record['id']}: {exc}") from None
 
     def release(self, record: dict[str, Any]) -> None:
         """When the sandbox is destroyed (its processes ended): its own disk goes."""
-        if not record.get(OWN):
-            return
-        disks.unmount(own_folder(self.root, record))
-        image = self.images.image(disks.SANDBOX, record["engine_id"])
-        if not image.exists():
-            return
-        try:
-            self.images.remove(disks.SANDBOX, record["engine_id"])
-        except OSError as exc:  # still held: the sweep takes it once it is not
-            log.info("disk of %s kept for now: %s", record["id"], exc)
+        if record.get(OWN):
+            self._unmount_and_remove(own_folder(self.root, record), record["engine_id"])
 
-    def sweep(self, live: set[str]) -> None:
-        """Remove the disks of sandboxes whose record is gone."""
-        if not self.reason():
-            self.images.sweep(disks.SANDBOX, live)
+    def sweep(self, live: set[str], orphans: list[Path]) -> None:
+        """Remove the disks of sandboxes whose record is gone: those still mounted in the
+        folders ``orphans`` (of sandboxes whose destroy died half-way), and the rest."""
+        if self.reason():
+            return
+        images = {target: image for image, target in disks.mount_points()}
+        for folder in orphans:
+            image = Path(images.get(str(folder / OWN), ""))
+            if image.parent == self.images.folder / disks.SANDBOX:
+                self._unmount_and_remove(folder / OWN, image.stem)
+        self.images.sweep(disks.SANDBOX, live)
+
+    def _unmount_and_remove(self, folder: Path, name: str) -> None:
+        """Take the disk ``name`` off ``folder`` and delete it once its loop device has
+        let go (at once, unless a process still inside keeps it: then the sweep)."""
+        disks.unmount(folder)
+        if not self.images.image(disks.SANDBOX, name).exists():
+            return
+        deadline = time.monotonic() + RELEASE_SECONDS
+        while True:
+            try:
+                self.images.remove(disks.SANDBOX, name)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    log.info("disk %s kept for now: %s", name, exc)
+                    return
+            time.sleep(0.02)  # a detached mount's device goes once its last user has
 
     # -- listings -----------------------------------------------------------------------
     def describe(self, record: dict[str, Any], limits: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
 A socket belongs to the network namespace it was made in, whoever holds it afterwards.
 So the host reaches a sandbox's ports (preview URLs) with a socket made in the
-sandbox's namespace and connected to an address of its own there, and the sandbox's
+sandbox's namespace and connected to the sandbox's own loopback, and the sandbox's
 egress proxy, a process of the host, listens on the sandbox's loopback through a
 socket made there. Nothing is published on the host: no port, no socket file, nothing
 another user of the machine, or the sandbox, could connect to in the host's network.
@@ -59,10 +59,6 @@ def address(text, six):
     return socket.inet_ntop(socket.AF_INET6, words)
 
 
-def loopback(text):
-    return text.startswith("127.") or text == "::1"
-
-
 def listening(port):
     found = []
     for name, six in (("/proc/self/net/tcp", False), ("/proc/self/net/tcp6", True)):
@@ -91,13 +87,10 @@ def target(port):
     for wild, to in (("0.0.0.0", "127.0.0.1"), ("::", "::1")):
         if wild in found:
             return to
-    beyond = [a for a in found if not loopback(a)]
-    if not beyond:
-        raise LookupError(
-            "port %d of the sandbox listens on %s only: make the app listen on 0.0.0.0"
-            % (port, found[0])
-        )
-    return beyond[0]
+    raise LookupError(
+        "port %d of the sandbox listens on %s only: make the app listen on 0.0.0.0"
+        % (port, found[0])
+    )
 
 
 def make(ask):
@@ -219,9 +212,10 @@ class SandboxNetwork:
 
     def connectable(self, port: int) -> tuple[socket.socket, tuple[str, int]]:
         """An unconnected socket in the sandbox's network, and the address of ``port``
-        there to connect it to: where an app listens beyond the sandbox's loopback
-        (its loopback for one that listens on every address). ConnectionRefusedError,
-        saying why, where nothing listens so."""
+        there to connect it to, for an app that listens on every address (0.0.0.0 or
+        ::): the sandbox's own loopback, which nothing can route elsewhere. An app on
+        one address only (its loopback, or an address it bound without owning it) is
+        not reached: ConnectionRefusedError saying why."""
         return self._ask({"connect": port})
 
     def close(self) -> None:
@@ -243,8 +237,8 @@ class PortOpeners:
         self._lock = threading.Lock()
 
     def open(self, sandbox_id: str, port: int) -> tuple[socket.socket, tuple[str, int]]:
-        """A socket for a connection to ``port`` of the sandbox (an app listening beyond
-        its loopback) and the address to connect it to; ConnectionRefusedError saying
+        """A socket for a connection to ``port`` of the sandbox (an app listening on
+        every address) and the address to connect it to; ConnectionRefusedError saying
         why where there is none."""
         found = load(self.root / sandbox_id)
         if found is None:

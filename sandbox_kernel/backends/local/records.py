@@ -49,11 +49,13 @@ class Records:
         return [r for r in (self.load(p.stem) for p in self.root.glob("*.json")) if r]
 
     def runs(self, sandbox_id: str) -> bool:
-        """Whether a process of the sandbox runs (its holder, or a plain process)."""
-        folder = self.root / sandbox_id
-        if holder.load(folder) is not None:
-            return True
-        procs = folder / "procs"
+        """Whether the sandbox runs: its holder, or a process of it."""
+        return holder.load(self.root / sandbox_id) is not None or self.busy(sandbox_id)
+
+    def busy(self, sandbox_id: str) -> bool:
+        """Whether a process of the sandbox runs (a command, kernel or terminal: what
+        has its folders mounted, which its holder alone has not)."""
+        procs = self.root / sandbox_id / "procs"
         markers = procs.glob("*") if procs.is_dir() else []
         return any(m.name.isdigit() and marker_matches(m) for m in markers)
 
