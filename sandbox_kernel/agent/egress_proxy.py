@@ -22,6 +22,7 @@ print) and counted; the counts are written to a small file the host reads.
 Standard library only, Python 3.8.
 """
 
+import errno
 import json
 import os
 import select
@@ -40,6 +41,8 @@ IDLE_TIMEOUT = 600.0  # a relayed connection silent both ways this long is close
 MAX_CONNECTIONS = 512
 HELLO_LIMIT = 64 * 1024
 LOG_PER_SECOND = 20
+# accept() errors that pass (the proxy's limits, a client gone before it was taken).
+PASSING = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED)
 HOP_HEADERS = {
     "connection",
     "keep-alive",
@@ -319,12 +322,23 @@ class Proxy:
         )
         sys.stderr.flush()
         while True:
-            conn, _ = server.accept()
+            try:
+                conn, _ = server.accept()
+            except OSError as exc:
+                if exc.errno not in PASSING:
+                    raise
+                time.sleep(0.05)  # out of descriptors or memory, for a moment
+                continue
             if not self.slots.acquire(blocking=False):
                 self.refuse(conn, Denied("busy", "the egress proxy is busy; try again", 503), "?")
                 conn.close()
                 continue
-            threading.Thread(target=self._run, args=(conn,), daemon=True).start()
+            try:
+                threading.Thread(target=self._run, args=(conn,), daemon=True).start()
+            except RuntimeError:  # no thread to be had (the processes limit it shares)
+                self.slots.release()
+                self.refuse(conn, Denied("busy", "the egress proxy is busy; try again", 503), "?")
+                conn.close()
 
     def _run(self, conn):
         try:
