@@ -7,15 +7,20 @@ network namespaces (:mod:`.holder`), its cgroup where the host allows one
 (:mod:`.cgroup`), under a seccomp filter (:mod:`..seccomp`). With a root server it
 runs as a host uid of its own, and sees the workspace, home, /tmp and work folder through
 idmapped mounts (:mod:`.launch`): what it writes there is root's on disk, and root's
-other files are no more its than any stranger's. Without bubblewrap, processes are
+other files are no more its than any stranger's. A root server bounds its workspace
+and its own files with disk images (:mod:`.disk`); a sandbox with an egress allowlist
+reaches out only through a proxy of its own (:mod:`.egress`); previews reach its ports
+from inside its network namespace (:mod:`.netns`). Without bubblewrap, processes are
 plain children of the host in the workspace folder; ``SandboxInfo.isolation`` says
 which, and what does not hold.
 
 Everything that must outlive a process is on disk under ``<state_dir>/local/``:
-``<id>.json`` (the record), ``<id>/home`` and ``<id>/tmp`` (tier-2 files: ``pip
-install`` lands in the home), ``.etc/`` (the /etc sandboxes see, see view.shared_etc), ``<id>/holder.json`` (its namespaces'
-holder while it runs), ``<id>/procs/<pid>`` (live processes, so stop and destroy can
-end them from any process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
+``<id>.json`` (the record, :mod:`.records`), ``<id>/own/home`` and ``<id>/own/tmp``
+(tier-2 files: ``pip install`` lands in the home; ``<id>/home`` and ``<id>/tmp`` for
+sandboxes made before disk bounds), ``.etc/`` (the /etc sandboxes see, see
+view.shared_etc), ``<id>/holder.json`` (its namespaces' holder while it runs),
+``<id>/procs/<pid>`` (live processes, so stop and destroy can end them from any
+process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
 """
 
 from __future__ import annotations
@@ -309,14 +314,7 @@ class LocalBackend(Backend):
     def egress_denied(self) -> builtins.list[EgressCount]:
         """What the egress proxies of this installation's sandboxes refused, by list and
         reason (each since its proxy started)."""
-        totals: dict[tuple[str, str], int] = {}
-        for path in self.root.glob("*.json") if self.root.is_dir() else []:
-            record = self._load(path.stem)
-            if record and record.get("egress_allow"):
-                for count in egress.denied(self.root / record["id"], record["egress_allow"]):
-                    key = (count.allowlist, count.reason)
-                    totals[key] = totals.get(key, 0) + count.count
-        return [EgressCount(a, r, n) for (a, r), n in sorted(totals.items())]
+        return egress.denied(self.root, self._records.all())
 
     def port_target(self, info: SandboxInfo, port: int) -> PortTarget:
         """Each connection's socket made in the sandbox's own network namespace and

@@ -29,6 +29,7 @@ import stat
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ...agent import program
 from ..base import EgressCount, SandboxFailed
@@ -158,7 +159,19 @@ def _wait_until_listening(log_path: Path) -> None:
     raise SandboxFailed("the sandbox's egress proxy did not start: " + (text or "it said nothing"))
 
 
-def denied(folder: Path, entries: list[str]) -> list[EgressCount]:
+def denied(root: Path, records: list[dict[str, Any]]) -> list[EgressCount]:
+    """What the proxies of the sandboxes of ``records`` (kept in ``root``) refused, by
+    allowlist and reason, each since it started."""
+    totals: dict[tuple[str, str], int] = {}
+    for record in records:
+        if record.get("egress_allow"):
+            for count in _denied(root / record["id"], record["egress_allow"]):
+                key = (count.allowlist, count.reason)
+                totals[key] = totals.get(key, 0) + count.count
+    return [EgressCount(a, r, n) for (a, r), n in sorted(totals.items())]
+
+
+def _denied(folder: Path, entries: list[str]) -> list[EgressCount]:
     """What the proxy of the sandbox whose folder is ``folder`` refused since it started
     (read from its counts file, never following a link)."""
     try:

@@ -15,9 +15,11 @@ both before bubblewrap makes the rest (see :mod:`.launch`):
 * outbound traffic goes through ``slirp4netns --disable-host-loopback``, user-mode
   networking in its own sandbox and seccomp filter: connections leave from the host
   as the sandbox's uid, and the host's 127.0.0.1 is not reachable through it. With
-  ``network = false``, or without slirp4netns, the namespace has nothing but ``lo``.
-  The uid per sandbox is also where egress rules can attach later (``iptables -m
-  owner``); today a root server adds one: no link-local address (cloud metadata).
+  ``network = false``, or without slirp4netns, the namespace has nothing but ``lo``;
+  with an egress allowlist, ``lo`` and its egress proxy listening there, started with
+  the holder (:mod:`.egress`). The uid per sandbox is where firewall rules attach
+  (``iptables -m owner``): a root server adds one, no link-local address (cloud
+  metadata), which holds for the sandbox's egress proxy too.
 
 The holder's pid, start time and uid are kept in ``holder.json`` beside the sandbox's
 record; a holder that is gone (a reboot, a kill) is made anew at the next process.
