@@ -33,7 +33,7 @@ from .conftest import require_bwrap
 from .local_host import LocalHost
 from .test_egress_docker import World
 from .test_egress_docker import world as world  # noqa: F401 (a fixture)
-from .test_hostile_local import Listener
+from .test_hostile_local import _KILL_ALL, Listener
 from .test_hostile_local import listeners as listeners  # noqa: F401 (a fixture)
 
 ALLOW = ["index.test", "git.test"]
@@ -77,7 +77,8 @@ def test_a_list_is_held_by_a_proxy_of_the_sandboxs_own(
 ) -> None:
     """Only loopback; the proxy found through HTTPS_PROXY refuses a name off the list (and
     counts it); a raw address has no route; the host's own loopback is never reached
-    through the proxy, even listed; a stop leaves no proxy running."""
+    through the proxy, even listed; the sandbox cannot kill its proxy; a stop leaves no
+    proxy running."""
     host = Listener(socket.AF_INET, ("127.0.0.1", 0))
     listeners.append(host)
     assert host.answers(("127.0.0.1", host.port))  # the control: the host reaches it
@@ -98,6 +99,11 @@ while time.monotonic() < deadline:
 RESULT["counts"] = counts
 folder = str(svc.backend.root / info.id)
 RESULT["proxies"] = len(processes(folder))
+# The sandbox signals every process it may (its proxy runs as its uid, as root's): its
+# way out stays.
+RESULT["killed"] = run(svc, info.id, ARGS["kill_all"])
+code, out = run(svc, info.id, ARGS["probe"], str(ARGS["port"]))
+RESULT["after"] = last_json(out)["denied_name"] if code == 0 else out
 svc.stop(None, info.id)
 deadline = time.monotonic() + 10
 while processes(folder) and time.monotonic() < deadline:
@@ -106,6 +112,7 @@ RESULT["left"] = len(processes(folder))
 """,
         probe=_PROBE,
         port=host.port,
+        kill_all=_KILL_ALL,
     )
     assert result["limits"]["network"] is True
     assert result["limits"]["egress_allow"] == ["index.test", "127.0.0.0/8:*"]
@@ -118,6 +125,8 @@ RESULT["left"] = len(processes(folder))
     assert seen["host_loopback"].startswith("HTTP/1.1 403 egress denied: 127.0.0.1:")
     assert "127.0.0.1 is on this host itself, where the proxy runs" in seen["host_loopback"]
     assert result["counts"] == {"name": 1, "address": 1}
+    assert result["killed"][1].strip() in ("sent", "nothing to signal")
+    assert "403 egress denied: denied.test is not in the allowlist" in result["after"]
     assert result["proxies"] >= 1 and result["left"] == 0
 
 
