@@ -46,7 +46,6 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from ...errors import FileMissing
-from ...folders import protect
 from ...identity import ScopeKey
 from ...safefs import Beneath, make_folder
 from ...volumes import Volume
@@ -75,11 +74,18 @@ from ..egress import PROXY_ENV
 from . import cgroup, egress, holder
 from .channels import LocalChannel, LocalPty, kill_spawn
 from .disk import OWN, LocalDisks, own_folder
-from .folders import folder_binds, identity, mapped_volumes
+from .folders import (
+    folder_binds,
+    identity,
+    mapped_protected,
+    mapped_volumes,
+    protected_paths,
+    workspace_relative,
+)
 from .folders import seccomp_fd as filter_fd
 from .launch import Launch, close_all, pass_fds, start
 from .netns import PortOpeners
-from .records import Records, make_tmp, marker_matches, network_of, resources
+from .records import Records, make_tmp, marker_matches, network_of, process_limits, resources
 from .status import bwrap_works, isolation, limits_report
 from .view import HOME, bwrap_command, shared_etc, system_args
 
@@ -525,7 +531,7 @@ class LocalBackend(Backend):
                     folder,
                     entries=list(record["egress_allow"]),
                     cgroup_files=files,
-                    limits=self._limits(record),
+                    limits=process_limits(record, self._place().controllers),
                 )
                 if network == "egress"
                 else None
@@ -533,39 +539,14 @@ class LocalBackend(Backend):
             found = holder.make(
                 folder, uid, gid, claim, network == "open", files, system_args(), egress=proxy
             )
-            found.protected = self._protected(record)
-            found.mapped = self._mapped_protected(record)
+            found.protected = protected_paths(record, self.settings.protected_paths)
+            found.mapped = mapped_protected(record, self.settings.protected_paths)
             (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
         if not os.path.isdir(found.etc):  # its /etc, as of this start
             kind = "slirp4netns" if found.network == "slirp4netns" else "none"
             found.etc = str(shared_etc(self.root / ".etc", kind))
             (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
         return found, files
-
-    def _protected(self, record: dict[str, Any]) -> builtins.list[builtins.list[str]]:
-        """What host tools trust in the writable work folder (``protected_paths``), found
-        afresh at each start of the sandbox, before any of its processes runs: each is
-        read-only in every process of it, every folder on its way pinned."""
-        work = record.get("work_folder") or ""
-        if not work or record.get("work_read_only") or not self.settings.protected_paths:
-            return []
-        hidden = [path for path, _ in record.get("masks") or []]
-        found = protect(work, list(self.settings.protected_paths), hidden)
-        if not found.complete:
-            log.warning(
-                "sandbox %s: protected paths %s; deeper ones stay writable", record["id"], found.why
-            )
-        return [[m.path, m.how] for m in found.masks]
-
-    def _mapped_protected(self, record: dict[str, Any]) -> builtins.list[builtins.list[str]]:
-        """The same of the writable mapped folders, as the sandbox sees them."""
-        found = []
-        for volume in mapped_volumes(record):
-            if volume.writable and self.settings.protected_paths:
-                scanned = protect(volume.source, list(self.settings.protected_paths))
-                for mask in scanned.masks:
-                    found.append([volume.target + mask.path[len(volume.source) :], mask.how])
-        return found
 
     def _spawn(
         self,
@@ -681,7 +662,7 @@ class LocalBackend(Backend):
                 staged=staged,
                 become=(found.uid, found.gid) if root else None,
                 namespaces=namespaces,
-                limits=self._limits(record),
+                limits=process_limits(record, self._place().controllers),
                 terminal=terminal,
             )
             return start(
@@ -696,15 +677,6 @@ class LocalBackend(Backend):
             )
         finally:
             close_all(opened)
-
-    def _limits(self, record: dict[str, Any]) -> builtins.list[tuple[int, int]]:
-        """The resource limits of each process of the sandbox: processes per sandbox,
-        and memory per process where no cgroup bounds the sandbox's."""
-        memory, pids, _ = resources(record)
-        limits = [(resource.RLIMIT_NPROC, pids)]
-        if "memory" not in self._place().controllers:
-            limits.append((resource.RLIMIT_DATA, memory))
-        return limits
 
     def open_channel(
         self,
@@ -793,20 +765,12 @@ class LocalBackend(Backend):
 
     # -- files ------------------------------------------------------------------------
     def _files(self, sandbox_id: str, path: str) -> tuple[Beneath, str]:
-        """The workspace (as a :class:`Beneath`) and the path in it, for a workspace path.
-
-        The workspace is as hostile here as under Docker (a bubblewrap'd cell can plant
-        links and FIFOs in it), so files are reached through descriptors only.
-        """
+        """The workspace (as a :class:`Beneath`: a cell can plant links and FIFOs in it,
+        so files are reached through descriptors only) and the path in it."""
         record = self._load(sandbox_id)
         if record is None:
             raise not_found(sandbox_id)
-        pure = PurePosixPath(path)
-        if pure.is_absolute():
-            if not (pure == PurePosixPath(WORKSPACE) or PurePosixPath(WORKSPACE) in pure.parents):
-                raise SandboxError(f"{path!r} is outside {WORKSPACE}")
-            pure = pure.relative_to(WORKSPACE)
-        return Beneath(record["workspace"]), str(pure)
+        return Beneath(record["workspace"]), workspace_relative(path)
 
     def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
         files, rel = self._files(sandbox_id, path)

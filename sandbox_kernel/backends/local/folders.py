@@ -11,16 +11,20 @@ again that what it mounted is what the descriptor holds).
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ...folders import protect
 from ...volumes import Volume
 from .. import disks, seccomp
-from ..base import SHARED, WORKSPACE, SandboxFailed
+from ..base import SHARED, WORKSPACE, SandboxError, SandboxFailed
 from .launch import STAGE, detached, make_stage
 from .view import HOME, Bind, bwrap_features
+
+log = logging.getLogger("sandbox_kernel")
 
 EXT4_ROOT = 2  # the inode of an ext4 file system's root folder
 
@@ -195,3 +199,45 @@ def seccomp_fd(opened: builtins.list[int]) -> int:
     finally:
         os.close(write_end)
     return read_end
+
+
+def protected_paths(
+    record: dict[str, Any], paths: tuple[str, ...]
+) -> builtins.list[builtins.list[str]]:
+    """What host tools trust in the sandbox's writable work folder (``protected_paths``),
+    found afresh at each start of the sandbox, before any of its processes runs: each is
+    read-only in every process of it, every folder on its way pinned."""
+    work = record.get("work_folder") or ""
+    if not work or record.get("work_read_only") or not paths:
+        return []
+    hidden = [path for path, _ in record.get("masks") or []]
+    found = protect(work, list(paths), hidden)
+    if not found.complete:
+        log.warning(
+            "sandbox %s: protected paths %s; deeper ones stay writable", record["id"], found.why
+        )
+    return [[m.path, m.how] for m in found.masks]
+
+
+def mapped_protected(
+    record: dict[str, Any], paths: tuple[str, ...]
+) -> builtins.list[builtins.list[str]]:
+    """The same of the writable mapped folders, as the sandbox sees them."""
+    found = []
+    for volume in mapped_volumes(record):
+        if volume.writable and paths:
+            scanned = protect(volume.source, list(paths))
+            for mask in scanned.masks:
+                found.append([volume.target + mask.path[len(volume.source) :], mask.how])
+    return found
+
+
+def workspace_relative(path: str) -> str:
+    """A path of the sandbox's workspace as one relative to it (``/workspace/a`` or
+    ``a``); SandboxError for an absolute path outside it."""
+    pure = PurePosixPath(path)
+    if pure.is_absolute():
+        if not (pure == PurePosixPath(WORKSPACE) or PurePosixPath(WORKSPACE) in pure.parents):
+            raise SandboxError(f"{path!r} is outside {WORKSPACE}")
+        pure = pure.relative_to(WORKSPACE)
+    return str(pure)

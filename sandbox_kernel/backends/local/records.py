@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,17 @@ def resources(record: dict[str, Any]) -> tuple[int, int, float]:
         int(record.get("pids") or default.pids),
         float(record.get("cpus") or default.cpus),
     )
+
+
+def process_limits(record: dict[str, Any], controllers: tuple[str, ...]) -> list[tuple[int, int]]:
+    """The resource limits of each process of the sandbox: processes per sandbox, and
+    memory per process where no cgroup bounds the sandbox's (``controllers``: its
+    cgroup's)."""
+    memory, pids, _ = resources(record)
+    limits = [(resource.RLIMIT_NPROC, pids)]
+    if "memory" not in controllers:
+        limits.append((resource.RLIMIT_DATA, memory))
+    return limits
 
 
 def network_of(record: dict[str, Any]) -> str:
