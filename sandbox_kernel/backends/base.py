@@ -355,11 +355,18 @@ class PortTarget:
 
     ``url`` is ``http://HOST:PORT`` (or an engine's own https preview origin) with no
     path; ``headers`` go with every request to it (an engine's preview token), and never
-    back to the client.
+    back to the client. ``opener``, for an engine whose sandboxes' ports have no address
+    on this host (the local backend's network namespaces), makes each connection's
+    socket instead: an unconnected socket where the port is reached, and the address to
+    connect it to (``url`` then names that address for the app's redirects); it raises
+    OSError, saying why, where nothing can be reached.
     """
 
     url: str
     headers: dict[str, str] = field(default_factory=dict)
+    opener: Callable[[], tuple[socket.socket, tuple[str, int]]] | None = field(
+        default=None, compare=False
+    )
 
 
 MIN_PORT = 1

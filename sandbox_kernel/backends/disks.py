@@ -519,6 +519,12 @@ def _exists(image: Path) -> bool:
     return True
 
 
+def image_of(device: int) -> str:
+    """The image file behind ``device`` (a file's ``st_dev``) when it is a loop device,
+    else "" (what a folder's file system is, as a check of what a path holds)."""
+    return _backing_file(os.minor(device)) if os.major(device) == _LOOP_MAJOR else ""
+
+
 def _backing_file(minor: int) -> str:
     try:
         return (

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from functools import lru_cache
 
-from .. import seccomp
+from .. import disks, seccomp
 from . import cgroup, holder
 
 PLAIN_ISOLATION = "none: plain host processes in the workspace folder, no isolation"
@@ -65,7 +65,18 @@ def limits_report(installation: str) -> list[str]:
             if seccomp.supported()
             else f"no seccomp filter (no system-call table for {os.uname().machine})"
         ),
-        "disk: not bounded (the workspace and home are host folders)",
+        "disk: "
+        + (
+            "the workspace and each sandbox's own files (home, /tmp) on disk images of "
+            "the flavor's size"
+            if disks.support().ok
+            else f"not bounded ({disks.support().reason})"
+        ),
+        "egress_allow: "
+        + (
+            "held by an egress proxy per sandbox, on the host, reached only from the "
+            "sandbox's own loopback"
+        ),
     ]
     return lines
 
@@ -79,13 +90,16 @@ def _limits_text(place: cgroup.Place) -> str:
     )
 
 
-def isolation(place: cgroup.Place, network: bool) -> str:
-    """What separates this sandbox from the host, and what does not hold, in a line."""
+def isolation(place: cgroup.Place, network: str, disk: bool) -> str:
+    """What separates this sandbox from the host, and what does not hold, in a line:
+    ``network`` is "open", "egress" or "none"; ``disk`` whether disks bound it."""
     if not bwrap_works():
         return PLAIN_ISOLATION
     who = "a uid of its own" if os.geteuid() == 0 else "your uid"
-    if not network:
+    if network == "none":
         net = "no network"
+    elif network == "egress":
+        net = "network only through its egress proxy (egress_allow)"
     elif holder.slirp_program():
         net = "network through slirp4netns, not the host's loopback"
     else:
@@ -98,5 +112,6 @@ def isolation(place: cgroup.Place, network: bool) -> str:
     )
     return (
         f"bubblewrap as {who} (own namespaces, read-only system, minimal /etc, seccomp; "
-        f"{net}; {bounds}; disk not limited): weaker than a container"
+        f"{net}; {bounds}; disk {'limited by disk images' if disk else 'not limited'}): "
+        "weaker than a container"
     )
