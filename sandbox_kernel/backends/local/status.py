@@ -6,31 +6,48 @@ line by :func:`limits_report` (for ``sandbox-kernel doctor``).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
+import time
 from functools import lru_cache
 
 from .. import disks, seccomp
 from . import cgroup, holder
 
+log = logging.getLogger(__name__)
 PLAIN_ISOLATION = "none: plain host processes in the workspace folder, no isolation"
 
 
 @lru_cache(maxsize=1)
 def bwrap_works() -> bool:
-    """Whether bubblewrap can create namespaces here (it can't in some containers)."""
+    """Whether bubblewrap can create namespaces here (it can't in some containers).
+
+    Asked once per process, and the answer decides every sandbox's isolation: a probe
+    that failed by chance (a moment without memory or processes) must not leave a
+    server running plain processes, so bubblewrap gets three tries, and a refusal is
+    logged with what bubblewrap said."""
     if os.environ.get("SANDBOX_KERNEL_LOCAL_NO_BWRAP") == "1" or not shutil.which("bwrap"):
         return False
-    try:
-        probe = subprocess.run(
-            ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
-            capture_output=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+    said = ""
+    for attempt in range(3):
+        if attempt:
+            time.sleep(0.2 * attempt)
+        try:
+            probe = subprocess.run(
+                ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+                capture_output=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            said = str(exc)
+            continue
+        if probe.returncode == 0:
+            return True
+        said = probe.stderr.decode(errors="replace").strip() or f"exit {probe.returncode}"
+    log.warning("bubblewrap cannot make namespaces here (%s): local sandboxes run plain", said)
+    return False
 
 
 def limits_report(installation: str) -> list[str]:
