@@ -23,6 +23,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import IO, Any, Protocol
 
 from ..errors import (  # noqa: F401  (re-exported: backends raise them)
@@ -250,6 +251,22 @@ def files_sandbox_id(user: str) -> str:
 def is_files_sandbox(sandbox_id: str) -> bool:
     """Whether ``sandbox_id`` names a files sandbox (see :func:`files_sandbox_id`)."""
     return sandbox_id.endswith(FILES_SUFFIX)
+
+
+def epoch_of(stamp: str | None) -> float:
+    """An engine's RFC 3339 time (``2026-11-26T12:00:00.123456789Z``, any fraction, ``Z``
+    or an offset) as epoch seconds; 0.0 for none or anything else."""
+    if not stamp:
+        return 0.0
+    match = re.fullmatch(r"([^.]+?)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?", stamp.strip())
+    if not match:
+        return 0.0
+    main, fraction, zone = match.groups()
+    try:
+        when = datetime.fromisoformat(main + (zone or "Z").replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return when.timestamp() + (float("0." + fraction[:6]) if fraction else 0.0)
 
 
 def not_found(sandbox_id: str) -> SandboxNotFound:
