@@ -48,6 +48,16 @@ def _kube_problem() -> str | None:
     return None
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``-m fast`` alone, a test file that marks no test fast is not even imported:
+    the fast layer's time is then its own tests', not the import of every engine's client."""
+    if config.getoption("markexpr") != "fast" or not collection_path.name.startswith("test_"):
+        return None
+    if collection_path.suffix != ".py":
+        return None
+    return "mark.fast" not in collection_path.read_text() or None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if any("kubernetes" in item.keywords for item in items):
         kube = _kube_problem()

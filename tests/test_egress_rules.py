@@ -185,7 +185,7 @@ class _Hello(BaseHTTPRequestHandler):
 @pytest.fixture
 def upstream() -> Iterator[int]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
 
@@ -241,12 +241,12 @@ def _client_hello(name: str) -> bytes:
 
 
 def _denied(counts: Path) -> dict[str, int]:
-    for _ in range(50):
+    for _ in range(250):
         if counts.exists():
             found = json.loads(counts.read_text())["denied"]
             if found:
                 return found
-        time.sleep(0.1)
+        time.sleep(0.02)
     return {}
 
 
