@@ -1,17 +1,22 @@
-"""Benchmarks of the kubernetes backend, beside Docker's rows of run.py, on the cluster
-KUBECONFIG names (CI: the test cluster of .ci/kube-up.sh).
+"""Benchmarks of the kubernetes backend beside the Docker backend and plain ipykernel, in
+one run, on the cluster KUBECONFIG names (CI: the test cluster of .ci/kube-up.sh) and
+the Docker engine of this machine.
 
-    python benchmarks/kube.py            # starts, warm cells, 100 MB through REST, density
+    python benchmarks/kube.py            # starts, warm cells, exec, 100 MB through REST
     python benchmarks/kube.py --smoke    # a quick pass that proves the script still works
-    python benchmarks/kube.py --density 150   # sandboxes on the node until a limit bites
+    python benchmarks/kube.py --density 150   # also sandboxes on the node until a limit bites
 
-Rows: start to first result with the user's sandbox running, stopped (no pod, claims
-kept) and absent (destroyed: a new home claim); a warm cell; 100 MB up and down
-through the REST route (files pod) against the backend's own exec stream; the import
-of the backend's client against the official ``kubernetes`` client's; exec's first
-byte; idle sandboxes until the node refuses one, with memory per idle sandbox. Each
-sandbox row has plain ipykernel or a direct path beside it. Timing is reported, never
-asserted. Each run works in a namespace of its own, removed at the end.
+Where both engines do the same thing, each round measures kubernetes, Docker and (where
+it makes sense) ipykernel one after another, the engines' order swapped every round, so
+a slow moment of a shared machine hits all of them alike; a row has the three medians
+and their ratios (kubernetes/docker, kubernetes/ipykernel, docker/ipykernel). Rows: start
+to first result with the user's sandbox running, stopped and absent (destroyed); a warm
+cell; exec's first byte of ``python3`` and a whole ``exec true``; 100 MB up and down
+through the REST route and through the backend's own stream into the sandbox.
+Kubernetes alone: the import of the backend's client against the official
+``kubernetes`` client's, and idle sandboxes until the node refuses one, with memory
+per idle sandbox. Timing is reported, never asserted. Each run works in a namespace of
+its own and state folders of its own, all removed at the end.
 """
 
 from __future__ import annotations
@@ -27,87 +32,119 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from run import Bench, mem_available_mib, pick_image, request  # noqa: E402
+from harness import (
+    HERE,
+    Results,
+    execute,
+    first_result,
+    mem_available_mib,
+    pick_image,
+    remove_docker_sandboxes,
+    request,
+    sandbox_env,
+    service_of,
+    start_server,
+    write_kernelspec,
+)
 
-from sandbox_kernel.backends.kubernetes.client import Api, load_config  # noqa: E402
-from sandbox_kernel.config import load_config as load_settings  # noqa: E402
-from sandbox_kernel.identity import ScopeKey  # noqa: E402
-from sandbox_kernel.service import SandboxService  # noqa: E402
+from sandbox_kernel.backends.base import Backend
+from sandbox_kernel.backends.kubernetes.client import Api, load_config
+from sandbox_kernel.identity import ScopeKey
+from sandbox_kernel.service import SandboxService
+
+ENGINES = ("kubernetes", "docker")
 
 
-class KubeBench(Bench):
+class KubeBench(Results):
+    """One user's sandbox on each engine, a kernelspec for each, and the measures."""
+
     def __init__(self, root: Path, image: str) -> None:
+        super().__init__()
+        self.root = root
+        self.image = image
+        self.user = f"bench-{uuid.uuid4().hex[:6]}"
         self.namespace = f"sk-bench-{uuid.uuid4().hex[:6]}"
         self.api = Api(load_config())
         self.api.post("/api/v1/namespaces", {"metadata": {"name": self.namespace}})
-        super().__init__(root, image)
-        self.env.update(
-            SANDBOX_KERNEL_BACKEND="kubernetes",
-            SANDBOX_KERNEL_KUBERNETES_NAMESPACE=self.namespace,
-        )
-        for name in ("sandbox", "sandbox-ci"):
-            spec = root / "share" / "kernels" / name / "kernel.json"
-            data = json.loads(spec.read_text())
-            data["env"].update(self.env)
-            spec.write_text(json.dumps(data))
-        self.service = SandboxService(
-            load_settings(
-                environ={},
-                backend="kubernetes",
-                image=image,
-                kubernetes_namespace=self.namespace,
-                state_dir=self.env["SANDBOX_KERNEL_STATE_DIR"],
-                max_sandboxes=1000,
-            )
-        )
+        self.env = {
+            "kubernetes": {
+                **sandbox_env(root, self.user, image, state="state-kube"),
+                "SANDBOX_KERNEL_BACKEND": "kubernetes",
+                "SANDBOX_KERNEL_KUBERNETES_NAMESPACE": self.namespace,
+            },
+            "docker": sandbox_env(root, self.user, image, state="state-docker"),
+        }
+        self.kernel = {engine: f"sandbox-{engine}" for engine in ENGINES}
+        self.service: dict[str, SandboxService] = {}
+        for engine in ENGINES:
+            write_kernelspec(root, self.kernel[engine], self.env[engine])
+            self.service[engine] = service_of(self.env[engine])
+
+    @property
+    def sandbox_id(self) -> str:
+        return f"sk-{self.user}"
+
+    def backend(self, engine: str) -> Backend:
+        return self.service[engine].backend
+
+    @staticmethod
+    def order(round_: int) -> tuple[str, ...]:
+        """The engines in the order of this round: swapped every round, so neither is
+        always the one measured just after the other's work."""
+        return ENGINES if round_ % 2 == 0 else ENGINES[::-1]
 
     def starts(self, runs: int) -> None:
-        backend = self.service.backend
         plain: list[float] = []
-        running: list[float] = []
-        absent: list[float] = []
-        stopped: list[float] = []
-        self.first_result("sandbox")
-        self.first_result("python3")
-        for _ in range(runs):
-            plain.append(self.first_result("python3"))
-            running.append(self.first_result("sandbox"))
-            backend.stop(self.sandbox_id)
-            stopped.append(self.first_result("sandbox"))
-            backend.destroy(self.sandbox_id)
-            absent.append(self.first_result("sandbox"))
-        self.record("kubernetes: start to first result: sandbox running", running, plain)
-        self.record("kubernetes: start to first result: sandbox stopped", stopped, plain)
-        self.record("kubernetes: start to first result: no sandbox yet", absent, plain)
+        running: dict[str, list[float]] = {e: [] for e in ENGINES}
+        stopped: dict[str, list[float]] = {e: [] for e in ENGINES}
+        absent: dict[str, list[float]] = {e: [] for e in ENGINES}
+        for engine in ENGINES:  # each sandbox made, both kernels' files in the page cache
+            first_result(self.kernel[engine])
+        first_result("python3")
+        for r in range(runs):
+            plain.append(first_result("python3"))
+            for engine in self.order(r):
+                running[engine].append(first_result(self.kernel[engine]))
+            for engine in self.order(r):
+                self.backend(engine).stop(self.sandbox_id)
+                stopped[engine].append(first_result(self.kernel[engine]))
+            for engine in self.order(r):
+                self.backend(engine).destroy(self.sandbox_id)
+                absent[engine].append(first_result(self.kernel[engine]))
+        for label, times in (
+            ("sandbox running", running),
+            ("sandbox stopped", stopped),
+            ("no sandbox yet", absent),
+        ):
+            self.compare(f"start to first result: {label}", {**times, "ipykernel": plain})
 
     def warm_cells(self, runs: int) -> None:
         from jupyter_client.manager import start_new_kernel
 
-        kernels = {name: start_new_kernel(kernel_name=name) for name in ("sandbox", "python3")}
+        names = {**self.kernel, "ipykernel": "python3"}
+        kernels = {label: start_new_kernel(kernel_name=name) for label, name in names.items()}
         try:
             for _, kc in kernels.values():
-                self.execute(kc, "pass")
-            times: dict[str, list[float]] = {n: [] for n in kernels}
-            for _ in range(runs):
-                for n, (_, kc) in kernels.items():
-                    times[n].append(self.execute(kc, "pass")[0])
-            self.record("kubernetes: warm cell round trip", times["sandbox"], times["python3"])
+                execute(kc, "pass")
+            times: dict[str, list[float]] = {label: [] for label in kernels}
+            for r in range(runs):
+                for label in (*self.order(r), "ipykernel"):
+                    times[label].append(execute(kernels[label][1], "pass")[0])
+            self.compare("warm cell round trip", times)
         finally:
             for km, kc in kernels.values():
                 kc.stop_channels()
                 km.shutdown_kernel(now=True)
 
-    def client_costs(self, runs: int) -> None:
-        """The import on a kernel's start path, and the first byte of an exec."""
-        ours, official = [], []
+    def client_import(self, runs: int) -> None:
+        """The import on a kubernetes kernel's start path: the backend's own client
+        against the official one."""
+        times: dict[str, list[float]] = {"ours": [], "official": []}
         for _ in range(runs):
-            for target, into in (
-                ("sandbox_kernel.backends.kubernetes", ours),
-                ("kubernetes.client, kubernetes.config, kubernetes.stream", official),
+            for label, target in (
+                ("ours", "sandbox_kernel.backends.kubernetes"),
+                ("official", "kubernetes.client, kubernetes.config, kubernetes.stream"),
             ):
                 code = (
                     "import time, sandbox_kernel.backends.base, sandbox_kernel.config\n"
@@ -116,79 +153,101 @@ class KubeBench(Bench):
                 out = subprocess.run(
                     [sys.executable, "-c", code], capture_output=True, text=True, check=True
                 )
-                into.append(float(out.stdout.strip()))
-        self.record(
-            "kubernetes: import of the API client", ours, official, against="official client"
-        )
-        info = self.service.ensure(ScopeKey(self.user)).info
-        backend = self.service.backend
-        firsts, whole = [], []
-        for _ in range(runs * 5):
-            t = time.perf_counter()
-            channel = backend.open_channel(info.id, ["python3", "-c", "print('x')"])
-            channel.read()
-            firsts.append(time.perf_counter() - t)
-            channel.close()
-            t = time.perf_counter()
-            backend.exec(info.id, ["true"])
-            whole.append(time.perf_counter() - t)
-        self.record("kubernetes: exec, first byte of python3", firsts, whole, against="exec true")
+                times[label].append(float(out.stdout.strip()))
+        self.compare("kubernetes: import of the API client", times)
+
+    def exec_costs(self, runs: int) -> None:
+        """The first byte of ``python3`` through the backend's exec, and a whole ``exec
+        true``, in the user's running sandbox of each engine."""
+        for engine in ENGINES:
+            self.service[engine].ensure(ScopeKey(self.user))
+        firsts: dict[str, list[float]] = {e: [] for e in ENGINES}
+        whole: dict[str, list[float]] = {e: [] for e in ENGINES}
+        for r in range(runs):
+            for engine in self.order(r):
+                backend = self.backend(engine)
+                t = time.perf_counter()
+                channel = backend.open_channel(self.sandbox_id, ["python3", "-c", "print('x')"])
+                first = channel.read()
+                firsts[engine].append(time.perf_counter() - t)
+                channel.close()
+                assert first.startswith(b"x"), f"{engine}: exec answered {first[:80]!r}"
+                t = time.perf_counter()
+                result = backend.exec(self.sandbox_id, ["true"])
+                whole[engine].append(time.perf_counter() - t)
+                assert result.exit_code == 0, f"{engine}: exec true ended {result.exit_code}"
+        self.compare("exec: first byte of python3", firsts)
+        self.compare("exec: true, whole", whole)
 
     def files(self, runs: int, size_mb: int) -> None:
-        """Up and down through the REST route (the files pod, while the sandbox runs too)
-        against the backend's own exec stream into the sandbox."""
-        info = self.service.ensure(ScopeKey(self.user)).info
-        backend = self.service.backend
-        proc, url, token = self.with_server()
+        """Up and down through each engine's REST route (kubernetes: the user's files pod;
+        Docker: the sandbox itself), and through the backend's own stream into the
+        running sandbox, curl for every HTTP transfer."""
+        servers = {}
         try:
+            for engine in ENGINES:
+                self.service[engine].ensure(ScopeKey(self.user))
+                servers[engine] = start_server(self.env[engine], self.root)
             src = self.root / "blob.bin"
             with src.open("wb") as fh:
                 for _ in range(size_mb):
                     fh.write(os.urandom(1 << 20))
-            auth = ["-H", f"Authorization: token {token}"]
-            rest = f"{url}/api/sandboxes/{info.id}/files/bench/blob.bin"
             back = self.root / "back.bin"
-            times: dict[str, list[float]] = {k: [] for k in ("up", "down", "exec up", "exec down")}
-            request(f"{url}/api/sandboxes/{info.id}/files?path=", token)  # the files pod, up
-            for _ in range(runs):
-                t = time.perf_counter()
-                subprocess.run(
-                    ["curl", "-sf", "-o", "/dev/null", "-T", str(src), *auth, rest], check=True
-                )
-                times["up"].append(time.perf_counter() - t)
-                t = time.perf_counter()
-                subprocess.run(["curl", "-sf", "-o", str(back), *auth, rest], check=True)
-                times["down"].append(time.perf_counter() - t)
-                assert back.read_bytes() == src.read_bytes(), "REST download differs"
-                t = time.perf_counter()
-                with src.open("rb") as fh:
-                    backend.put_file(info.id, "/tmp/blob.bin", fh)
-                times["exec up"].append(time.perf_counter() - t)
-                t = time.perf_counter()
-                size = sum(len(c) for c in backend.get_file(info.id, "/tmp/blob.bin"))
-                times["exec down"].append(time.perf_counter() - t)
-                assert size == size_mb << 20
-            self.record(
-                f"kubernetes: {size_mb} MB upload (REST)",
-                times["up"],
-                times["exec up"],
-                against="exec stream",
-            )
-            self.record(
-                f"kubernetes: {size_mb} MB download (REST)",
-                times["down"],
-                times["exec down"],
-                against="exec stream",
-            )
+            kinds = ("REST up", "REST down", "stream up", "stream down")
+            times: dict[str, dict[str, list[float]]] = {k: {e: [] for e in ENGINES} for k in kinds}
+            for _, url, token in servers.values():  # kubernetes: the files pod comes up
+                request(f"{url}/api/sandboxes/{self.sandbox_id}/files?path=", token)
+            for r in range(runs):
+                for engine in self.order(r):
+                    _, url, token = servers[engine]
+                    self.transfers(engine, url, token, src, back, times)
+            for kind, label in (
+                ("REST up", "upload (REST)"),
+                ("REST down", "download (REST)"),
+                ("stream up", "upload (the backend's stream)"),
+                ("stream down", "download (the backend's stream)"),
+            ):
+                self.compare(f"{size_mb} MB {label}", times[kind])
         finally:
-            proc.terminate()
-            proc.wait()
+            for proc, _, _ in servers.values():
+                proc.terminate()
+                proc.wait()
+
+    def transfers(
+        self,
+        engine: str,
+        url: str,
+        token: str,
+        src: Path,
+        back: Path,
+        times: dict[str, dict[str, list[float]]],
+    ) -> None:
+        """One round of ``engine``'s four transfers of ``src``, each checked."""
+        auth = ["-H", f"Authorization: token {token}"]
+        rest = f"{url}/api/sandboxes/{self.sandbox_id}/files/bench/blob.bin"
+        backend = self.backend(engine)
+        t = time.perf_counter()
+        subprocess.run(["curl", "-sf", "-o", "/dev/null", "-T", str(src), *auth, rest], check=True)
+        times["REST up"][engine].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        subprocess.run(["curl", "-sf", "-o", str(back), *auth, rest], check=True)
+        times["REST down"][engine].append(time.perf_counter() - t)
+        assert back.read_bytes() == src.read_bytes(), f"{engine}: the REST download differs"
+        t = time.perf_counter()
+        with src.open("rb") as fh:
+            backend.put_file(self.sandbox_id, "/tmp/blob.bin", fh)
+        times["stream up"][engine].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        size = sum(len(c) for c in backend.get_file(self.sandbox_id, "/tmp/blob.bin"))
+        times["stream down"][engine].append(time.perf_counter() - t)
+        assert size == src.stat().st_size, f"{engine}: the stream gave {size} bytes back"
 
     def density(self, limit: int) -> None:
-        """Idle sandboxes (thread scope: one per notebook) until the node refuses one or
-        ``limit`` is reached; memory per idle sandbox from the machine's MemAvailable."""
-        backend = self.service.backend
-        thread_service = SandboxService(self.service.config_with(scope="thread"))
+        """Idle kubernetes sandboxes (thread scope: one per notebook) until the node
+        refuses one or ``limit`` is reached; memory per idle sandbox from the machine's
+        MemAvailable."""
+        service = self.service["kubernetes"]
+        thread_service = SandboxService(service.config_with(scope="thread"))
         before = mem_available_mib()
         made = 0
         elapsed = 0.0
@@ -212,15 +271,19 @@ class KubeBench(Bench):
             "seconds per sandbox": round(elapsed / made, 2) if made else None,
         }
         print(
-            f"kubernetes: idle sandboxes on the node        {made} ({reason}); "
+            f"kubernetes: idle sandboxes on the node: {made} ({reason}); "
             f"{per:.1f} MiB each; {elapsed / max(made, 1):.2f} s each to make",
             flush=True,
         )
+        backend = service.backend
         for info in backend.list(self.user):
             backend.destroy(info.id)
 
     def cleanup(self) -> None:
-        self.api.delete(f"/api/v1/namespaces/{self.namespace}")
+        try:
+            self.api.delete(f"/api/v1/namespaces/{self.namespace}")
+        finally:
+            remove_docker_sandboxes(self.user, self.root)
 
 
 def main() -> int:
@@ -229,24 +292,31 @@ def main() -> int:
     )
     parser.add_argument("--smoke", action="store_true", help="a quick pass (CI)")
     parser.add_argument(
+        "--rounds", type=int, default=7, metavar="N", help="rounds of the starts (default 7)"
+    )
+    parser.add_argument(
         "--density", type=int, default=0, metavar="N", help="idle sandboxes, at most N"
     )
     parser.add_argument(
         "--out", default=str(HERE / "results" / "kube-latest.json"), help="where to write JSON"
     )
     args = parser.parse_args()
+    import docker
+
     root = Path(tempfile.mkdtemp(prefix="sk-kbench-"))
     bench = KubeBench(root, pick_image())
     version = bench.api.get("/version").get("gitVersion", "?")
-    machine: dict[str, Any] | str = (
+    machine = (
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
-        f"Kubernetes {version}, image {bench.image}"
+        f"Kubernetes {version}, Docker {docker.from_env().version().get('Version', '?')}, "
+        f"image {bench.image}"
     )
     print(f"machine: {machine}", flush=True)
     try:
-        bench.client_costs(2 if args.smoke else 10)
+        bench.client_import(2 if args.smoke else 10)
+        bench.exec_costs(5 if args.smoke else 50)
         bench.warm_cells(10 if args.smoke else 200)
-        bench.starts(1 if args.smoke else 7)
+        bench.starts(1 if args.smoke else args.rounds)
         bench.files(1 if args.smoke else 3, 10 if args.smoke else 100)
         if args.density or args.smoke:
             bench.density(args.density or 3)

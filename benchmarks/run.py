@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,59 +31,41 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
 
 import docker
+from harness import (
+    HERE,
+    Results,
+    execute,
+    first_result,
+    mem_available_mib,
+    pick_image,
+    remove_docker_sandboxes,
+    request,
+    sandbox_env,
+    service_of,
+    shim_rss_mib,
+    start_server,
+    write_kernelspec,
+)
 from jupyter_client.manager import start_new_kernel
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-if str(REPO) not in sys.path:  # run from a checkout without installing
-    sys.path.insert(0, str(REPO))
 
-from sandbox_kernel.kernelspec import kernelspec  # noqa: E402
+class Bench(Results):
+    """The Docker backend's sandbox kernel against plain ipykernel, measure by measure."""
 
+    execute = staticmethod(execute)
 
-def pick_image() -> str:
-    if os.environ.get("SANDBOX_KERNEL_IMAGE"):
-        return os.environ["SANDBOX_KERNEL_IMAGE"]
-    try:
-        docker.from_env().images.get("sandbox-kernel-test:bookworm")
-        return "sandbox-kernel-test:bookworm"
-    except Exception:
-        return "python:3.12-slim"
-
-
-class Bench:
     def __init__(self, root: Path, image: str) -> None:
+        super().__init__()
         self.root = root
         self.image = image
         self.user = f"bench-{uuid.uuid4().hex[:6]}"
-        self.env = {
-            "SANDBOX_KERNEL_BACKEND": "docker",
-            "SANDBOX_KERNEL_IMAGE": image,
-            "SANDBOX_KERNEL_WORKSPACE_ROOT": str(root / "ws"),
-            "SANDBOX_KERNEL_STATE_DIR": str(root / "state"),
-            "SANDBOX_KERNEL_USER": self.user,
-            "SANDBOX_KERNEL_OUTPUT_LIMIT": str(50_000_000),
-            "SANDBOX_KERNEL_MAX_SANDBOXES": "1000",
-            # Kernels start from the checkout: measure the plain sandbox (no host folder).
-            "SANDBOX_KERNEL_WORK_ROOT": "none",
-            "PYTHONPATH": str(REPO),
-        }
-        # The kernelspec users get (with its IPC provisioner), pointed at this run's settings;
-        # "sandbox-ci" as in a CI checkout: the notebook's folder is the work folder.
-        for name, env in (
-            ("sandbox", self.env),
-            ("sandbox-ci", {**self.env, "SANDBOX_KERNEL_WORK_ROOT": "auto"}),
-        ):
-            spec = root / "share" / "kernels" / name
-            spec.mkdir(parents=True)
-            (spec / "kernel.json").write_text(
-                json.dumps(kernelspec(f"{name} (bench)", env, python=sys.executable))
-            )
-        os.environ["JUPYTER_PATH"] = str(root / "share")
-        self.results: dict[str, Any] = {}
+        self.env = sandbox_env(root, self.user, image)
+        # The kernelspec users get, pointed at this run's settings; "sandbox-ci" as in a
+        # CI checkout: the notebook's folder is the work folder.
+        write_kernelspec(root, "sandbox", self.env)
+        write_kernelspec(root, "sandbox-ci", {**self.env, "SANDBOX_KERNEL_WORK_ROOT": "auto"})
 
     @property
     def sandbox_id(self) -> str:
@@ -97,45 +78,11 @@ class Bench:
 
         return engine_name(installation_id(self.env["SANDBOX_KERNEL_STATE_DIR"]), self.sandbox_id)
 
-    # -- helpers ----------------------------------------------------------------
-    @staticmethod
-    def execute(kc: Any, code: str, timeout: float = 120) -> tuple[float, list[dict]]:
-        started = time.perf_counter()
-        msg_id = kc.execute(code)
-        outputs = []
-        while True:
-            msg = kc.get_iopub_msg(timeout=timeout)
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                break
-            if msg["msg_type"] in ("stream", "display_data", "execute_result"):
-                outputs.append(msg)
-        elapsed = time.perf_counter() - started
-        while kc.get_shell_msg(timeout=timeout)["parent_header"].get("msg_id") != msg_id:
-            pass
-        return elapsed, outputs
+    def first_result(self, name: str) -> float:
+        return first_result(name)
 
-    def record(
-        self,
-        name: str,
-        sandbox: list[float],
-        baseline: list[float] | None,
-        unit: str = "s",
-        against: str = "ipykernel",
-    ) -> None:
-        row: dict[str, Any] = {"unit": unit, "sandbox": summary(sandbox)}
-        line = f"{name:42s} sandbox {fmt(row['sandbox'], unit)}"
-        if baseline:
-            row[against] = summary(baseline)
-            row["ratio"] = (
-                round(row["sandbox"]["median"] / row[against]["median"], 2)
-                if row[against]["median"]
-                else None
-            )
-            line += f"  {against} {fmt(row[against], unit)}  ratio {row['ratio']}x"
-        self.results[name] = row
-        print(line, flush=True)
+    def with_server(self) -> tuple[subprocess.Popen, str, str]:
+        return start_server(self.env, self.root)
 
     # -- measures ------------------------------------------------------------------
     def cells(self, runs: int) -> None:
@@ -188,16 +135,6 @@ class Bench:
                 kc.stop_channels()
                 km.shutdown_kernel(now=True)
 
-    def first_result(self, name: str) -> float:
-        started = time.perf_counter()
-        km, kc = start_new_kernel(kernel_name=name, startup_timeout=300)
-        try:
-            self.execute(kc, "1")
-            return time.perf_counter() - started
-        finally:
-            kc.stop_channels()
-            km.shutdown_kernel(now=True)
-
     def starts(self, runs: int) -> None:
         client = docker.from_env()
         # Interleaved, one of each per round, so a slow minute of this (shared) machine
@@ -218,43 +155,6 @@ class Bench:
         self.record("start to first result: sandbox exists", existing, plain)
         self.record("start to first result: no sandbox yet", fresh, plain)
         self.record("start to first result: sandbox stopped", stopped, plain)
-
-    def with_server(self) -> tuple[subprocess.Popen, str, str]:
-        port = free_port()
-        token = uuid.uuid4().hex
-        env = {**os.environ, **self.env}
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyter",
-                "server",
-                f"--port={port}",
-                "--no-browser",
-                "--allow-root",
-                f"--IdentityProvider.token={token}",
-                "--ServerApp.jpserver_extensions={'jupyter_ext': True}",
-                "--SandboxExtension.gc_interval=0",
-                f"--ServerApp.root_dir={self.root}",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120  # a loaded machine starts a server slowly
-        while True:
-            try:
-                request(url + "/api/status", token)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    proc.kill()
-                    raise RuntimeError(
-                        "the Jupyter server for the file measures did not start"
-                    ) from None
-                time.sleep(0.1)
-        return proc, url, token
 
     def files(self, runs: int, size_mb: int) -> None:
         """Upload and download through the REST route and WebDAV, against ``docker cp``,
@@ -346,7 +246,10 @@ class Bench:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.2)
-            small_p, small_d, big_p, big_d = [], [], [], []
+            small_p: list[float] = []
+            small_d: list[float] = []
+            big_p: list[float] = []
+            big_d: list[float] = []
             for _ in range(runs):
                 for _ in range(20):
                     t = time.perf_counter()
@@ -410,27 +313,13 @@ class Bench:
         all of them, and where the engine's limits bite."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from sandbox_kernel.config import load_config
         from sandbox_kernel.identity import ScopeKey
-        from sandbox_kernel.service import SandboxService
 
-        cfg = load_config(
-            environ={},
-            **{
-                k.removeprefix("SANDBOX_KERNEL_").lower(): v
-                for k, v in self.env.items()
-                if k.startswith("SANDBOX_KERNEL_")
-            },
-        )
-        service = SandboxService(cfg)
+        service = service_of(self.env)
         backend = service.backend
         # A kernelspec without the user's settings: each kernel names its sandbox (env).
-        spec = self.root / "share" / "kernels" / "sandbox-scale"
-        spec.mkdir(parents=True, exist_ok=True)
         scale_env = {k: v for k, v in self.env.items() if k != "SANDBOX_KERNEL_USER"}
-        (spec / "kernel.json").write_text(
-            json.dumps(kernelspec("sandbox (scale)", scale_env, python=sys.executable))
-        )
+        write_kernelspec(self.root, "sandbox-scale", scale_env)
         proc, url, token = self.with_server()
         made = 0
         available_before = mem_available_mib()
@@ -727,64 +616,7 @@ class Bench:
         }
 
     def cleanup(self) -> None:
-        from sandbox_kernel.backends import disks
-
-        client = docker.from_env()
-        for c in client.containers.list(all=True, filters={"label": "sandbox-kernel.managed=1"}):
-            if c.labels.get("sandbox-kernel.user-id", "").startswith(self.user):
-                c.remove(force=True)
-        disks.release_beneath(self.root)  # the workspaces' disks, so the folder can go
-
-
-def request(url: str, token: str, method: str = "GET", **headers: str) -> bytes:
-    req = urllib.request.Request(
-        url, method=method, headers={"Authorization": f"token {token}", **headers}
-    )
-    with urllib.request.urlopen(req, timeout=60) as response:
-        return response.read()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def mem_available_mib() -> float:
-    """The host's MemAvailable (MiB)."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def shim_rss_mib() -> list[float]:
-    """Resident memory of each of the engine's per-container shims on this host (MiB)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if not (proc / "comm").read_text().startswith("containerd-shim"):
-                continue
-            for line in (proc / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    found.append(int(line.split()[1]) / 1024)
-        except OSError:
-            continue
-    return found
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    p95 = ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
-    return {"median": statistics.median(ordered), "p95": p95, "n": len(ordered)}
-
-
-def fmt(s: dict[str, float], unit: str = "s") -> str:
-    if unit != "s":
-        return f"median {s['median']:9.1f} {unit} p95 {s['p95']:9.1f} {unit}"
-    return f"median {s['median'] * 1000:9.2f} ms p95 {s['p95'] * 1000:9.2f} ms"
+        remove_docker_sandboxes(self.user, self.root)
 
 
 def main() -> int:

@@ -10,9 +10,10 @@ whole path (for apps told their own prefix, as jupyter-server-proxy's ``absolute
   sandbox is 403, an unknown one 404, a bad port 400, and a sandbox that is not running
   409, saying how to start it: a preview never wakes a sandbox.
 * **Where.** The address comes from the engine, for that sandbox (its container's own
-  address on our network for Docker), never from the request: a path, ``Host`` header
-  or absolute URL cannot name another host. Redirects are handed to the browser,
-  never followed here.
+  address on our network for Docker; a socket made in its own network namespace for
+  the local backend, see ``upstream``), never from the request: a path, ``Host``
+  header or absolute URL cannot name another host. Redirects are handed to the
+  browser, never followed here.
 * **What the app gets.** Never the user's Jupyter credentials: Jupyter's cookies, its
   ``token`` query argument, ``token``/``Bearer`` authorization and the XSRF header are
   removed, hop-by-hop headers dropped; the app may not set Jupyter's cookies either.
@@ -44,7 +45,6 @@ from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from tornado import httpclient, httputil, web, websocket
 from tornado.iostream import StreamClosedError
-from tornado.simple_httpclient import SimpleAsyncHTTPClient
 
 from sandbox_kernel.backends.base import PortTarget
 from sandbox_kernel.errors import SandboxError, shorten
@@ -53,6 +53,7 @@ from sandbox_kernel.service import SandboxService
 
 from .handlers import AUTH_RESOURCE, http_error, request_owner
 from .metrics import PROXY_BYTES, PROXY_REQUESTS
+from .upstream import http_client, websocket_connect
 
 PREVIEW_MOUNT = "sandbox-kernel/preview"
 GRANT_SECONDS = 12 * 3600  # how long a browser's preview grant lasts
@@ -294,7 +295,8 @@ class ProxyHandler(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
             header_callback=head.append,
             streaming_callback=lambda chunk: self._send_chunk(head, chunk),
         )
-        client = SimpleAsyncHTTPClient(force_instance=True, max_body_size=1 << 62)
+        assert self._target is not None
+        client = http_client(self._target.opener, max_body_size=1 << 62)
         try:
             response = await client.fetch(request, raise_error=False)
             error: BaseException | None = response.error if response.code == 599 else None
@@ -404,8 +406,10 @@ class ProxyHandler(WebSocketMixin, websocket.WebSocketHandler, JupyterHandler):
             connect_timeout=CONNECT_TIMEOUT,
             request_timeout=CONNECT_TIMEOUT,
         )
+        assert self._target is not None
         try:
-            self._upstream = await websocket.websocket_connect(
+            self._upstream = await websocket_connect(
+                self._target.opener,
                 request,
                 on_message_callback=self._from_app,
                 subprotocols=protocols or None,

@@ -83,9 +83,14 @@ class LocalHost:
     def root(self) -> bool:
         return self.mode == "root"
 
-    def run(self, script: str, /, driver_timeout: float = 300, **args: Any) -> dict[str, Any]:
+    def run(
+        self, script: str, /, driver_timeout: float = 300, hosts: str = "", **args: Any
+    ) -> dict[str, Any]:
         """Run ``script`` (the body of a try block, after the prelude) as the account,
-        with ``args`` as ARGS; the RESULT dict it filled."""
+        with ``args`` as ARGS; the RESULT dict it filled. With ``hosts``, the driver
+        (and what it starts: sandboxes' helpers, egress proxies) sees that text as
+        /etc/hosts, in a mount namespace of its own: names of a test's servers, which
+        this machine's resolver cannot be told (root only)."""
         body = "\n".join("    " + line for line in script.strip("\n").splitlines())
         program = f"import sys\nsys.path[:0] = {self.path!r}\n" + _PRELUDE + body + "\n" + _EPILOGUE
         env = {
@@ -100,16 +105,30 @@ class LocalHost:
             "JUPYTER_RUNTIME_DIR": str(self.folder / "jupyter-runtime"),
         }
         cgroup_files = [str(c / "cgroup.procs") for c in self.cgroups]
+        hosts_file = ""
+        if hosts and os.geteuid() != 0:
+            pytest.skip("naming a test's servers in /etc/hosts needs root (a mount namespace)")
+        if hosts:
+            hosts_file = str(self.folder / "hosts")
+            Path(hosts_file).write_text(hosts)
+            os.chmod(hosts_file, 0o644)
+        become = os.geteuid() != self.uid
 
-        def join() -> None:  # as the account: into the cgroups given to it
-            for path in cgroup_files:
+        def prepare() -> None:  # in the driver, before it runs anything
+            if hosts_file:
+                with_hosts(hosts_file)
+            if become and hosts_file:  # (else subprocess does it, before this)
+                os.setgroups([])
+                os.setresgid(self.gid, self.gid, self.gid)
+                os.setresuid(self.uid, self.uid, self.uid)
+            for path in cgroup_files:  # as the account: into the cgroups given to it
                 with open(path, "w") as fh:
                     fh.write("0")
 
         as_account = (
-            {}
-            if os.geteuid() == self.uid
-            else {"user": self.uid, "group": self.gid, "extra_groups": []}
+            {"user": self.uid, "group": self.gid, "extra_groups": []}
+            if become and not hosts_file
+            else {}
         )
         done = subprocess.run(
             [self.python, "-I", "-c", program],
@@ -118,7 +137,7 @@ class LocalHost:
             capture_output=True,
             text=True,
             timeout=driver_timeout,
-            preexec_fn=join if cgroup_files else None,
+            preexec_fn=prepare if cgroup_files or hosts_file else None,
             **as_account,  # type: ignore[arg-type]
         )
         line = next(
@@ -130,6 +149,21 @@ class LocalHost:
         result: dict[str, Any] = json.loads(line[7:])
         assert "cleanup" not in result, f"ending the sandboxes failed: {result['cleanup']}"
         return result
+
+
+def with_hosts(hosts_file: str) -> None:
+    """In a child about to run a test's program (root): a mount namespace of its own in
+    which /etc/hosts is ``hosts_file`` (the host's own stays as it is)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    ms_rec, ms_private, ms_bind, clone_newns = 0x4000, 1 << 18, 0x1000, 0x00020000
+    if libc.unshare(clone_newns) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(None, b"/", None, ms_rec | ms_private, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    if libc.mount(hosts_file.encode(), b"/etc/hosts", None, ms_bind, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --bind hosts /etc/hosts")
 
 
 def _runnable_python(uid: int, gid: int, path: list[str]) -> str:
@@ -269,8 +303,11 @@ def _local_host(mode: str, account: tuple[int, int]) -> Iterator[LocalHost]:
     try:
         yield host
     finally:
+        from tests.conftest import release_disks
+
         if mode != "root":
             _end_processes_of(uid)
         for cgroup in cgroups:
             _remove_cgroup(cgroup)
+        release_disks(folder)  # a root server's workspaces are disks, kept as workspaces are
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Engines are found by name: ours, and any another package registers through the
+"""Engines are found by name: ours, and any other package registers through the
 ``sandbox_kernel.backends`` entry points (fast: a package made on disk, no engine)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_kernel.backends import BUILTIN, ENTRY_POINTS
+from sandbox_kernel.backends.base import epoch_of
 from sandbox_kernel.config import ENGINES, ConfigError, load_config
 
 pytestmark = pytest.mark.fast
@@ -88,3 +89,20 @@ def test_our_engines_are_named_once() -> None:
         load_config(environ={"SANDBOX_KERNEL_BACKEND": "dokcer"})
     assert "SANDBOX_KERNEL_BACKEND" in str(err.value) and "docker" in str(err.value)
     assert load_config(environ={"SANDBOX_KERNEL_BACKEND": " Docker "}).backend == "docker"
+
+
+@pytest.mark.parametrize(
+    ("stamp", "seconds"),
+    [
+        ("2026-11-26T12:00:00.123456789Z", 1795694400.123456),  # Docker: nanoseconds
+        ("2026-11-26T12:00:00Z", 1795694400.0),  # Kubernetes
+        ("2026-11-26 12:00:00.5+00:00", 1795694400.5),  # Daytona's SDK, as text
+        ("2026-11-26T13:00:00+01:00", 1795694400.0),
+        ("", 0.0),
+        (None, 0.0),
+        ("yesterday", 0.0),
+    ],
+)
+def test_every_engines_times_read_the_same(stamp: str | None, seconds: float) -> None:
+    """One reader of the engines' RFC 3339 times, whatever their fraction and zone."""
+    assert epoch_of(stamp) == pytest.approx(seconds)

@@ -13,8 +13,9 @@ modules run there are standard library only (IPython is used when the image has 
 * ``restrict``: a user's command under the rules of host folders (no links, FIFOs);
 * ``user_command``, ``command`` (an agent's shell command), ``fs_helper`` (files the
   host cannot reach directly), ``hangup`` (a terminal's end), ``timeout_runner``;
-* ``egress_forward`` (the main process of a sandbox with an egress allowlist) and
-  ``egress_proxy`` (the proxy it reaches, in a container of its own; :mod:`.egress_rules`).
+* ``egress_forward`` (the main process of a Docker sandbox with an egress allowlist) and
+  ``egress_proxy`` (the proxy it reaches: a container of its own on Docker, a process of
+  the host on the local backend; :mod:`.egress_rules`).
 
 Programs the host runs for itself start isolated (``-I``): the user's site-packages
 and any working folder are the sandbox user's to write. The kernel's interpreter is the

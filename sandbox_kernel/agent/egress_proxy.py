@@ -1,9 +1,11 @@
 """The egress proxy: what sandboxes with an allowlist reach the network through.
 
-It runs in a container of its own (see the Docker backend's ``egress`` module), one per
-allowlist and installation, on a network that reaches out, and listens on a Unix
-socket in a volume that those sandboxes mount read-only; the sandboxes themselves have
-no network at all. It speaks the HTTP proxy protocol that pip, git, curl and most
+On Docker it runs in a container of its own (see the Docker backend's ``egress``
+module), one per allowlist and installation, on a network that reaches out, and listens
+on a Unix socket in a volume that those sandboxes mount read-only. On the local backend
+it is a bubblewrap'd process of the host, one per sandbox, listening on the sandbox's
+own loopback through a socket made there (see that backend's ``egress`` module). The
+sandboxes themselves have no network at all. It speaks the HTTP proxy protocol that pip, git, curl and most
 clients use when ``HTTPS_PROXY`` / ``HTTP_PROXY`` are set:
 
 * ``CONNECT host:port``: the host and port are checked against the list (see
@@ -20,6 +22,7 @@ print) and counted; the counts are written to a small file the host reads.
 Standard library only, Python 3.8.
 """
 
+import errno
 import json
 import os
 import select
@@ -38,6 +41,8 @@ IDLE_TIMEOUT = 600.0  # a relayed connection silent both ways this long is close
 MAX_CONNECTIONS = 512
 HELLO_LIMIT = 64 * 1024
 LOG_PER_SECOND = 20
+# accept() errors that pass (the proxy's limits, a client gone before it was taken).
+PASSING = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED)
 HOP_HEADERS = {
     "connection",
     "keep-alive",
@@ -82,8 +87,11 @@ class Counts:
             self.logged[1] += 1
             show = self.logged[1] <= LOG_PER_SECOND
         if show:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
+            try:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+            except OSError:  # a log that may not grow further: the count holds all the same
+                pass
 
     def _writer(self):
         while True:
@@ -99,7 +107,10 @@ class Counts:
                     handle.write(data)
                 os.replace(temporary, self.path)
             except OSError as exc:
-                sys.stderr.write("cannot write the counts: %s\n" % exc)
+                try:
+                    sys.stderr.write("cannot write the counts: %s\n" % exc)
+                except OSError:
+                    pass
 
 
 def read_head(conn):
@@ -132,7 +143,11 @@ def parse_head(head):
 
 class Proxy:
     def __init__(self, config):
-        self.rules = Rules(config["allow"], config.get("never", ()))
+        self.rules = Rules(
+            config["allow"],
+            config.get("never", ()),
+            config.get("never_why", "the sandboxes' own network"),
+        )
         self.counts = Counts(config["counts"])
         self.slots = threading.BoundedSemaphore(config.get("max_connections", MAX_CONNECTIONS))
 
@@ -288,6 +303,7 @@ class Proxy:
         return data
 
     def serve(self, path):
+        """Serve on a Unix socket at ``path`` (made here, for any uid of a sandbox)."""
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -297,17 +313,32 @@ class Proxy:
         os.chmod(path + ".new", 0o666)  # any uid of a sandbox may connect
         server.listen(256)
         os.replace(path + ".new", path)
+        self.serve_on(server)
+
+    def serve_on(self, server):
+        """Serve on the listening socket ``server`` (its clients are sandboxes')."""
         sys.stderr.write(
             "egress proxy listening; allowed: %s\n" % ", ".join(e.text for e in self.rules.entries)
         )
         sys.stderr.flush()
         while True:
-            conn, _ = server.accept()
+            try:
+                conn, _ = server.accept()
+            except OSError as exc:
+                if exc.errno not in PASSING:
+                    raise
+                time.sleep(0.05)  # out of descriptors or memory, for a moment
+                continue
             if not self.slots.acquire(blocking=False):
                 self.refuse(conn, Denied("busy", "the egress proxy is busy; try again", 503), "?")
                 conn.close()
                 continue
-            threading.Thread(target=self._run, args=(conn,), daemon=True).start()
+            try:
+                threading.Thread(target=self._run, args=(conn,), daemon=True).start()
+            except RuntimeError:  # no thread to be had (the processes limit it shares)
+                self.slots.release()
+                self.refuse(conn, Denied("busy", "the egress proxy is busy; try again", 503), "?")
+                conn.close()
 
     def _run(self, conn):
         try:
@@ -393,6 +424,26 @@ def relay(a, b):
                 pass
 
 
+def end_with(fd):
+    """End this process once the pipe ``fd`` reads end of file: its other end is held by
+    what the proxy serves (a local sandbox's holder), which has ended."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    finally:
+        os._exit(0)
+
+
 def main():
+    """``egress_proxy CONFIG``: CONFIG is JSON with ``allow`` (the list), ``never`` and
+    ``never_why`` (networks never reached), ``counts`` (where refusals are counted), and
+    ``socket`` (a Unix socket to make) or ``listen_fd`` (a listening socket it was
+    given); with ``exit_fd`` it ends when that pipe closes."""
     config = json.loads(sys.argv[1])
-    Proxy(config).serve(config["socket"])
+    if config.get("exit_fd") is not None:
+        threading.Thread(target=end_with, args=(int(config["exit_fd"]),), daemon=True).start()
+    proxy = Proxy(config)
+    if config.get("listen_fd") is not None:
+        proxy.serve_on(socket.socket(fileno=int(config["listen_fd"])))
+    else:
+        proxy.serve(config["socket"])

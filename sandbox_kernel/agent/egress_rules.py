@@ -197,11 +197,14 @@ def parse_entry(raw):
 
 
 class Rules:
-    """The parsed list, and the networks that are never reached (the sandboxes')."""
+    """The parsed list, and the networks that are never reached, listed or not (the
+    sandboxes' own network on Docker; the host's own loopback where the proxy runs on
+    the host), which ``never_why`` names in a refusal."""
 
-    def __init__(self, entries, never=()):
+    def __init__(self, entries, never=(), never_why="the sandboxes' own network"):
         self.entries = [parse_entry(e) for e in entries]
         self.never = [ipaddress.ip_network(n, strict=False) for n in never]
+        self.never_why = never_why
 
     def names_for(self, name, port):
         """The name entries that allow ``name`` on ``port``."""
@@ -225,7 +228,7 @@ class Rules:
         if address.version == 6 and address.ipv4_mapped is not None:
             address = address.ipv4_mapped
         if any(address.version == n.version and address in n for n in self.never):
-            return "%s is on the sandboxes' own network" % address
+            return "%s is on %s" % (address, self.never_why)
         networks = [e for e in self.networks_for(port) if e.opens(address)]
         if _within(address, _LOCAL):
             if any(e.inner() for e in networks):

@@ -23,6 +23,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import IO, Any, Protocol
 
 from ..errors import (  # noqa: F401  (re-exported: backends raise them)
@@ -252,6 +253,22 @@ def is_files_sandbox(sandbox_id: str) -> bool:
     return sandbox_id.endswith(FILES_SUFFIX)
 
 
+def epoch_of(stamp: str | None) -> float:
+    """An engine's RFC 3339 time (``2026-11-26T12:00:00.123456789Z``, any fraction, ``Z``
+    or an offset) as epoch seconds; 0.0 for none or anything else."""
+    if not stamp:
+        return 0.0
+    match = re.fullmatch(r"([^.]+?)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?", stamp.strip())
+    if not match:
+        return 0.0
+    main, fraction, zone = match.groups()
+    try:
+        when = datetime.fromisoformat(main + (zone or "Z").replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return when.timestamp() + (float("0." + fraction[:6]) if fraction else 0.0)
+
+
 def not_found(sandbox_id: str) -> SandboxNotFound:
     """The one wording for unknown ids, so CLI and REST say the same thing."""
     return SandboxNotFound(
@@ -355,11 +372,18 @@ class PortTarget:
 
     ``url`` is ``http://HOST:PORT`` (or an engine's own https preview origin) with no
     path; ``headers`` go with every request to it (an engine's preview token), and never
-    back to the client.
+    back to the client. ``opener``, for an engine whose sandboxes' ports have no address
+    on this host (the local backend's network namespaces), makes each connection's
+    socket instead: an unconnected socket where the port is reached, and the address to
+    connect it to (``url`` then names that address for the app's redirects); it raises
+    OSError, saying why, where nothing can be reached.
     """
 
     url: str
     headers: dict[str, str] = field(default_factory=dict)
+    opener: Callable[[], tuple[socket.socket, tuple[str, int]]] | None = field(
+        default=None, compare=False
+    )
 
 
 MIN_PORT = 1

@@ -42,22 +42,25 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-# Linux's numbers for the mount API (the same on every architecture since 5.2).
-_SYS_MOVE_MOUNT = 429
-_SYS_FSOPEN = 430
-_SYS_FSCONFIG = 431
-_SYS_FSMOUNT = 432
+from .mount_api import (
+    MNT_DETACH,
+    MOUNT_ATTR_NODEV,
+    MOUNT_ATTR_NOSUID,
+    MOVE_MOUNT_F_EMPTY_PATH,
+    MOVE_MOUNT_T_EMPTY_PATH,
+    SYS_FSCONFIG,
+    SYS_FSMOUNT,
+    SYS_FSOPEN,
+    SYS_MOVE_MOUNT,
+    UMOUNT_NOFOLLOW,
+)
+
+# fsopen, fsconfig and fsmount flags (the numbers are in mount_api.py).
 _FSOPEN_CLOEXEC = 1
 _FSCONFIG_SET_FLAG = 0
 _FSCONFIG_SET_STRING = 1
 _FSCONFIG_CMD_CREATE = 6
 _FSMOUNT_CLOEXEC = 1
-_MOUNT_ATTR_NOSUID = 0x2
-_MOUNT_ATTR_NODEV = 0x4
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_MOVE_MOUNT_T_EMPTY_PATH = 0x40
-_MNT_DETACH = 2
-_UMOUNT_NOFOLLOW = 8
 # Loop devices (linux/loop.h).
 _LOOP_SET_FD = 0x4C00
 _LOOP_SET_STATUS64 = 0x4C04
@@ -113,7 +116,7 @@ def support() -> Support:
                 return Support(False, "this kernel has no ext4 (modprobe ext4)")
     except OSError as exc:
         return Support(False, f"cannot read /proc/filesystems ({exc.strerror})")
-    probe = _libc().syscall(_SYS_FSOPEN, b"ext4", _FSOPEN_CLOEXEC)
+    probe = _libc().syscall(SYS_FSOPEN, b"ext4", _FSOPEN_CLOEXEC)
     if probe < 0:
         err = ctypes.get_errno()
         return Support(False, f"this kernel cannot mount by descriptor ({os.strerror(err)})")
@@ -244,7 +247,7 @@ class DiskImages:
             image = self.image(kind, name)
             if not _exists(image) or fs_size(image) >= self.size(kind, name):
                 return True
-            if _libc().umount2(os.fsencode(target), _UMOUNT_NOFOLLOW) != 0:
+            if _libc().umount2(os.fsencode(target), UMOUNT_NOFOLLOW) != 0:
                 return False  # busy: a process of this host works in it
             held = any(mounted == str(image) for mounted, _ in mount_points())
             deadline = time.monotonic() + (0 if held else 5)
@@ -334,7 +337,7 @@ class DiskImages:
 def unmount(target: Path) -> None:
     """Take whatever is mounted over ``target`` off it (detached: a process still inside
     keeps it until it leaves); an image's loop device then goes by itself."""
-    _libc().umount2(os.fsencode(target), _MNT_DETACH | _UMOUNT_NOFOLLOW)
+    _libc().umount2(os.fsencode(target), MNT_DETACH | UMOUNT_NOFOLLOW)
 
 
 def release_beneath(folder: str | Path) -> list[str]:
@@ -519,6 +522,12 @@ def _exists(image: Path) -> bool:
     return True
 
 
+def image_of(device: int) -> str:
+    """The image file behind ``device`` (a file's ``st_dev``) when it is a loop device,
+    else "" (what a folder's file system is, as a check of what a path holds)."""
+    return _backing_file(os.minor(device)) if os.major(device) == _LOOP_MAJOR else ""
+
+
 def _backing_file(minor: int) -> str:
     try:
         return (
@@ -609,12 +618,12 @@ def _attach(image: Path, target_fd: int, fill: Callable[[str], None] | None) -> 
             fill(root)
         _check(
             _libc().syscall(
-                _SYS_MOVE_MOUNT,
+                SYS_MOVE_MOUNT,
                 mount_fd,
                 b"",
                 target_fd,
                 b"",
-                _MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH,
+                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
             ),
             "move_mount",
         )
@@ -668,26 +677,26 @@ def _mount_fd(device: str) -> int:
     """A detached mount of the ext4 file system on ``device``: nosuid, nodev, discard
     (freed blocks go back to the host), noinit_itable (the image stays sparse)."""
     libc = _libc()
-    fs_fd = _check(libc.syscall(_SYS_FSOPEN, b"ext4", _FSOPEN_CLOEXEC), "fsopen(ext4)")
+    fs_fd = _check(libc.syscall(SYS_FSOPEN, b"ext4", _FSOPEN_CLOEXEC), "fsopen(ext4)")
     try:
         _check(
             libc.syscall(
-                _SYS_FSCONFIG, fs_fd, _FSCONFIG_SET_STRING, b"source", os.fsencode(device), 0
+                SYS_FSCONFIG, fs_fd, _FSCONFIG_SET_STRING, b"source", os.fsencode(device), 0
             ),
             f"fsconfig(source={device})",
         )
         for flag in (b"discard", b"noinit_itable"):
             _check(
-                libc.syscall(_SYS_FSCONFIG, fs_fd, _FSCONFIG_SET_FLAG, flag, None, 0),
+                libc.syscall(SYS_FSCONFIG, fs_fd, _FSCONFIG_SET_FLAG, flag, None, 0),
                 f"fsconfig({flag.decode()})",
             )
         _check(
-            libc.syscall(_SYS_FSCONFIG, fs_fd, _FSCONFIG_CMD_CREATE, None, None, 0),
+            libc.syscall(SYS_FSCONFIG, fs_fd, _FSCONFIG_CMD_CREATE, None, None, 0),
             f"mount {device}",
         )
         return _check(
             libc.syscall(
-                _SYS_FSMOUNT, fs_fd, _FSMOUNT_CLOEXEC, _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+                SYS_FSMOUNT, fs_fd, _FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
             ),
             "fsmount",
         )

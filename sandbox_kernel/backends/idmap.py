@@ -27,20 +27,21 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-_SYS_OPEN_TREE = 428
-_SYS_MOVE_MOUNT = 429
-_SYS_MOUNT_SETATTR = 442
-_AT_FDCWD = -100
-_AT_EMPTY_PATH = 0x1000
-_AT_RECURSIVE = 0x8000
-_AT_SYMLINK_NOFOLLOW = 0x100
-_OPEN_TREE_CLONE = 1
-_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_MOUNT_ATTR_NOSUID = 0x2
-_MOUNT_ATTR_NODEV = 0x4
-_MOUNT_ATTR_IDMAP = 0x00100000
-_MNT_DETACH = 2
+from .mount_api import (
+    AT_EMPTY_PATH,
+    AT_FDCWD,
+    AT_SYMLINK_NOFOLLOW,
+    MNT_DETACH,
+    MOUNT_ATTR_IDMAP,
+    MOUNT_ATTR_NODEV,
+    MOUNT_ATTR_NOSUID,
+    MOVE_MOUNT_F_EMPTY_PATH,
+    OPEN_TREE_CLOEXEC,
+    OPEN_TREE_CLONE,
+    SYS_MOUNT_SETATTR,
+    SYS_MOVE_MOUNT,
+    SYS_OPEN_TREE,
+)
 
 _CLONE_NEWUSER = 0x10000000
 
@@ -161,10 +162,10 @@ def mount(
         # The source is opened without following a final link (it is a host folder we made).
         tree_fd = _check(
             libc.syscall(
-                _SYS_OPEN_TREE,
-                _AT_FDCWD,
+                SYS_OPEN_TREE,
+                AT_FDCWD,
                 os.fsencode(source),
-                _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_SYMLINK_NOFOLLOW,
+                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW,
             ),
             f"open_tree({source})",
         )
@@ -180,21 +181,21 @@ def mount(
                 "a link): destroy the sandbox (your files stay) and open the notebook again",
             )
         attr = struct.pack(
-            "QQQQ", _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, ns_fd
+            "QQQQ", MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, ns_fd
         )
         buf = ctypes.create_string_buffer(attr, len(attr))
         _check(
-            libc.syscall(_SYS_MOUNT_SETATTR, tree_fd, b"", _AT_EMPTY_PATH, buf, len(attr)),
+            libc.syscall(SYS_MOUNT_SETATTR, tree_fd, b"", AT_EMPTY_PATH, buf, len(attr)),
             "mount_setattr",
         )
         _check(
             libc.syscall(
-                _SYS_MOVE_MOUNT,
+                SYS_MOVE_MOUNT,
                 tree_fd,
                 b"",
-                _AT_FDCWD,
+                AT_FDCWD,
                 os.fsencode(target),
-                _MOVE_MOUNT_F_EMPTY_PATH,
+                MOVE_MOUNT_F_EMPTY_PATH,
             ),
             f"move_mount({target})",
         )
@@ -243,7 +244,7 @@ def unmount(target: Path) -> None:
     for _ in range(4):  # stacked mounts (made twice in a race) come off one by one
         if not is_mountpoint(target):
             break
-        if libc.umount2(os.fsencode(target), _MNT_DETACH) != 0:
+        if libc.umount2(os.fsencode(target), MNT_DETACH) != 0:
             break
     try:
         target.rmdir()

@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .mount_api import AT_EMPTY_PATH
+
 #: Where every installation's guard is pinned (bpffs), one folder each.
 PIN_ROOT = "/sys/fs/bpf/sandbox-kernel"
 #: The version of the program and of its map of names: another one is replaced.
@@ -71,7 +73,6 @@ _PROG_LOAD, _OBJ_PIN, _OBJ_GET, _LINK_CREATE = 5, 6, 7, 28
 _MAP_HASH, _MAP_LRU_HASH = 1, 9
 _PROG_TYPE_LSM, _LSM_MAC = 29, 27
 _STATX_MNT_ID_UNIQUE = 0x4000
-_AT_EMPTY_PATH = 0x1000
 
 
 class GuardUnavailable(Exception):
@@ -755,7 +756,7 @@ def register(mounts: int, ids: list[int]) -> None:
 def mount_id(fd: int) -> int:
     """The unique id (``STATX_MNT_ID_UNIQUE``) of the mount descriptor ``fd`` lies on."""
     buf = ctypes.create_string_buffer(256)
-    result = _libc().syscall(_numbers()[1], fd, b"", _AT_EMPTY_PATH, _STATX_MNT_ID_UNIQUE, buf)
+    result = _libc().syscall(_numbers()[1], fd, b"", AT_EMPTY_PATH, _STATX_MNT_ID_UNIQUE, buf)
     if result < 0:
         code = ctypes.get_errno()
         raise OSError(code, f"statx: {os.strerror(code)}")

@@ -36,7 +36,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from typing import IO, Any, TypeVar
 
 from daytona import (
@@ -87,6 +86,7 @@ from ..base import (
     Spec,
     egress_of,
     engine_name,
+    epoch_of,
     files_sandbox_id,
     is_files_sandbox,
     not_found,
@@ -127,15 +127,6 @@ def _raw_state(item: Any) -> str:
 def _state(sandbox: Any) -> str:
     raw = _raw_state(sandbox)
     return raw if raw in _GONE else _STATES.get(raw, "creating")
-
-
-def _epoch(stamp: str | None) -> float:
-    if not stamp:
-        return 0.0
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
 
 
 PTY_RETRY_DELAYS = (1.0, 3.0)  # seconds between tries of a PTY session's handshake
@@ -234,7 +225,7 @@ class DaytonaBackend(Backend):
             thread=labels.get(LABEL_THREAD, ""),
             state=_state(sandbox),
             image=labels.get(LABEL_IMAGE) or sandbox.snapshot or "",
-            created=_epoch(sandbox.created_at),
+            created=epoch_of(sandbox.created_at),
             engine_id=sandbox.id,
             flavor=labels.get(LABEL_FLAVOR, ""),
             isolation="Daytona sandbox (remote, its own kernel)" + egress_note(egress_of(labels)),
@@ -245,9 +236,9 @@ class DaytonaBackend(Backend):
                 "disk": int(sandbox.disk or 0) * 2**30,
             },
             exit_reason=getattr(sandbox, "error_reason", None) or "",
-            finished=_epoch(sandbox.updated_at) if _state(sandbox) == "stopped" else 0.0,
+            finished=epoch_of(sandbox.updated_at) if _state(sandbox) == "stopped" else 0.0,
             # Daytona stamps updatedAt at each state change: for a running one, its start.
-            started=_epoch(sandbox.updated_at) if _state(sandbox) == "running" else 0.0,
+            started=epoch_of(sandbox.updated_at) if _state(sandbox) == "running" else 0.0,
             snapshot=labels.get(LABEL_SNAPSHOT_OF, ""),
             spec=labels.get(LABEL_SPEC, ""),
             volumes=[v.to_dict() for v in volumes_of(labels)],
@@ -725,7 +716,7 @@ class DaytonaBackend(Backend):
                     user=users.get(owner, owner),
                     source=sources.get(snap.source_sandbox_id or "", snap.source_sandbox_id or ""),
                     size=int((snap.size or 0) * 2**30),
-                    created=_epoch(str(snap.created_at) if snap.created_at else None),
+                    created=epoch_of(str(snap.created_at) if snap.created_at else None),
                     id=snap.id,
                     ref=snap.name[3:],
                 )

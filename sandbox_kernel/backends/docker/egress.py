@@ -21,7 +21,6 @@ ever reach its own list's proxy (the volume holds that proxy's socket alone).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from ..base import (
     egress_label,
     egress_of,
 )
+from ..egress import PORT, PROXY_ENV, digest
 from .env import path_of
 from .errors import engine_errors
 from .network import NETWORK, shared_network
@@ -53,25 +53,8 @@ LABEL_EGRESS_IMAGE = LABEL_PREFIX + "egress-image"  # on a sandbox: its proxy's 
 SOCKET_DIR = "/run/sandbox-kernel/egress"
 SOCKET = SOCKET_DIR + "/proxy.sock"
 COUNTS = "/run/egress-state/counts.json"
-PORT = 3128
-PROXY_URL = f"http://127.0.0.1:{PORT}"
 PROXY_MEMORY = 256 << 20
 PROXY_PIDS = 1100  # a thread per connection, up to the proxy's 512, and room
-# What the sandbox's programs read to find the proxy (both spellings: curl reads only
-# the lower-case http_proxy), and what they reach without it (their own loopback).
-PROXY_ENV = {
-    "HTTP_PROXY": PROXY_URL,
-    "HTTPS_PROXY": PROXY_URL,
-    "http_proxy": PROXY_URL,
-    "https_proxy": PROXY_URL,
-    "NO_PROXY": "localhost,127.0.0.1,::1",
-    "no_proxy": "localhost,127.0.0.1,::1",
-}
-
-
-def digest(entries: tuple[str, ...] | list[str]) -> str:
-    """A short name for an allowlist (the same list in any order gives the same one)."""
-    return hashlib.sha256(egress_label(tuple(entries)).encode()).hexdigest()[:12]
 
 
 def proxy_name(installation: str, entries: tuple[str, ...] | list[str]) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from ...units import format_size
@@ -31,6 +30,7 @@ from ..base import (
     SandboxError,
     SandboxInfo,
     egress_of,
+    epoch_of,
     sandbox_id_of,
     volumes_of,
 )
@@ -113,7 +113,7 @@ def container_info(installation: str, container: Any) -> SandboxInfo:
             "State": state.get("Status", ""),
             "Labels": container.labels,
             "Image": attrs.get("Config", {}).get("Image", ""),
-            "Created": parse_time(attrs.get("Created", "")),
+            "Created": epoch_of(attrs.get("Created", "")),
             "HostConfig": {"NetworkMode": host.get("NetworkMode", "")},
         },
     )
@@ -127,9 +127,9 @@ def container_info(installation: str, container: Any) -> SandboxInfo:
         info.limits["egress_allow"] = egress_of(container.labels)
     info.exit_reason = _exit_reason(state, host)
     if state.get("Status") != "running":
-        info.finished = parse_time(state.get("FinishedAt", ""))
+        info.finished = epoch_of(state.get("FinishedAt", ""))
     else:
-        info.started = parse_time(state.get("StartedAt", ""))
+        info.started = epoch_of(state.get("StartedAt", ""))
     return info
 
 
@@ -207,18 +207,6 @@ def _started_from_status(status: str) -> float:
     else:
         seconds = int(match.group(3)) * _UNITS.get(match.group(4), 0)
     return time.time() - seconds
-
-
-def parse_time(value: str) -> float:
-    """Docker's RFC 3339 timestamps (nanoseconds) to epoch seconds."""
-    if not value:
-        return 0.0
-    main, _, frac = value.rstrip("Z").partition(".")
-    try:
-        stamp = datetime.fromisoformat(main + "+00:00").timestamp()
-    except ValueError:
-        return 0.0
-    return stamp + (float("0." + frac[:6]) if frac[:6].isdigit() else 0.0)
 
 
 def stats_usage(raw: dict[str, Any]) -> dict[str, float]:

@@ -32,16 +32,18 @@ from typing import Any
 
 from ...host_python import python_module
 from .. import lsm_guard
+from ..mount_api import (
+    AT_EMPTY_PATH,
+    MOUNT_ATTR_RDONLY,
+    MOVE_MOUNT_F_EMPTY_PATH,
+    MOVE_MOUNT_T_EMPTY_PATH,
+    OPEN_TREE_CLOEXEC,
+    OPEN_TREE_CLONE,
+    SYS_MOUNT_SETATTR,
+    SYS_MOVE_MOUNT,
+    SYS_OPEN_TREE,
+)
 
-_SYS_OPEN_TREE = 428
-_SYS_MOVE_MOUNT = 429
-_SYS_MOUNT_SETATTR = 442
-_OPEN_TREE_CLONE = 1
-_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
-_AT_EMPTY_PATH = 0x1000
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_MOVE_MOUNT_T_EMPTY_PATH = 0x40
-_MOUNT_ATTR_RDONLY = 0x1
 _CLONE_NEWNS = 0x00020000
 HELPER_TIMEOUT = 30.0
 log = logging.getLogger("sandbox_kernel")
@@ -225,24 +227,24 @@ def _mount_onto_itself(libc: ctypes.CDLL, path: str, read_only: bool) -> None:
     try:
         tree = _check(
             libc.syscall(
-                _SYS_OPEN_TREE, target, b"", _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_EMPTY_PATH
+                SYS_OPEN_TREE, target, b"", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH
             ),
             "open_tree",
         )
         if read_only:
-            attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY, 0, 0, 0)
+            attr = (ctypes.c_uint64 * 4)(MOUNT_ATTR_RDONLY, 0, 0, 0)
             _check(
-                libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH, attr, 32),
+                libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH, attr, 32),
                 "mount_setattr",
             )
         _check(
             libc.syscall(
-                _SYS_MOVE_MOUNT,
+                SYS_MOVE_MOUNT,
                 tree,
                 b"",
                 target,
                 b"",
-                _MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH,
+                MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
             ),
             "move_mount",
         )

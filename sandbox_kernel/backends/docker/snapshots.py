@@ -23,11 +23,12 @@ from ..base import (
     SandboxNotFound,
     SnapshotInfo,
     Spec,
+    epoch_of,
     sandbox_id_of,
 )
 from .carry import LABEL_CARRY
 from .errors import engine_errors
-from .info import BACKEND, LABEL_SNAPSHOT_REF, parse_time
+from .info import BACKEND, LABEL_SNAPSHOT_REF
 
 SNAPSHOT_REPO = "sandbox-kernel-snapshot"
 
@@ -79,7 +80,7 @@ class DockerSnapshots:
             "Id": image.id,
             "Labels": labels,
             "Size": attrs.get("Size"),
-            "Created": parse_time(attrs.get("Created", "")),
+            "Created": epoch_of(attrs.get("Created", "")),
         }
         return _snapshot_info(summary)
 

@@ -35,6 +35,7 @@ from ..base import (
     SandboxError,
     SandboxFailed,
     SandboxNotFound,
+    epoch_of,
 )
 
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -95,7 +96,7 @@ class ClusterConfig:
             ) from None
         self.token = str(status.get("token") or "")
         expiry = status.get("expirationTimestamp")
-        self._token_expiry = _epoch(expiry) if expiry else time.time() + 3600
+        self._token_expiry = epoch_of(expiry) if expiry else time.time() + 3600
         if status.get("clientCertificateData"):
             self.cert_file = self._keep(status["clientCertificateData"].encode())
             self.key_file = self._keep(status["clientKeyData"].encode())
@@ -117,15 +118,6 @@ class ClusterConfig:
         if self.cert_file:
             ctx.load_cert_chain(self.cert_file, self.key_file or None)
         return ctx
-
-
-def _epoch(stamp: str) -> float:
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def load_config(namespace: str = "") -> ClusterConfig:

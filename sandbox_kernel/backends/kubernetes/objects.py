@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from datetime import datetime
 from typing import Any
 
 from ..base import (
@@ -37,6 +36,7 @@ from ..base import (
     SandboxInfo,
     Spec,
     engine_name,
+    epoch_of,
 )
 
 HOME = "/home/sandbox"
@@ -350,15 +350,6 @@ def policy_manifest(
     }
 
 
-def epoch(stamp: str | None) -> float:
-    if not stamp:
-        return 0.0
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
 def annotations_of(obj: dict[str, Any] | None) -> dict[str, str]:
     return ((obj or {}).get("metadata") or {}).get("annotations") or {}
 
@@ -430,7 +421,9 @@ def sandbox_info(
     started = 0.0
     if pod is not None and state == "running":
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
-            started = epoch(((container.get("state") or {}).get("running") or {}).get("startedAt"))
+            started = epoch_of(
+                ((container.get("state") or {}).get("running") or {}).get("startedAt")
+            )
     meta = record.get("metadata") or {}
     return SandboxInfo(
         id=notes.get(A_ID, ""),
@@ -440,7 +433,7 @@ def sandbox_info(
         thread=labels.get(LABEL_THREAD, ""),
         state=state,
         image=labels.get(LABEL_IMAGE, ""),
-        created=epoch(meta.get("creationTimestamp")),
+        created=epoch_of(meta.get("creationTimestamp")),
         engine_id=str(meta.get("uid", "")),
         flavor=labels.get(LABEL_FLAVOR, ""),
         isolation=isolation,

@@ -7,15 +7,20 @@ network namespaces (:mod:`.holder`), its cgroup where the host allows one
 (:mod:`.cgroup`), under a seccomp filter (:mod:`..seccomp`). With a root server it
 runs as a host uid of its own, and sees the workspace, home, /tmp and work folder through
 idmapped mounts (:mod:`.launch`): what it writes there is root's on disk, and root's
-other files are no more its than any stranger's. Without bubblewrap, processes are
+other files are no more its than any stranger's. A root server bounds its workspace
+and its own files with disk images (:mod:`.disk`); a sandbox with an egress allowlist
+reaches out only through a proxy of its own (:mod:`.egress`); previews reach its ports
+from inside its network namespace (:mod:`.netns`). Without bubblewrap, processes are
 plain children of the host in the workspace folder; ``SandboxInfo.isolation`` says
 which, and what does not hold.
 
 Everything that must outlive a process is on disk under ``<state_dir>/local/``:
-``<id>.json`` (the record), ``<id>/home`` and ``<id>/tmp`` (tier-2 files: ``pip
-install`` lands in the home), ``.etc/`` (the /etc sandboxes see, see view.shared_etc), ``<id>/holder.json`` (its namespaces'
-holder while it runs), ``<id>/procs/<pid>`` (live processes, so stop and destroy can
-end them from any process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
+``<id>.json`` (the record, :mod:`.records`), ``<id>/own/home`` and ``<id>/own/tmp``
+(tier-2 files: ``pip install`` lands in the home; ``<id>/home`` and ``<id>/tmp`` for
+sandboxes made before disk bounds), ``.etc/`` (the /etc sandboxes see, see
+view.shared_etc), ``<id>/holder.json`` (its namespaces' holder while it runs),
+``<id>/procs/<pid>`` (live processes, so stop and destroy can end them from any
+process). ``SANDBOX_KERNEL_LOCAL_NO_BWRAP=1`` forces plain processes.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -31,7 +37,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import termios
 import time
 import uuid
@@ -41,7 +46,6 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from ...errors import FileMissing
-from ...folders import protect
 from ...identity import ScopeKey
 from ...safefs import Beneath, make_folder
 from ...volumes import Volume
@@ -53,10 +57,12 @@ from ..base import (
     WORKSPACE,
     AlreadyExists,
     Backend,
+    EgressCount,
     EngineSettings,
     ExecResult,
     Health,
     NotSupported,
+    PortTarget,
     Progress,
     SandboxError,
     SandboxFailed,
@@ -64,21 +70,34 @@ from ..base import (
     Spec,
     not_found,
 )
-from . import cgroup, holder
+from ..egress import PROXY_ENV
+from . import cgroup, egress, holder
 from .channels import LocalChannel, LocalPty, kill_spawn
-from .folders import folder_binds, identity, mapped_volumes
+from .disk import OWN, LocalDisks, own_folder
+from .folders import (
+    folder_binds,
+    identity,
+    mapped_protected,
+    mapped_volumes,
+    protected_paths,
+    workspace_relative,
+)
 from .folders import seccomp_fd as filter_fd
 from .launch import Launch, close_all, pass_fds, start
+from .netns import PortOpeners
+from .records import Records, make_tmp, marker_matches, network_of, process_limits, resources
 from .status import bwrap_works, isolation, limits_report
 from .view import HOME, bwrap_command, shared_etc, system_args
 
 log = logging.getLogger("sandbox_kernel")
 
 
-# An egress allowlist needs a proxy outside the sandbox that only it can reach; this
-# backend has none yet, so a sandbox with a list gets no network at all (closed, never
-# open) and says so.
-EGRESS_CLOSED = "; egress_allow: no network at all (this backend cannot enforce an allowlist)"
+# Sandboxes made before this backend had egress proxies got no network at all for a list.
+EGRESS_CLOSED = "; egress_allow: no network at all (made before local egress proxies)"
+NO_PREVIEWS = (
+    "without bubblewrap a local sandbox has no network of its own: its ports are the "
+    "host's, which previews never reach"
+)
 
 
 class LocalBackend(Backend):
@@ -96,37 +115,29 @@ class LocalBackend(Backend):
     def __init__(self, settings: EngineSettings) -> None:
         super().__init__(settings)
         self.root = Path(settings.state_dir) / "local"
-
-    # -- records ----------------------------------------------------------------
-    def _record_path(self, sandbox_id: str) -> Path:
-        if "/" in sandbox_id or sandbox_id.startswith("."):
-            raise not_found(sandbox_id)
-        return self.root / f"{sandbox_id}.json"
-
-    def _load(self, sandbox_id: str) -> dict[str, Any] | None:
-        try:
-            return json.loads(self._record_path(sandbox_id).read_text())
-        except (OSError, ValueError):
-            return None
-
-    def _save(self, record: dict[str, Any]) -> None:
-        path = self._record_path(record["id"])
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".rec-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(record, fh)
-        os.replace(tmp, path)
+        self._records = Records(self.root)
+        self._load, self._save = self._records.load, self._records.save
+        self._disks = LocalDisks(settings.state_dir, self.root)
+        self._ports = PortOpeners(self.root)
+        # Previews reach a port in the sandbox's own network namespace, which only
+        # bubblewrap gives it.
+        self.previews = bwrap_works()
 
     def _place(self) -> cgroup.Place:
         return cgroup.place(self.settings.installation) if bwrap_works() else cgroup.Place()
 
-    def _isolation(self, record: dict[str, Any]) -> str:
-        said = isolation(self._place(), bool(record.get("network", True)))
-        return said + (EGRESS_CLOSED if record.get("egress_allow") else "")
+    def _isolation(self, record: dict[str, Any], disk: bool) -> str:
+        network = network_of(record)
+        said = isolation(self._place(), network, disk)
+        return said + (EGRESS_CLOSED if record.get("egress_allow") and network == "none" else "")
 
     def _info(self, record: dict[str, Any]) -> SandboxInfo:
         labels = record.get("labels", {})
         place = self._place()
         memory, pids, cpus = resources(record)
+        bounds: dict[str, Any] = {}
+        disk_note = self._disks.describe(record, bounds)
+        network = network_of(record)
         return SandboxInfo(
             id=record["id"],
             backend=self.name,
@@ -138,17 +149,19 @@ class LocalBackend(Backend):
             created=record["created"],
             engine_id=record["engine_id"],
             flavor=record["flavor"],
-            isolation=self._isolation(record),
+            isolation=self._isolation(record, "disk" in bounds),
             workspace=record["workspace"],
             # What holds, not what was asked: 0 where nothing bounds it.
             limits={
                 "memory": memory if "memory" in place.controllers else 0,
                 "cpus": cpus if "cpu" in place.controllers else 0,
                 "pids": pids if bwrap_works() else 0,
-                "network": bool(record.get("network", True))
-                and (not bwrap_works() or bool(holder.slirp_program())),
+                "network": network == "egress"
+                or (network == "open" and (not bwrap_works() or bool(holder.slirp_program()))),
                 **({"egress_allow": record["egress_allow"]} if record.get("egress_allow") else {}),
+                **bounds,
             },
+            disk_note=disk_note,
             finished=record.get("stopped_at", 0.0) if record["state"] == "stopped" else 0.0,
             started=record.get("started_at", record["created"])
             if record["state"] == "running"
@@ -185,7 +198,7 @@ class LocalBackend(Backend):
         self.root.mkdir(parents=True, exist_ok=True)
         workspace = make_folder(Path(self.settings.workspace_root), key.user_id)
         said = f"creating local sandbox {sandbox_id} in {workspace}"
-        if bwrap_works() and spec.network and not holder.slirp_program():
+        if bwrap_works() and spec.network and not spec.egress and not holder.slirp_program():
             said += " (no network: slirp4netns is not installed; apt-get install slirp4netns)"
         progress(said)
         record = {
@@ -200,8 +213,10 @@ class LocalBackend(Backend):
             "memory": spec.memory,
             "cpus": spec.cpus,
             "pids": spec.pids,
-            "network": spec.network and not spec.egress,
+            "network": spec.network,
             "egress_allow": list(spec.egress) if spec.network else [],
+            "disk": spec.disk,
+            OWN: True,  # its home and /tmp in <id>/own, on a disk of its own where one can be
             "shared_folder": spec.shared_folder,
             "work_folder": spec.work_folder,
             "work_read_only": spec.work_read_only,
@@ -215,11 +230,11 @@ class LocalBackend(Backend):
             },
             "labels": {**labels, LABEL_WORKSPACE: str(workspace)},
         }
-        for part in ("home", "procs"):
-            (self.root / sandbox_id / part).mkdir(parents=True, exist_ok=True)
-        _make_tmp(self.root / sandbox_id)
+        (self.root / sandbox_id / "procs").mkdir(parents=True, exist_ok=True)
         try:  # O_EXCL: of many processes creating at once, exactly one writes the record
-            fd = os.open(self._record_path(sandbox_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(
+                self._records.path(sandbox_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600
+            )
         except FileExistsError:
             deadline = time.monotonic() + 5
             while self._load(sandbox_id) is None and time.monotonic() < deadline:
@@ -227,15 +242,42 @@ class LocalBackend(Backend):
             raise AlreadyExists(f"{sandbox_id} was made by another process") from None
         with os.fdopen(fd, "w") as fh:
             json.dump(record, fh)
+        with self._locked(sandbox_id):  # before any process of it: the first waits for this
+            self._prepare(record, first=True)
         return self._info(record)
+
+    def _prepare(self, record: dict[str, Any], first: bool = False) -> None:
+        """Before the first process of the sandbox (its making, or a start after it ran
+        none): its disks mounted (see :mod:`.disk`), its home and /tmp made on them."""
+        self._disks.prepare(record, first=first, plain_in_use=lambda: not self._quiet(record))
+        if not first:
+            self._disks.settle_workspace(record, lambda: self._quiet(record))
+        own = own_folder(self.root, record)
+        (own / "home").mkdir(parents=True, exist_ok=True)
+        make_tmp(own)
+
+    def _quiet(self, record: dict[str, Any]) -> bool:
+        """Whether no process of another sandbox with this workspace runs (none has its
+        folder mounted)."""
+        return not any(
+            o["id"] != record["id"]
+            and o["workspace"] == record["workspace"]
+            and self._records.busy(o["id"])
+            for o in self._records.all()
+        )
 
     def resize(self, sandbox_id: str, spec: Spec) -> bool:
         """The record, and the cgroup's limits at once when it has one."""
         record = self._load(sandbox_id)
         if record is None:
             raise not_found(sandbox_id)
-        record.update(flavor=spec.flavor, memory=spec.memory, cpus=spec.cpus, pids=spec.pids)
+        record.update(
+            flavor=spec.flavor, memory=spec.memory, cpus=spec.cpus, pids=spec.pids, disk=spec.disk
+        )
         self._save(record)
+        self._disks.resize(
+            record, spec.disk, not self._records.busy(sandbox_id), lambda: self._quiet(record)
+        )
         place = self._place()
         folders = place.folders(sandbox_id).values() if place else []
         if record["state"] == "running" and folders and all(f.is_dir() for f in folders):
@@ -264,6 +306,37 @@ class LocalBackend(Backend):
             return {}
         return {i.id: u for i in infos if i.backend == self.name and (u := place.usage(i.id))}
 
+    def disk_usage(self, infos: builtins.list[SandboxInfo]) -> dict[str, dict[str, int]]:
+        records = [self._load(i.id) for i in infos if i.backend == self.name]
+        return self._disks.usage([r for r in records if r])
+
+    def disk_bound(self) -> str:
+        return self._disks.bound_note()
+
+    def workspace_ready(self, info: SandboxInfo) -> None:
+        if info.workspace:
+            self._disks.workspace_ready(Path(info.workspace).name, Path(info.workspace))
+
+    def egress_denied(self) -> builtins.list[EgressCount]:
+        """What the egress proxies of this installation's sandboxes refused, by list and
+        reason (each since its proxy started)."""
+        return egress.denied(self.root, self._records.all())
+
+    def port_target(self, info: SandboxInfo, port: int) -> PortTarget:
+        """Each connection's socket made in the sandbox's own network namespace and
+        connected to its loopback (see :mod:`.netns`): no address of the host is
+        involved. Only apps that listen on every address are reached (an app on its
+        loopback only is not, as on Docker)."""
+        if not self.previews:
+            raise NotSupported(NO_PREVIEWS)
+        self._running(info.id)
+        return PortTarget(
+            f"http://127.0.0.1:{port}", opener=functools.partial(self._ports.open, info.id, port)
+        )
+
+    def no_previews(self) -> str:
+        return "" if self.previews else NO_PREVIEWS
+
     def _folder(self, record: dict[str, Any]) -> Path:
         return self.root / record["id"]
 
@@ -282,7 +355,7 @@ class LocalBackend(Backend):
         with self._locked(sandbox_id):
             procs = self.root / sandbox_id / "procs"
             for marker in procs.glob("*") if procs.is_dir() else []:
-                if marker.name.isdigit() and _marker_matches(marker):
+                if marker.name.isdigit() and marker_matches(marker):
                     kill_spawn(int(marker.name))
                 marker.unlink(missing_ok=True)
             holder.end(self.root / sandbox_id)
@@ -294,16 +367,21 @@ class LocalBackend(Backend):
 
     def sweep(self) -> None:
         """End the processes of sandboxes whose record is gone (removed by hand, or a
-        destroy that died half-way): a holder would otherwise run for ever."""
+        destroy that died half-way): a holder would otherwise run for ever; and their
+        disks go."""
         if not self.root.is_dir():
             return
+        live, orphans = set(), []
         for folder in self.root.iterdir():
-            if (
-                folder.is_dir()
-                and not folder.name.startswith(".")
-                and self._load(folder.name) is None
-            ):
+            if not folder.is_dir() or folder.name.startswith("."):
+                continue
+            record = self._load(folder.name)
+            if record is None:
                 self._end_processes(folder.name)
+                orphans.append(folder)
+            else:
+                live.add(record["engine_id"])
+        self._disks.sweep(live, orphans)
 
     def end_all(self) -> None:
         """End every process of every sandbox of this installation (they stay as they
@@ -359,13 +437,14 @@ class LocalBackend(Backend):
             )
 
     def destroy(self, sandbox_id: str) -> bool:
-        if self._load(sandbox_id) is None:
+        record = self._load(sandbox_id)
+        if record is None:
             return False
         removed: builtins.list[bool] = []
 
         def forget() -> None:  # before a process waiting to start may look
             try:
-                self._record_path(sandbox_id).unlink()
+                self._records.path(sandbox_id).unlink()
                 removed.append(True)
             except FileNotFoundError:
                 pass  # another process destroyed it first
@@ -373,6 +452,7 @@ class LocalBackend(Backend):
         self._end_processes(sandbox_id, then=forget)
         if not removed:
             return False
+        self._disks.release(record)
         shutil.rmtree(self.root / sandbox_id, ignore_errors=True)  # tier 2 goes; workspace stays
         return True
 
@@ -400,11 +480,13 @@ class LocalBackend(Backend):
         return record
 
     def workspace_source(self, record: dict[str, Any]) -> str:
-        """The host folder shown at /workspace: the user's workspace folder. (A bound on
-        its size, a file system image per workspace, would be mounted and returned here.)"""
+        """The host folder shown at /workspace: the user's workspace folder (with its
+        disk mounted over it, where one bounds it)."""
         return str(record["workspace"])
 
-    def _base_env(self, env: dict[str, str] | None, home: str) -> dict[str, str]:
+    def _base_env(
+        self, env: dict[str, str] | None, home: str, proxy: dict[str, str] | None = None
+    ) -> dict[str, str]:
         return {
             # No ~/.local/bin: the host's programs must not find a planted python3 (the
             # agent puts it first for cells, agent.as_user for the user's commands).
@@ -417,6 +499,7 @@ class LocalBackend(Backend):
             "PIP_USER": "1",  # the interpreter's site-packages are the host's: never write there
             **dict(self.settings.env),  # what sandboxes inherit (pass_env): proxies, index
             "HOME": home,
+            **(proxy or {}),
             **(env or {}),
         }
 
@@ -441,41 +524,29 @@ class LocalBackend(Backend):
                 gid = uid
             else:
                 uid, gid, claim = os.getuid(), os.getgid(), -1
-            found = holder.make(
-                folder, uid, gid, claim, bool(record.get("network", True)), files, system_args()
+            network = network_of(record)
+            proxy = (
+                functools.partial(
+                    egress.start_proxy,
+                    folder,
+                    entries=list(record["egress_allow"]),
+                    cgroup_files=files,
+                    limits=process_limits(record, self._place().controllers),
+                )
+                if network == "egress"
+                else None
             )
-            found.protected = self._protected(record)
-            found.mapped = self._mapped_protected(record)
+            found = holder.make(
+                folder, uid, gid, claim, network == "open", files, system_args(), egress=proxy
+            )
+            found.protected = protected_paths(record, self.settings.protected_paths)
+            found.mapped = mapped_protected(record, self.settings.protected_paths)
             (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
         if not os.path.isdir(found.etc):  # its /etc, as of this start
-            found.etc = str(shared_etc(self.root / ".etc", found.network))
+            kind = "slirp4netns" if found.network == "slirp4netns" else "none"
+            found.etc = str(shared_etc(self.root / ".etc", kind))
             (folder / holder.HOLDER_FILE).write_text(json.dumps(asdict(found)))
         return found, files
-
-    def _protected(self, record: dict[str, Any]) -> builtins.list[builtins.list[str]]:
-        """What host tools trust in the writable work folder (``protected_paths``), found
-        afresh at each start of the sandbox, before any of its processes runs: each is
-        read-only in every process of it, every folder on its way pinned."""
-        work = record.get("work_folder") or ""
-        if not work or record.get("work_read_only") or not self.settings.protected_paths:
-            return []
-        hidden = [path for path, _ in record.get("masks") or []]
-        found = protect(work, list(self.settings.protected_paths), hidden)
-        if not found.complete:
-            log.warning(
-                "sandbox %s: protected paths %s; deeper ones stay writable", record["id"], found.why
-            )
-        return [[m.path, m.how] for m in found.masks]
-
-    def _mapped_protected(self, record: dict[str, Any]) -> builtins.list[builtins.list[str]]:
-        """The same of the writable mapped folders, as the sandbox sees them."""
-        found = []
-        for volume in mapped_volumes(record):
-            if volume.writable and self.settings.protected_paths:
-                scanned = protect(volume.source, list(self.settings.protected_paths))
-                for mask in scanned.masks:
-                    found.append([volume.target + mask.path[len(volume.source) :], mask.how])
-        return found
 
     def _spawn(
         self,
@@ -493,12 +564,12 @@ class LocalBackend(Backend):
                 *cmd[1:],
             ]  # the interpreter running sandbox-kernel: it has IPython
         folder = self._folder(record)
-        (folder / "home").mkdir(parents=True, exist_ok=True)
-        _make_tmp(folder)
         # Under the sandbox's lock until the process is recorded: a stop or destroy
         # waits for it and ends it, and none starts after them.
         with self._locked(sandbox_id):
             record = self._running(sandbox_id)
+            if not self._records.runs(sandbox_id):
+                self._prepare(record)
             if bwrap_works():
                 proc = self._spawn_bwrap(record, cmd, cwd, env, terminal, **kw)
             else:
@@ -518,6 +589,12 @@ class LocalBackend(Backend):
         **kw: Any,
     ) -> subprocess.Popen[bytes]:
         """A plain child process of the host (no bubblewrap): no isolation at all."""
+        if record.get("egress_allow"):
+            raise SandboxFailed(
+                f"sandbox {record['id']} has an egress_allow list, which the local backend "
+                "cannot hold it to without bubblewrap: install bubblewrap, or destroy it "
+                "and clear egress_allow"
+            )
         work = record.get("work_folder") or ""
         if cwd.startswith(WORKSPACE):
             host_cwd = str(self.host_path(record["id"], cwd))
@@ -532,7 +609,7 @@ class LocalBackend(Backend):
             launch,
             cmd[0],
             cwd=host_cwd,
-            env=self._base_env(env, str(self._folder(record) / "home")),
+            env=self._base_env(env, str(own_folder(self.root, record) / "home")),
             start_new_session=True,
             **kw,
         )
@@ -555,8 +632,9 @@ class LocalBackend(Backend):
         try:
             binds, etc_folder, masks = folder_binds(
                 record,
-                self._folder(record),
+                own_folder(self.root, record),
                 self.workspace_source(record),
+                self._disks.workspace_image(record),
                 found.etc,
                 found.protected,
                 found.mapped,
@@ -565,11 +643,7 @@ class LocalBackend(Backend):
                 kept,
                 opened,
             )
-            place = self._place()
-            memory, pids, _ = resources(record)
-            limits = [(resource.RLIMIT_NPROC, pids)]
-            if "memory" not in place.controllers:
-                limits.append((resource.RLIMIT_DATA, memory))
+            memory = resources(record)[0]
             seccomp_fd = filter_fd(opened)
             argv = bwrap_command(
                 cmd,
@@ -577,7 +651,7 @@ class LocalBackend(Backend):
                 etc_folder=etc_folder,
                 masks=masks,
                 cwd=cwd,
-                env=self._base_env(env, HOME),
+                env=self._base_env(env, HOME, PROXY_ENV if found.network == "egress" else None),
                 tmp_size=memory,
                 seccomp_fd=seccomp_fd,
                 new_session=not terminal,
@@ -588,7 +662,7 @@ class LocalBackend(Backend):
                 staged=staged,
                 become=(found.uid, found.gid) if root else None,
                 namespaces=namespaces,
-                limits=limits,
+                limits=process_limits(record, self._place().controllers),
                 terminal=terminal,
             )
             return start(
@@ -691,20 +765,12 @@ class LocalBackend(Backend):
 
     # -- files ------------------------------------------------------------------------
     def _files(self, sandbox_id: str, path: str) -> tuple[Beneath, str]:
-        """The workspace (as a :class:`Beneath`) and the path in it, for a workspace path.
-
-        The workspace is as hostile here as under Docker (a bubblewrap'd cell can plant
-        links and FIFOs in it), so files are reached through descriptors only.
-        """
+        """The workspace (as a :class:`Beneath`: a cell can plant links and FIFOs in it,
+        so files are reached through descriptors only) and the path in it."""
         record = self._load(sandbox_id)
         if record is None:
             raise not_found(sandbox_id)
-        pure = PurePosixPath(path)
-        if pure.is_absolute():
-            if not (pure == PurePosixPath(WORKSPACE) or PurePosixPath(WORKSPACE) in pure.parents):
-                raise SandboxError(f"{path!r} is outside {WORKSPACE}")
-            pure = pure.relative_to(WORKSPACE)
-        return Beneath(record["workspace"]), str(pure)
+        return Beneath(record["workspace"]), workspace_relative(path)
 
     def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
         files, rel = self._files(sandbox_id, path)
@@ -726,31 +792,3 @@ class LocalBackend(Backend):
         except FileMissing:
             raise SandboxError(f"no file {path!r} in sandbox {sandbox_id}") from None
         yield from chunks
-
-
-def _make_tmp(folder: Path) -> None:
-    """The sandbox's /tmp on disk: every process of it may write there, as in /tmp."""
-    tmp = folder / "tmp"
-    if not tmp.is_dir():
-        tmp.mkdir(parents=True, exist_ok=True)
-        os.chmod(tmp, 0o1777)
-
-
-def resources(record: dict[str, Any]) -> tuple[int, int, float]:
-    """(memory bytes, processes, CPUs) of a sandbox; a record made before they were kept
-    gets a Spec's defaults."""
-    default = Spec()
-    return (
-        int(record.get("memory") or default.memory),
-        int(record.get("pids") or default.pids),
-        float(record.get("cpus") or default.cpus),
-    )
-
-
-def _marker_matches(marker: Path) -> bool:
-    """Whether the process a marker names is still the one it was written for."""
-    try:
-        said = marker.read_text().strip()
-    except OSError:
-        return False
-    return not said or holder.start_time(int(marker.name)) == said

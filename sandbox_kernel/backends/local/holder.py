@@ -15,9 +15,11 @@ both before bubblewrap makes the rest (see :mod:`.launch`):
 * outbound traffic goes through ``slirp4netns --disable-host-loopback``, user-mode
   networking in its own sandbox and seccomp filter: connections leave from the host
   as the sandbox's uid, and the host's 127.0.0.1 is not reachable through it. With
-  ``network = false``, or without slirp4netns, the namespace has nothing but ``lo``.
-  The uid per sandbox is also where egress rules can attach later (``iptables -m
-  owner``); today a root server adds one: no link-local address (cloud metadata).
+  ``network = false``, or without slirp4netns, the namespace has nothing but ``lo``;
+  with an egress allowlist, ``lo`` and its egress proxy listening there, started with
+  the holder (:mod:`.egress`). The uid per sandbox is where firewall rules attach
+  (``iptables -m owner``): a root server adds one, no link-local address (cloud
+  metadata), which holds for the sandbox's egress proxy too.
 
 The holder's pid, start time and uid are kept in ``holder.json`` beside the sandbox's
 record; a holder that is gone (a reboot, a kill) is made anew at the next process.
@@ -38,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -66,7 +69,7 @@ class Holder:
     start: str  # its start time (field 22 of /proc/<pid>/stat): pids are reused
     uid: int  # the sandbox's host uid and gid
     gid: int
-    network: str  # "slirp4netns" or "none"
+    network: str  # "slirp4netns", "egress" (only its egress proxy) or "none"
     etc: str = ""  # the folder its processes see as /etc (see view.shared_etc)
     # The work folder's protected paths as found at this start: (path, "read-only" | "pin")
     protected: list[list[str]] = field(default_factory=list)
@@ -250,11 +253,15 @@ def make(
     network: bool,
     cgroup_files: list[str],
     system: list[str],
+    egress: Callable[[Holder, int], None] | None = None,
 ) -> Holder:
     """Start the holder of the sandbox whose folder is ``folder``, running as ``uid``:
     its namespaces, and the network helper when ``network`` asks for one. ``claim``
     (-1 for none) is the uid's lock, kept by the holder; ``system`` the bubblewrap
-    arguments that show it the host's programs (it only runs ``sleep``)."""
+    arguments that show it the host's programs (it only runs ``sleep``). With
+    ``egress``, the namespace gets no network helper: ``egress(holder, exit_fd)``
+    starts its egress proxy instead (``exit_fd`` reads end of file once the holder has
+    ended)."""
     become = (uid, gid) if os.geteuid() == 0 and uid != 0 else None
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
     # slirp4netns ends when this pipe's other end (held by the holder only) closes.
@@ -289,7 +296,10 @@ def make(
     holder = Holder(pid, start_time(pid), uid, gid, "none")
     (folder / HOLDER_FILE).write_text(json.dumps(asdict(holder)))  # so stop can end it
     try:
-        if network and slirp_program():
+        if egress is not None:
+            egress(holder, exit_r)
+            holder.network = "egress"
+        elif network and slirp_program():
             _slirp(folder, holder, exit_r, cgroup_files, become)
             holder.network = "slirp4netns"
     except BaseException:

@@ -38,6 +38,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base import SandboxFailed
+from ..mount_api import (
+    AT_EMPTY_PATH,
+    AT_FDCWD,
+    AT_SYMLINK_NOFOLLOW,
+    MOUNT_ATTR_IDMAP,
+    MOUNT_ATTR_NODEV,
+    MOUNT_ATTR_NOSUID,
+    MOUNT_ATTR_RDONLY,
+    MOVE_MOUNT_F_EMPTY_PATH,
+    OPEN_TREE_CLONE,
+    SYS_MOUNT_SETATTR,
+    SYS_MOVE_MOUNT,
+    SYS_OPEN_TREE,
+)
 
 #: Where a root server's spawns see the host folders they hand to bubblewrap (a private
 #: tmpfs over an empty folder, in a mount namespace of the spawn's own). Every folder
@@ -53,19 +67,6 @@ _setns = _libc.setns
 _mount = _libc.mount
 _get_errno = ctypes.get_errno
 
-_SYS_OPEN_TREE = 428
-_SYS_MOVE_MOUNT = 429
-_SYS_MOUNT_SETATTR = 442
-_AT_FDCWD = -100
-_AT_EMPTY_PATH = 0x1000
-_AT_RECURSIVE = 0x8000
-_AT_SYMLINK_NOFOLLOW = 0x100
-_OPEN_TREE_CLONE = 1
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_MOUNT_ATTR_RDONLY = 0x1
-_MOUNT_ATTR_NOSUID = 0x2
-_MOUNT_ATTR_NODEV = 0x4
-_MOUNT_ATTR_IDMAP = 0x00100000
 _MS_NOSUID = 0x2
 _MS_NODEV = 0x4
 _MS_REC = 0x4000
@@ -82,20 +83,20 @@ def detached(source: str, idmap_userns: int = -1, read_only: bool = False) -> in
     ``nosuid`` and ``nodev``. Its final component is not followed if it is a link.
     Raises OSError."""
     fd = _syscall(
-        _SYS_OPEN_TREE,
-        _AT_FDCWD,
+        SYS_OPEN_TREE,
+        AT_FDCWD,
         os.fsencode(source),
-        _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_SYMLINK_NOFOLLOW,
+        OPEN_TREE_CLONE | os.O_CLOEXEC | AT_SYMLINK_NOFOLLOW,
     )
     if fd < 0:
         err = _get_errno()
         raise OSError(err, f"cannot open {source}: {os.strerror(err)}")
-    flags = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if read_only else 0)
+    flags = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if read_only else 0)
     if idmap_userns >= 0:
-        flags |= _MOUNT_ATTR_IDMAP
+        flags |= MOUNT_ATTR_IDMAP
     attr = struct.pack("QQQQ", flags, 0, 0, max(idmap_userns, 0))
     buf = ctypes.create_string_buffer(attr, len(attr))
-    if _syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, buf, len(attr)) < 0:
+    if _syscall(SYS_MOUNT_SETATTR, fd, b"", AT_EMPTY_PATH, buf, len(attr)) < 0:
         err = _get_errno()
         os.close(fd)
         raise OSError(err, f"cannot present {source} to the sandbox: {os.strerror(err)}")
@@ -158,10 +159,7 @@ class Launch:
                         os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
                 except OSError as exc:
                     self._fail("cannot prepare the sandbox's view", exc.errno or errno.EIO)
-                if (
-                    _syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, target, _MOVE_MOUNT_F_EMPTY_PATH)
-                    < 0
-                ):
+                if _syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) < 0:
                     self._fail("cannot attach a folder of the sandbox", _get_errno())
         if self.become is not None:
             uid, gid = self.become

@@ -6,31 +6,48 @@ line by :func:`limits_report` (for ``sandbox-kernel doctor``).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
+import time
 from functools import lru_cache
 
-from .. import seccomp
+from .. import disks, seccomp
 from . import cgroup, holder
 
+log = logging.getLogger(__name__)
 PLAIN_ISOLATION = "none: plain host processes in the workspace folder, no isolation"
 
 
 @lru_cache(maxsize=1)
 def bwrap_works() -> bool:
-    """Whether bubblewrap can create namespaces here (it can't in some containers)."""
+    """Whether bubblewrap can create namespaces here (it can't in some containers).
+
+    Asked once per process, and the answer decides every sandbox's isolation: a probe
+    that failed by chance (a moment without memory or processes) must not leave a
+    server running plain processes, so bubblewrap gets three tries, and a refusal is
+    logged with what bubblewrap said."""
     if os.environ.get("SANDBOX_KERNEL_LOCAL_NO_BWRAP") == "1" or not shutil.which("bwrap"):
         return False
-    try:
-        probe = subprocess.run(
-            ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
-            capture_output=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+    said = ""
+    for attempt in range(3):
+        if attempt:
+            time.sleep(0.2 * attempt)
+        try:
+            probe = subprocess.run(
+                ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+                capture_output=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            said = str(exc)
+            continue
+        if probe.returncode == 0:
+            return True
+        said = probe.stderr.decode(errors="replace").strip() or f"exit {probe.returncode}"
+    log.warning("bubblewrap cannot make namespaces here (%s): local sandboxes run plain", said)
+    return False
 
 
 def limits_report(installation: str) -> list[str]:
@@ -65,7 +82,18 @@ def limits_report(installation: str) -> list[str]:
             if seccomp.supported()
             else f"no seccomp filter (no system-call table for {os.uname().machine})"
         ),
-        "disk: not bounded (the workspace and home are host folders)",
+        "disk: "
+        + (
+            "the workspace and each sandbox's own files (home, /tmp) on disk images of "
+            "the flavor's size"
+            if disks.support().ok
+            else f"not bounded ({disks.support().reason})"
+        ),
+        "egress_allow: "
+        + (
+            "held by an egress proxy per sandbox, on the host, reached only from the "
+            "sandbox's own loopback"
+        ),
     ]
     return lines
 
@@ -79,13 +107,16 @@ def _limits_text(place: cgroup.Place) -> str:
     )
 
 
-def isolation(place: cgroup.Place, network: bool) -> str:
-    """What separates this sandbox from the host, and what does not hold, in a line."""
+def isolation(place: cgroup.Place, network: str, disk: bool) -> str:
+    """What separates this sandbox from the host, and what does not hold, in a line:
+    ``network`` is "open", "egress" or "none"; ``disk`` whether disks bound it."""
     if not bwrap_works():
         return PLAIN_ISOLATION
     who = "a uid of its own" if os.geteuid() == 0 else "your uid"
-    if not network:
+    if network == "none":
         net = "no network"
+    elif network == "egress":
+        net = "network only through its egress proxy (egress_allow)"
     elif holder.slirp_program():
         net = "network through slirp4netns, not the host's loopback"
     else:
@@ -98,5 +129,6 @@ def isolation(place: cgroup.Place, network: bool) -> str:
     )
     return (
         f"bubblewrap as {who} (own namespaces, read-only system, minimal /etc, seccomp; "
-        f"{net}; {bounds}; disk not limited): weaker than a container"
+        f"{net}; {bounds}; disk {'limited by disk images' if disk else 'not limited'}): "
+        "weaker than a container"
     )

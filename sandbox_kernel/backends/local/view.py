@@ -245,10 +245,10 @@ def bwrap_command(
         "/dev/shm",
     ]
     for bind in binds:
-        argv += _bind(bind)
+        argv += bind_args(bind)
     for path, how, source in masks:
         if how in ("read-only", "pin"):  # a pin: onto itself, so it cannot be moved
-            argv += _bind(Bind(source, path, writable=how == "pin"))
+            argv += bind_args(Bind(source, path, writable=how == "pin"))
         elif os.path.isdir(path) and not os.path.islink(path):
             argv += [*(["--size", str(1 << 20)] if size else []), "--tmpfs", path]
         else:
@@ -261,7 +261,8 @@ def bwrap_command(
     return [*argv, "--", *cmd]
 
 
-def _bind(bind: Bind) -> list[str]:
+def bind_args(bind: Bind) -> list[str]:
+    """bubblewrap's options that show ``bind``."""
     if bind.source.startswith("fd:"):
         return ["--bind-fd" if bind.writable else "--ro-bind-fd", bind.source[3:], bind.dest]
     return ["--bind" if bind.writable else "--ro-bind", bind.source, bind.dest]
