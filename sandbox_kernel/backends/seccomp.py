@@ -10,19 +10,22 @@ it, never added to it:
 - no new namespaces (Docker's own ``clone`` condition, no ``unshare``/``setns``), mounts,
   keyrings, BPF, io_uring (its operations bypass seccomp), module, clock and reboot
   calls (:data:`REFUSED`, refused whatever the allowlist says);
-- calls whose arguments seccomp cannot read (``clone3``, ``openat2``, ``fchmodat2``:
-  their modes and flags sit in memory) answer ``ENOSYS`` (:data:`NOT_IMPLEMENTED`).
+- calls whose arguments seccomp cannot read (``clone3``, ``openat2``, ``fchmodat2``,
+  32-bit x86's ``socketcall``: their modes, flags and families sit in memory) answer
+  ``ENOSYS`` (:data:`NOT_IMPLEMENTED`);
+- ``socket(2)``'s families compared so that no value the kernel reads as ``AF_ALG`` or
+  ``AF_VSOCK`` passes (:data:`SOCKET_FAMILIES`).
 
 What a refused call answers: ``EPERM`` for a call the policy knows, as Docker's default
-does; ``ENOSYS`` ("not implemented") for the three above and for every call newer than
+does; ``ENOSYS`` ("not implemented") for the calls above and for every call newer than
 the newest the rules name, as a kernel without it would. ``ENOSYS`` is what makes the C
 library and Python fall back to an older call they can be filtered on (glibc's
 ``clone3`` to ``clone``, ``fchmodat2`` to ``fchmodat``); ``EPERM`` from a call a library
 only knows as new would be a hard failure, the trouble Docker's ``faccessat2`` once
-caused. Docker's profile says ``defaultErrnoRet: 1`` (20.10 ignores the field and answers
-``EPERM`` anyway) and runc answers ``ENOSYS`` above the highest call the profile names
-(also where its seccomp library does not know a newer call the allowlist has); the
-bubblewrap program below does the same.
+caused. Docker's profile says ``defaultErrnoRet: 1`` (``EPERM``, what engines that do
+not read the field answer anyway) and runc answers ``ENOSYS`` above the highest call the
+profile names (also where its seccomp library does not know a newer call the allowlist
+has); the bubblewrap program below does the same.
 
 Engines render :data:`RULES`: Docker as its JSON profile (:mod:`.docker.security`),
 bubblewrap as a classic-BPF program (:func:`bpf_program`, ``bwrap --seccomp FD``), whose
@@ -49,9 +52,10 @@ S_ISGID = 0o2000
 # NEWNET (Docker's mask 2114060288).
 CLONE_NS_FLAGS = 0x7E020000
 
-# Docker's default seccomp profile, transcribed from moby's profiles/seccomp/default.json
-# as Docker 29.7.2 ships it (github.com/moby/profiles/seccomp v0.2.3, vendored in
-# moby/moby at docker-v29.7.2): the rules that apply to a container without capabilities.
+# Docker's default seccomp profile, transcribed from github.com/moby/profiles/seccomp
+# v0.2.3 (the module Docker's engine takes its default profile from; ``default.json`` is
+# generated from its ``default_linux.go``): the rules that apply to a container without
+# capabilities.
 # Its rules for containers given CAP_SYS_ADMIN, CAP_SYS_PTRACE ... are left out on
 # purpose: sandboxes have none.
 # The calls it allows every container, in its order (names of every ABI: chown32 is i386's).
@@ -121,8 +125,8 @@ DOCKER_ALLOWED_ON: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("s390", "s390x"), ("s390_pci_mmio_read", "s390_pci_mmio_write", "s390_runtime_instr")),
     (("riscv64",), ("riscv_flush_icache",)),
 )
-# socket(2) only for families below AF_ALG (38), AF_KCM (39) or above AF_VSOCK (40).
-DOCKER_SOCKET_FAMILIES = (("lt", 38), ("eq", 39), ("gt", 40))
+# socket(2) only for families below AF_ALG (38), AF_NFC (39) or above AF_VSOCK (40): see
+# SOCKET_FAMILIES below.
 # personality(2) only to PER_LINUX, PER_LINUX32, UNAME26, UNAME26|PER_LINUX32, or the query.
 DOCKER_PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 # clone(2) only without namespace flags (its first argument; the second on s390).
@@ -189,7 +193,13 @@ REFUSED = (
     "vm86old",
 )
 # Answered "not implemented": callers (glibc, Python) fall back to calls we can filter.
-NOT_IMPLEMENTED = ("clone3", "fchmodat2", "openat2")
+# socketcall is 32-bit x86's way to every socket call, socket(AF_ALG) included, with its
+# arguments in memory (Docker allows it; a 32-bit program has socket(2) since Linux 4.3).
+NOT_IMPLEMENTED = ("clone3", "fchmodat2", "openat2", "socketcall")
+# socket(2)'s families: Docker's, with "above AF_VSOCK" spelled out as the families Linux
+# has there (AF_KCM 41 ... AF_MCTP 45): Docker's profile compares all 64 bits of the
+# argument, and the kernel reads an int, so "above 40" would also pass 2**32 + 38, AF_ALG.
+SOCKET_FAMILIES = (("lt", 38), ("eq", 39), *(("eq", family) for family in range(41, 46)))
 # (syscall, index of its mode argument): the mode may not carry S_ISUID or S_ISGID.
 MODE_ARGS = (
     ("chmod", 1),
@@ -211,7 +221,7 @@ class Rule:
     passes ``op`` against ``value`` (always when ``arg`` is -1), on the architectures
     ``arches`` (libseccomp's names; every one when empty) but not ``not_arches``, on
     kernels from ``min_kernel`` on. Calls with several allowing rules are allowed when
-    any of them holds. ``op`` is ``clear`` (``arg & value == 0``), ``eq``, ``lt`` or ``gt``."""
+    any of them holds. ``op`` is ``clear`` (``arg & value == 0``), ``eq`` or ``lt``."""
 
     names: tuple[str, ...]
     errno: int = ALLOW
@@ -239,7 +249,7 @@ def _rules() -> tuple[Rule, ...]:
 
     rules = [Rule(kept(DOCKER_ALLOWED)), Rule(kept(DOCKER_ALLOWED_FROM_4_8), min_kernel=(4, 8))]
     rules += [Rule(kept(names), arches=arches) for arches, names in DOCKER_ALLOWED_ON]
-    rules += [Rule(("socket",), arg=0, op=op, value=v) for op, v in DOCKER_SOCKET_FAMILIES]
+    rules += [Rule(("socket",), arg=0, op=op, value=v) for op, v in SOCKET_FAMILIES]
     rules += [Rule(("personality",), arg=0, op="eq", value=v) for v in DOCKER_PERSONALITIES]
     rules.append(Rule(("clone",), arg=0, op="clear", value=CLONE_NS_FLAGS, not_arches=S390))
     rules.append(Rule(("clone",), arg=1, op="clear", value=CLONE_NS_FLAGS, arches=S390))
@@ -262,7 +272,6 @@ _ARCHES = {
 _LD_W_ABS = 0x20
 _JA = 0x05
 _JEQ_K = 0x15
-_JGT_K = 0x25
 _JGE_K = 0x35
 _JSET_K = 0x45
 _RET_K = 0x06
@@ -307,8 +316,6 @@ def _checks(rules: list[Rule]) -> list[bytes]:
             test = _insn(_JEQ_K, rule.value, to_allow, 0)
         elif rule.op == "lt":
             test = _insn(_JGE_K, rule.value, 0, to_allow)
-        elif rule.op == "gt":
-            test = _insn(_JGT_K, rule.value, to_allow, 0)
         else:
             raise ValueError(f"unknown argument test {rule.op!r}")
         code[:0] = [_insn(_LD_W_ABS, _ARG0 + 8 * rule.arg), test]
@@ -344,7 +351,6 @@ def bpf_program(machine: str = "", release: str = "") -> bytes:
             for name in rule.names:
                 if name in numbers:
                     by_number.setdefault(numbers[name], []).append(rule)
-    last = max(by_number)  # the newest call the rules name: newer ones answer ENOSYS
     answers: dict[int, list[bytes]] = {}
     for number, rules in by_number.items():
         if len(rules) == 1 and rules[0].arg < 0:
@@ -353,9 +359,10 @@ def bpf_program(machine: str = "", release: str = "") -> bytes:
             answers[number] = _checks(rules)
         else:
             raise ValueError(f"rules for {sorted(r.names for r in rules)} mix answers")
-    for name in REFUSED:  # whatever else said, and also past the newest call named
+    for name in REFUSED:  # whatever else said, and also past the newest call allowed
         if name in numbers:
             answers[numbers[name]] = [_ret(errno.EPERM)]
+    last = max(answers)  # the newest call the rules name: newer ones answer ENOSYS
     ranges: list[tuple[int, list[bytes]]] = []
     for number in range(last + 2):
         code = answers.get(number, [_ret(errno.EPERM if number <= last else errno.ENOSYS)])

@@ -23,7 +23,6 @@ _OPS = {
     "clear": "SCMP_CMP_MASKED_EQ",
     "eq": "SCMP_CMP_EQ",
     "lt": "SCMP_CMP_LT",
-    "gt": "SCMP_CMP_GT",
 }
 
 
