@@ -21,6 +21,7 @@ import site
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -203,20 +204,24 @@ def ordinary_account() -> Iterator[tuple[int, int]]:
         yield os.getuid(), os.getgid()
         return
     name = f"sk-t{uuid.uuid4().hex[:8]}"
-    made = subprocess.run(
-        [
-            "useradd",
-            "--no-create-home",
-            "--home-dir",
-            "/nonexistent",
-            "--shell",
-            "/usr/sbin/nologin",
-            "--user-group",
-            name,
-        ],
-        capture_output=True,
-        text=True,
-    )
+    for _ in range(20):  # another test worker's useradd may hold /etc/passwd's lock
+        made = subprocess.run(
+            [
+                "useradd",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--user-group",
+                name,
+            ],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode not in (1, 10):  # 1, 10: the account files are locked
+            break
+        time.sleep(0.5)
     if made.returncode != 0:
         _problem(f"cannot make an ordinary account ({made.stderr.strip()})")
     entry = pwd.getpwnam(name)
@@ -224,7 +229,10 @@ def ordinary_account() -> Iterator[tuple[int, int]]:
         yield entry.pw_uid, entry.pw_gid
     finally:
         _end_processes_of(entry.pw_uid)
-        subprocess.run(["userdel", name], capture_output=True)
+        for _ in range(20):
+            if subprocess.run(["userdel", name], capture_output=True).returncode not in (1, 10):
+                break
+            time.sleep(0.5)
 
 
 def _end_processes_of(uid: int) -> None:

@@ -154,7 +154,7 @@ def test_readme_gives_the_test_command_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     required = re.findall(r"^export (SANDBOX_KERNEL_REQUIRE_\w+)=1$", ci, flags=re.MULTILINE)
     assert len(required) >= 4
-    line = " ".join(f"{name}=1" for name in required) + " python -m pytest -q tests"
+    line = " ".join(f"{name}=1" for name in required) + " python -m pytest -q -n 3 --dist loadfile tests"
     assert line in readme
-    assert "python -m pytest -q -ra --durations=15 tests" in ci
+    assert "python -m pytest -q -ra --durations=15 -n 3 --dist loadfile tests" in ci
     assert re.search(r"^sphinx-build -W --keep-going .* docs ", ci, flags=re.MULTILINE)
