@@ -3,8 +3,10 @@ system-call policy every engine shares (:mod:`..seccomp`), as the seccomp profil
 Docker's API takes, applied when a container is created (what it may do on the network
 is :mod:`.network`'s).
 
-Docker's own default profile cannot be extended (a custom profile replaces it), so the
-policy is a denylist over an allow default.
+A profile given to Docker replaces its default, so the policy carries Docker's default
+allowlist itself and renders it with our stricter rules. The profile keeps to what
+Docker 20.10 reads (``errnoRet``, ``includes``/``excludes`` with ``arches`` and
+``minKernel``); ``defaultErrnoRet`` is for newer engines and says what 20.10 does anyway.
 """
 
 from __future__ import annotations
@@ -15,27 +17,43 @@ from functools import lru_cache
 from typing import Any
 
 from ..base import Spec
-from ..seccomp import CLONE_NS_FLAGS, DENIED, MODE_ARGS, NOT_IMPLEMENTED, S_ISGID, S_ISUID
+from ..seccomp import ALLOW, RULES, Rule
+
+_OPS = {
+    "clear": "SCMP_CMP_MASKED_EQ",
+    "eq": "SCMP_CMP_EQ",
+    "lt": "SCMP_CMP_LT",
+}
 
 
-def _masked(index: int, bit: int) -> dict[str, Any]:
-    """A condition true when ``arg[index] & bit == bit``."""
-    return {"index": index, "value": bit, "valueTwo": bit, "op": "SCMP_CMP_MASKED_EQ"}
+def _syscall(rule: Rule) -> dict[str, Any]:
+    """One rule as an entry of the profile's ``syscalls``."""
+    entry: dict[str, Any] = {"names": list(rule.names)}
+    if rule.errno == ALLOW:
+        entry["action"] = "SCMP_ACT_ALLOW"
+    else:
+        entry.update(action="SCMP_ACT_ERRNO", errnoRet=rule.errno)
+    if rule.arg >= 0:
+        # MASKED_EQ compares arg & value with valueTwo: "clear" is valueTwo 0.
+        entry["args"] = [{"index": rule.arg, "value": rule.value, "op": _OPS[rule.op]}]
+    includes: dict[str, Any] = {}
+    if rule.arches:
+        includes["arches"] = list(rule.arches)
+    if rule.min_kernel != (0, 0):
+        includes["minKernel"] = "{}.{}".format(*rule.min_kernel)
+    if includes:
+        entry["includes"] = includes
+    if rule.not_arches:
+        entry["excludes"] = {"arches": list(rule.not_arches)}
+    return entry
 
 
 @lru_cache(maxsize=1)
 def seccomp_profile() -> str:
     """The profile as Docker's API takes it (``security_opt=["seccomp=<json>"]``)."""
-    eperm = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
-    rules: list[dict[str, Any]] = [{"names": DENIED, **eperm}]
-    rules.append({"names": NOT_IMPLEMENTED, "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS})
-    for name, index in MODE_ARGS:
-        for bit in (S_ISUID, S_ISGID):
-            rules.append({"names": [name], **eperm, "args": [_masked(index, bit)]})
-    for flag in CLONE_NS_FLAGS:
-        rules.append({"names": ["clone"], **eperm, "args": [_masked(0, flag)]})
     profile = {
-        "defaultAction": "SCMP_ACT_ALLOW",
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "defaultErrnoRet": errno.EPERM,
         # The rules apply to every ABI a binary of this machine may use (32-bit x86
         # programs on x86_64, arm on aarch64), so no other ABI is a way around them.
         "archMap": [
@@ -45,7 +63,7 @@ def seccomp_profile() -> str:
             },
             {"architecture": "SCMP_ARCH_AARCH64", "subArchitectures": ["SCMP_ARCH_ARM"]},
         ],
-        "syscalls": rules,
+        "syscalls": [_syscall(rule) for rule in RULES if rule.names],
     }
     return json.dumps(profile, separators=(",", ":"))
 
