@@ -319,3 +319,41 @@ def test_what_daytona_can_take_of_a_list() -> None:
     assert daytona_egress(("2001:db8::/32",))[0] == {"network_block_all": True}
     # Any public name: Daytona cannot tell public from private; left as it gives it.
     assert daytona_egress(("*",))[0] == {}
+
+
+def test_kubernetes_holds_the_networks_of_a_list_and_names_none() -> None:
+    """On Kubernetes a list becomes the pod's whole egress: inner networks as listed,
+    public ones and ``*`` without the private and local spaces in them, TCP ports only;
+    names cannot be said in a network policy, so they stay unreachable and are named."""
+    from sandbox_kernel.backends.kubernetes.egress import DNS, egress_note, kube_egress
+    from sandbox_kernel.backends.kubernetes.objects import policy_manifest
+
+    rules, lost = kube_egress(["10.1.2.3/32:8080", "0.0.0.0/0:*", "pypi.org", "*.example.com"])
+    assert rules[0] == {
+        "to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}],
+        "ports": [{"protocol": "TCP", "port": 8080}],
+    }
+    public = rules[1]["to"][0]["ipBlock"]
+    assert public["cidr"] == "0.0.0.0/0" and rules[1]["ports"] == [{"protocol": "TCP"}]
+    assert {"10.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "192.168.0.0/16"} <= set(
+        public["except"]
+    )
+    assert len(rules) == 2 and DNS not in rules  # no name listed, no DNS
+    assert [entry.split(":")[0] for entry in lost] == ["pypi.org", "*.example.com"]
+    assert "not held: pypi.org" in egress_note(["pypi.org"]) and not egress_note([])
+
+    anywhere, _ = kube_egress(["*"])
+    assert anywhere[0] == DNS
+    assert [b["ipBlock"]["cidr"] for b in anywhere[1]["to"]] == ["0.0.0.0/0", "::/0"]
+    assert "fc00::/7" in anywhere[1]["to"][1]["ipBlock"]["except"]
+    assert anywhere[1]["ports"] == [
+        {"protocol": "TCP", "port": 80},
+        {"protocol": "TCP", "port": 443},
+    ]
+
+    labels = {"sandbox-kernel.sandbox": "s", "sandbox-kernel.installation": "i"}
+    listed = policy_manifest("p", labels, True, rules)["spec"]
+    assert listed["egress"] == rules and listed["ingress"] == []
+    assert policy_manifest("p", labels, False, rules)["spec"]["egress"] == []  # no network wins
+    names_only = policy_manifest("p", labels, True, kube_egress(["pypi.org"])[0])["spec"]
+    assert names_only["egress"] == []  # nothing leaves: the list only takes away

@@ -653,6 +653,23 @@ def test_a_cell_cannot_reach_the_metadata_address(
     )
 
 
+def test_an_egress_allowlist_is_the_pods_whole_way_out(
+    service_for: Callable[..., SandboxService],
+    kube_namespace: str,
+    plain_pods: Callable[[str], str],
+) -> None:
+    """With ``egress_allow`` the policy opens the listed network on the listed port and
+    nothing else (another pod of the same network stays out of reach); a listed name,
+    which a network policy cannot hold, is named in the listing."""
+    listed, other = (f"plain-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    listed_ip, other_ip = plain_pods(listed), plain_pods(other)
+    service = service_for(egress_allow=[f"{listed_ip}/32:8080", "pypi.org"])
+    info = service.ensure(ScopeKey(user())).info
+    assert "READ 200" in probe(service, info.id, f"http://{listed_ip}:8080/")
+    assert probe(service, info.id, f"http://{other_ip}:8080/", 3).startswith("UNREACHABLE")
+    assert "not held: pypi.org: a name" in service.backend.get(info.id).isolation
+
+
 def test_without_network_nothing_leaves_the_pod(
     service_for: Callable[..., SandboxService],
     kube_namespace: str,

@@ -71,6 +71,8 @@ _PRIVATE = [
         "fc00::/7",
     )
 ]
+# Every space a network entry must lie inside to open it: what ``*`` never opens.
+INNER = _LOCAL + _PRIVATE
 
 
 class Entry:

@@ -58,6 +58,7 @@ from ..base import (
     SandboxInfo,
     SnapshotInfo,
     Spec,
+    egress_of,
     files_sandbox_id,
     is_files_sandbox,
     not_found,
@@ -65,6 +66,7 @@ from ..base import (
 from ..base import Conflict as ConflictError
 from . import objects as o
 from .client import Api, ClusterConfig, load_config, q
+from .egress import egress_note, kube_egress
 from .programs import LAUNCH, PID_END, PID_PREFIX, READ, USAGE, WRITE
 from .stream import ExecChannel, ExecPty, ExecStream
 
@@ -154,7 +156,8 @@ class KubernetesBackend(Backend):
         return pod if pod is not None and o.is_ours(pod, self._installation) else None
 
     def _info(self, record: dict[str, Any], pod: dict[str, Any] | None) -> SandboxInfo:
-        return o.sandbox_info(self._installation, self.name, record, pod, ISOLATION)
+        isolation = ISOLATION + egress_note(egress_of(o.our_labels(record)))
+        return o.sandbox_info(self._installation, self.name, record, pod, isolation)
 
     def find(self, sandbox_id: str) -> SandboxInfo | None:
         record = self._record(sandbox_id)
@@ -238,7 +241,7 @@ class KubernetesBackend(Backend):
         )
         progress(f"creating pod {name} in namespace {self.namespace} from {spec.source}")
         self._make_claim(sandbox_id, claim)
-        self._ensure_policy(name, selectors, spec.network)
+        self._ensure_policy(name, selectors, spec.network, spec.egress)
         return self._run_pod(sandbox_id, pod, progress)
 
     def check_volumes(self, volumes: tuple[Volume, ...]) -> None:
@@ -321,8 +324,11 @@ class KubernetesBackend(Backend):
             pass  # made meanwhile by another process
         return name
 
-    def _ensure_policy(self, name: str, labels: dict[str, str], network: bool) -> None:
-        policy = o.policy_manifest(name, labels, network, [])
+    def _ensure_policy(
+        self, name: str, labels: dict[str, str], network: bool, egress: tuple[str, ...] = ()
+    ) -> None:
+        allowed = kube_egress(egress)[0] if egress else None
+        policy = o.policy_manifest(name, labels, network, allowed)
         path = self._ns("networkpolicies", group="networking.k8s.io/v1")
         try:
             self.api.post(path, policy, what=f"create the network policy of {name}")

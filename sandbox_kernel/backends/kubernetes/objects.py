@@ -48,7 +48,7 @@ A_ID = ANNOTATION + "id"  # the sandbox id
 A_POD = ANNOTATION + "pod"  # the pod's manifest (on the home claim)
 A_STOPPED = ANNOTATION + "stopped"  # when it last stopped (epoch seconds)
 A_LIMITS = ANNOTATION + "limits"  # cpus, memory, pids, disk
-L_SANDBOX = LABEL_PREFIX = "sandbox-kernel.sandbox"  # the object name of its sandbox
+L_SANDBOX = "sandbox-kernel.sandbox"  # the object name of its sandbox
 ROLE_SANDBOX = "sandbox"
 ROLE_WORKSPACE = "workspace"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -305,14 +305,17 @@ def claim_manifest(
 
 
 def policy_manifest(
-    name: str, labels: dict[str, str], network: bool, allow: list[str]
+    name: str, labels: dict[str, str], network: bool, allowed: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """The sandbox's NetworkPolicy: nothing comes in (exec does not use the network);
     out, with network, anything but private, link-local and metadata addresses (other
     users' pods, nodes, the cloud's metadata service) and the cluster's DNS; without
-    network, nothing. ``allow``: CIDRs an administrator opens on top (egress_allow)."""
+    network, nothing. ``allowed``: an egress allowlist's rules (:mod:`.egress`), which
+    then are all that goes out."""
     egress: list[dict[str, Any]] = []
-    if network:
+    if network and allowed is not None:
+        egress = allowed
+    elif network:
         egress = [
             {
                 "to": [
@@ -330,8 +333,6 @@ def policy_manifest(
                 "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
             },
         ]
-    if allow:
-        egress.append({"to": [{"ipBlock": {"cidr": cidr}} for cidr in allow]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
