@@ -731,12 +731,20 @@ class SandboxService:
         why not, when it does not)."""
         info = self.owned(user, sandbox_id)
         found: builtins.list[ListeningPort] = []
-        if info.state == "running":
-            with events.engine_call(self.store, self.backend.name, "ports"):
-                found = read_listening_ports(self.backend, info.id)
+        state = info.state
+        if state == "running":
+            try:
+                with events.engine_call(self.store, self.backend.name, "ports"):
+                    found = read_listening_ports(self.backend, info.id)
+            except SandboxError:
+                # Stopped (or removed) while it was read: it has no ports, not an error.
+                now = self.backend.find(info.id)
+                if now is not None and now.state == "running":
+                    raise
+                state = now.state if now is not None else "stopped"
         return {
             "sandbox_id": info.id,
-            "state": info.state,
+            "state": state,
             "ports": [p.to_dict() for p in found],
             "preview": self.backend.previews,
             "preview_note": self.backend.no_previews(),

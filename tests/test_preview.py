@@ -241,3 +241,32 @@ async def test_websocket_needs_the_user(
     with pytest.raises(HTTPClientError) as refused:
         await websocket_connect(url)
     assert refused.value.code == 403
+
+
+def test_ports_of_a_sandbox_stopped_while_they_are_read(
+    make_config: Any, test_user: str, docker_cleanup: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The panel asks for a sandbox's ports just as its owner stops it (the read is cut
+    short, or finds the container gone): the answer is a stopped sandbox without ports,
+    not a server error; a read that fails while it runs is still an error."""
+    from sandbox_kernel.errors import SandboxError
+    from sandbox_kernel.identity import ScopeKey
+    from sandbox_kernel.service import SandboxService
+
+    service = SandboxService(make_config())
+    info = service.ensure(ScopeKey(test_user)).info
+    backend = service.backend
+    real_exec = backend.exec
+
+    def stopped_first(sandbox_id: str, cmd: list[str], **kw: Any) -> Any:
+        backend.stop(sandbox_id)
+        return real_exec(sandbox_id, cmd, **kw)
+
+    monkeypatch.setattr(backend, "exec", stopped_first)
+    answer = service.ports(None, info.id)
+    assert (answer["state"], answer["ports"]) == ("stopped", [])
+
+    service.ensure(ScopeKey(test_user))
+    monkeypatch.setattr(backend, "exec", lambda *a, **kw: real_exec(info.id, ["false"]))
+    with pytest.raises(SandboxError, match="could not read the listening ports"):
+        service.ports(None, info.id)
