@@ -38,13 +38,19 @@ def kube_egress(entries: tuple[str, ...] | list[str]) -> tuple[list[dict[str, An
             lost.append(f"{raw}: a name (a network policy holds addresses only; not reachable)")
             continue
         if entry.kind == "any":
-            blocks = [_public("0.0.0.0/0"), _public("::/0")]
+            blocks = public_blocks()
             if DNS not in rules:
                 rules.append(DNS)
         else:
             blocks = [_block(entry)]
         rules.append({"to": blocks, "ports": _ports(entry)})
     return rules, lost
+
+
+def public_blocks() -> list[dict[str, Any]]:
+    """The public internet as ``ipBlock`` peers, IPv4 and IPv6: every address but the
+    private and local spaces (other pods, nodes, services, the cloud's metadata)."""
+    return [_public("0.0.0.0/0"), _public("::/0")]
 
 
 def _block(entry: Entry) -> dict[str, Any]:
@@ -62,7 +68,10 @@ def _public(cidr: str) -> dict[str, Any]:
     inside = sorted(
         str(space)
         for space in INNER
-        if space.version == network.version and space.subnet_of(network)  # type: ignore[arg-type]
+        if space.version == network.version
+        and space.subnet_of(network)  # type: ignore[arg-type]
+        # IPv4-mapped addresses never leave as IPv6 (and the API reads them as IPv4)
+        and getattr(space.network_address, "ipv4_mapped", None) is None
     )
     block: dict[str, Any] = {"cidr": cidr}
     if inside:

@@ -38,6 +38,7 @@ from ..base import (
     engine_name,
     epoch_of,
 )
+from .egress import public_blocks
 
 HOME = "/home/sandbox"
 UID = 1000
@@ -75,17 +76,6 @@ IDLE = (
     "    except ChildProcessError:\n"
     "        signal.pause()\n"
 )
-# Private, link-local and shared address ranges: other pods, nodes, the cloud's
-# metadata service. A sandbox with network reaches everything else (the internet).
-PRIVATE = [
-    "10.0.0.0/8",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "100.64.0.0/10",
-    "169.254.0.0/16",
-    "127.0.0.0/8",
-]
-PRIVATE6 = ["fc00::/7", "fe80::/10", "::1/128"]
 
 
 def object_name(installation: str, sandbox_id: str) -> str:
@@ -308,7 +298,7 @@ def policy_manifest(
     name: str, labels: dict[str, str], network: bool, allowed: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """The sandbox's NetworkPolicy: nothing comes in (exec does not use the network);
-    out, with network, anything but private, link-local and metadata addresses (other
+    out, with network, the public internet (:func:`.egress.public_blocks`: no other
     users' pods, nodes, the cloud's metadata service) and the cluster's DNS; without
     network, nothing. ``allowed``: an egress allowlist's rules (:mod:`.egress`), which
     then are all that goes out."""
@@ -317,12 +307,7 @@ def policy_manifest(
         egress = allowed
     elif network:
         egress = [
-            {
-                "to": [
-                    {"ipBlock": {"cidr": "0.0.0.0/0", "except": PRIVATE}},
-                    {"ipBlock": {"cidr": "::/0", "except": PRIVATE6}},
-                ]
-            },
+            {"to": public_blocks()},
             {
                 "to": [
                     {
