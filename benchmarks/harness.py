@@ -208,7 +208,9 @@ def remove_docker_sandboxes(user: str, root: Path) -> None:
     from sandbox_kernel.backends import disks
 
     client = docker.from_env()
-    for c in client.containers.list(all=True, filters={"label": "sandbox-kernel.managed=1"}):
+    for c in client.containers.list(
+        ignore_removed=True, all=True, filters={"label": "sandbox-kernel.managed=1"}
+    ):
         if c.labels.get("sandbox-kernel.user-id", "").startswith(user):
             c.remove(force=True)
     disks.release_beneath(root)

@@ -454,7 +454,7 @@ class Bench(Results):
     def remove_folder_sandboxes(self, folder: Path) -> None:
         client = docker.from_env()
         for c in client.containers.list(
-            all=True, filters={"label": f"sandbox-kernel.work-folder={folder}"}
+            ignore_removed=True, all=True, filters={"label": f"sandbox-kernel.work-folder={folder}"}
         ):
             c.remove(force=True)
 

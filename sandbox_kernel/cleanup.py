@@ -171,7 +171,9 @@ def _remove_network(service: SandboxService) -> str | None:
         network = client.networks.get(NETWORK)
     except Exception:  # not there: nothing to do
         return None
-    others = client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
+    others = client.containers.list(
+        all=True, filters={"label": f"{LABEL_MANAGED}=1"}, ignore_removed=True
+    )  # another installation may remove one of its own meanwhile
     network.reload()
     if others or network.attrs.get("Containers"):
         return f"kept the network {NETWORK}: other installations' sandboxes use it"

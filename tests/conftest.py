@@ -210,7 +210,7 @@ def remove_user_containers(user_id_prefix: str, client: object = None) -> None:
 
     client = client or docker.from_env()
     for container in client.containers.list(
-        all=True, filters={"label": "sandbox-kernel.managed=1"}
+        ignore_removed=True, all=True, filters={"label": "sandbox-kernel.managed=1"}
     ):
         if container.labels.get("sandbox-kernel.user-id", "").startswith(user_id_prefix):
             container.remove(force=True)
@@ -229,7 +229,7 @@ def sandbox_container(sandbox_id: str, client: object = None) -> object:
 
     client = client or docker.from_env()
     found = client.containers.list(
-        all=True, filters={"name": f"^/{re.escape(sandbox_id)}--i[0-9a-f]+$"}
+        ignore_removed=True, all=True, filters={"name": f"^/{re.escape(sandbox_id)}--i[0-9a-f]+$"}
     )
     assert len(found) == 1, (
         f"expected one container for {sandbox_id}, found {[c.name for c in found]}"

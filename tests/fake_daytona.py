@@ -234,7 +234,9 @@ class FakeDaytona:
                         pass
 
     def close(self) -> None:
-        for container in self.docker.containers.list(all=True, filters={"label": FAKE_LABEL}):
+        for container in self.docker.containers.list(
+            ignore_removed=True, all=True, filters={"label": FAKE_LABEL}
+        ):
             container.remove(force=True)
         for snap in self.snapshots.values():
             if not snap.general:

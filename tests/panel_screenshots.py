@@ -122,7 +122,7 @@ def _remove_own_sandboxes(lab: Lab) -> None:
     mine = installation_id(str((lab.root / "state").resolve()))
     client = docker.from_env()
     for container in client.containers.list(
-        all=True, filters={"label": f"{LABEL_INSTALLATION}={mine}"}
+        ignore_removed=True, all=True, filters={"label": f"{LABEL_INSTALLATION}={mine}"}
     ):
         container.remove(force=True)
         mount = container.labels.get("sandbox-kernel.workspace-mount")

@@ -176,7 +176,9 @@ def test_destroy_keeps_workspace_and_is_idempotent(
     assert backend.destroy(info.id) is False
     with pytest.raises(SandboxNotFound):
         backend.get(info.id)
-    assert not engine().containers.list(all=True, filters={"name": f"^{info.id}$"})
+    assert not engine().containers.list(
+        ignore_removed=True, all=True, filters={"name": f"^{info.id}$"}
+    )
     assert (workspace_dir(service.config, key) / "data.csv").read_text() == "a,b\n"
 
 
@@ -236,7 +238,7 @@ def test_ten_processes_get_one_container(
         ids = pool.map(_ensure_in_process, [(values, test_user)] * 10)
     assert len(set(ids)) == 1
     found = engine().containers.list(
-        all=True, filters={"label": f"sandbox-kernel.user-id={test_user}"}
+        ignore_removed=True, all=True, filters={"label": f"sandbox-kernel.user-id={test_user}"}
     )
     assert [c.id for c in found] == [ids[0]]
     assert found[0].status == "running"
@@ -736,6 +738,8 @@ def test_idmap_support_is_probed_once_per_kernel(
 
 def _remove_image(image_id: str) -> None:
     """Remove a test's image, and the containers made from it first."""
-    for container in engine().containers.list(all=True, filters={"ancestor": image_id}):
+    for container in engine().containers.list(
+        ignore_removed=True, all=True, filters={"ancestor": image_id}
+    ):
         container.remove(force=True)
     engine().images.remove(image_id, force=True)

@@ -220,7 +220,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             ]
         yield World(root, [near, far], addresses)
     finally:
-        for container in client.containers.list(all=True, filters={"label": f"{WORLD}={tag}"}):
+        for container in client.containers.list(
+            ignore_removed=True, all=True, filters={"label": f"{WORLD}={tag}"}
+        ):
             container.remove(force=True)
         for network in (near, far):
             for attached in client.api.inspect_network(network.id).get("Containers") or {}:

@@ -310,7 +310,7 @@ def test_doctor_without_the_image_names_the_setting(kenv: KernelEnv, tmp_path: P
     assert ", e.g. " in lines["image"]  # images that are here, as examples
     assert [lines[n].split(":")[0] for n in ("sandbox", "index", "workspace")] == ["skipped"] * 3
     assert not docker.from_env().containers.list(
-        all=True, filters={"label": f"sandbox-kernel.user={kenv.user}"}
+        ignore_removed=True, all=True, filters={"label": f"sandbox-kernel.user={kenv.user}"}
     )
 
 

@@ -1307,7 +1307,9 @@ def test_unknown_runtime_fails_fast_and_cleanly(tmp_path: Path, test_user: str) 
     assert runtime in str(err.value) and "SANDBOX_KERNEL_RUNTIME" in str(err.value), str(err.value)
     left = [
         c.name
-        for c in engine().containers.list(all=True, filters={"label": "sandbox-kernel.managed=1"})
+        for c in engine().containers.list(
+            ignore_removed=True, all=True, filters={"label": "sandbox-kernel.managed=1"}
+        )
         if c.labels.get("sandbox-kernel.user-id", "").startswith(test_user)
     ]
     assert left == []

@@ -591,7 +591,7 @@ async def test_host_terminals_when_the_setting_says_host(
     assert await term.run("hostname") == os.uname().nodename
     assert (
         docker.from_env().containers.list(
-            all=True, filters={"label": f"sandbox-kernel.user={test_user}"}
+            ignore_removed=True, all=True, filters={"label": f"sandbox-kernel.user={test_user}"}
         )
         == []
     )

@@ -330,7 +330,10 @@ def test_the_sweep_removes_kept_files_of_a_sandbox_removed_behind_our_back(
     assert carry_images(info.id)
     client = docker.from_env()  # `docker rm -f`, not through us
     for container in client.containers.list(
-        all=True, sparse=True, filters={"label": f"sandbox-kernel.user={test_user}"}
+        ignore_removed=True,
+        all=True,
+        sparse=True,
+        filters={"label": f"sandbox-kernel.user={test_user}"},
     ):
         client.api.remove_container(container.id, force=True)
     backend: Any = second.backend
