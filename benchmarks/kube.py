@@ -151,7 +151,7 @@ class KubeBench(Results):
                     f"t = time.perf_counter(); import {target}; print(time.perf_counter() - t)"
                 )
                 out = subprocess.run(
-                    [sys.executable, "-c", code], capture_output=True, text=True, check=True
+                    [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True
                 )
                 times[label].append(float(out.stdout.strip()))
         self.compare("kubernetes: import of the API client", times)

@@ -469,6 +469,7 @@ class Bench(Results):
             done = subprocess.run(
                 [
                     sys.executable,
+                    "-I",
                     "-m",
                     "pytest",
                     "-q",
@@ -538,7 +539,7 @@ class Bench(Results):
         def once(kernel: str) -> float:
             started = time.perf_counter()
             done = subprocess.run(
-                [sys.executable, "-m", "jupyter", "execute", f"--kernel_name={kernel}"]
+                [sys.executable, "-I", "-m", "jupyter", "execute", f"--kernel_name={kernel}"]
                 + [p.name for p in paths],
                 cwd=folder,
                 capture_output=True,
@@ -570,6 +571,7 @@ class Bench(Results):
                     subprocess.Popen(
                         [
                             sys.executable,
+                            "-I",
                             "-m",
                             "jupyter",
                             "execute",

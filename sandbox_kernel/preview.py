@@ -16,7 +16,7 @@ from typing import Any
 
 from .agent import inline
 from .backends.base import MAX_PORT, MIN_PORT, Backend
-from .errors import BadRequest, SandboxFailed, shorten
+from .errors import BadRequest, SandboxError, SandboxFailed, shorten
 
 PROXY_MOUNT = "sandbox-kernel/proxy"
 MAX_PORTS = 256  # listening ports reported for one sandbox (the rest are left out)
@@ -123,3 +123,15 @@ def read_listening_ports(backend: Backend, sandbox_id: str) -> list[ListeningPor
             f"(exit {result.exit_code}): {shorten(result.output.decode(errors='replace'), 200)}"
         )
     return listening_ports(result.output.decode("ascii", "replace"))
+
+
+def ports_of_running(backend: Backend, sandbox_id: str) -> tuple[str, list[ListeningPort]]:
+    """(state, listening ports) of a sandbox that was running: one stopped (or removed)
+    while its ports are read has none, which is not an error."""
+    try:
+        return "running", read_listening_ports(backend, sandbox_id)
+    except SandboxError:
+        now = backend.find(sandbox_id)
+        if now is not None and now.state == "running":
+            raise
+        return (now.state if now is not None else "stopped"), []

@@ -84,7 +84,7 @@ from .folders import (
 )
 from .identity import ScopeKey
 from .lifecycle import decide, quota_check, stats
-from .preview import ListeningPort, check_port, read_listening_ports
+from .preview import ListeningPort, check_port, ports_of_running
 from .store import AGENT, Store
 from .volumes import VolumeError, check_work_folder, described
 
@@ -733,15 +733,8 @@ class SandboxService:
         found: builtins.list[ListeningPort] = []
         state = info.state
         if state == "running":
-            try:
-                with events.engine_call(self.store, self.backend.name, "ports"):
-                    found = read_listening_ports(self.backend, info.id)
-            except SandboxError:
-                # Stopped (or removed) while it was read: it has no ports, not an error.
-                now = self.backend.find(info.id)
-                if now is not None and now.state == "running":
-                    raise
-                state = now.state if now is not None else "stopped"
+            with events.engine_call(self.store, self.backend.name, "ports"):
+                state, found = ports_of_running(self.backend, info.id)
         return {
             "sandbox_id": info.id,
             "state": state,
