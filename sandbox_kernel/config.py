@@ -609,37 +609,7 @@ class SandboxConfig(Configurable):
         return int(self.flavor_sizes()["disk"])
 
 
-def passed_env(cfg: SandboxConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables (of ``environ``, this process's by default) that sandboxes inherit.
-
-    Public settings flow by default; a credential never without someone's word: a value
-    of a default name with a user or password in a URL is left out (and logged) unless
-    ``pass_env`` was set in a configuration file or the environment."""
-    env = os.environ if environ is None else environ
-    on_purpose = "pass_env" in cfg.file_values or "pass_env" in cfg.asked
-    passed = {}
-    for name in cfg.pass_env:
-        value = env.get(name)
-        if value is None:
-            continue
-        if not on_purpose and _CREDENTIAL.search(value):
-            _warn_credential(name)
-            continue
-        passed[name] = value
-    return passed
-
-
-_CREDENTIAL = re.compile(r"://[^/@\s]+@")
 CA_BUNDLE_LIMIT = 16 << 20  # bytes: far more than any real bundle
-
-
-@lru_cache(maxsize=32)
-def _warn_credential(name: str) -> None:
-    log.warning(
-        "not passing %s to sandboxes: it holds a credential; list it in "
-        "c.SandboxConfig.pass_env (or SANDBOX_KERNEL_PASS_ENV) to pass it",
-        name,
-    )
 
 
 def _file_config(paths: list[str]) -> Config:

@@ -30,7 +30,7 @@ from . import events
 from .backends.base import Backend, SandboxInfo, is_files_sandbox
 from .config import SandboxConfig, setting_names
 from .errors import QuotaExceeded, SandboxNotFound
-from .store import EVENTS_DAYS, Record, Reservation, Store
+from .store import AGENT, EVENTS_DAYS, LiveSession, Record, Reservation, Store
 from .units import format_size
 
 MINUTE = 60.0
@@ -385,3 +385,31 @@ def stats(backend: Backend, config: SandboxConfig) -> dict[str, Any]:
 
 
 __all__ = ["Action", "Decision", "decide", "gc", "plan", "quota_check", "stats"]
+
+
+class CpuRates:
+    """CPU use as a rate: each sandbox's CPU seconds (what engines report) against the
+    sample taken at its previous listing."""
+
+    def __init__(self) -> None:
+        self._samples: dict[str, tuple[float, float]] = {}
+
+    def usage(self, sandbox_id: str, usage: dict[str, float]) -> dict[str, float]:
+        """``usage`` with ``cpu_seconds`` turned into ``cpu`` (a fraction of one CPU;
+        absent on the first sample)."""
+        usage = dict(usage)
+        seconds = usage.pop("cpu_seconds", None)
+        if seconds is None:
+            return usage
+        now = time.monotonic()
+        previous = self._samples.get(sandbox_id)
+        self._samples[sandbox_id] = (now, seconds)
+        if previous and now > previous[0] and seconds >= previous[1]:
+            usage["cpu"] = round((seconds - previous[1]) / (now - previous[0]), 3)
+        return usage
+
+
+def agent_sessions(holders: list[LiveSession]) -> list[dict[str, Any]]:
+    """The agents' interpreters among a sandbox's holders, as listings show them."""
+    found = [{"id": h.id, "name": h.label, "busy": h.busy} for h in holders if h.kind == AGENT]
+    return sorted(found, key=lambda s: (s["name"], s["id"]))

@@ -83,7 +83,7 @@ from .folders import (
     under,
 )
 from .identity import ScopeKey
-from .lifecycle import decide, quota_check, stats
+from .lifecycle import CpuRates, agent_sessions, decide, quota_check, stats
 from .preview import ListeningPort, check_port, ports_of_running
 from .store import AGENT, Store
 from .volumes import VolumeError, check_work_folder, described
@@ -128,7 +128,7 @@ class SandboxService:
         self.installation = installation_id(config.state_dir)
         # CPU use is a rate: the previous sample per sandbox, kept by this (long-lived)
         # service object, turns cumulative CPU seconds into a live fraction.
-        self._cpu_samples: dict[str, tuple[float, float]] = {}
+        self._cpu_rates = CpuRates()
 
     @property
     def backend(self) -> Backend:
@@ -568,32 +568,13 @@ class SandboxService:
                     info.remake = f"made anew with them at its next start: {notices.remake_words(self.backend)}"
             item = info.to_dict()
             item["usage"] = {
-                **self._with_cpu_rate(info.id, usage.get(info.id, {})),
+                **self._cpu_rates.usage(info.id, usage.get(info.id, {})),
                 **disk_usage.get(info.id, {}),
             }
             item["next"] = decide(info, record, live, self.config).to_dict()
-            item["agent_sessions"] = sorted(
-                (
-                    {"id": h.id, "name": h.label, "busy": h.busy}
-                    for h in everyone
-                    if h.kind == AGENT
-                ),
-                key=lambda s: (s["name"], s["id"]),
-            )
+            item["agent_sessions"] = agent_sessions(everyone)
             out.append(item)
         return out
-
-    def _with_cpu_rate(self, sandbox_id: str, usage: dict[str, float]) -> dict[str, float]:
-        usage = dict(usage)
-        seconds = usage.pop("cpu_seconds", None)
-        if seconds is None:
-            return usage
-        now = time.monotonic()
-        previous = self._cpu_samples.get(sandbox_id)
-        self._cpu_samples[sandbox_id] = (now, seconds)
-        if previous and now > previous[0] and seconds >= previous[1]:
-            usage["cpu"] = round((seconds - previous[1]) / (now - previous[0]), 3)
-        return usage
 
     def list(self, user: str | None) -> list[dict[str, Any]]:
         """``user``'s sandboxes (None: everyone's, for administrators)."""

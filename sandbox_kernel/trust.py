@@ -21,10 +21,17 @@ the image's store for them, which is why the host's public certificates are in i
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
+from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 
+from .config import SandboxConfig
 from .errors import SandboxError
+
+log = logging.getLogger("sandbox_kernel")
 
 #: The folder that holds the bundle inside a sandbox (a read-only mount).
 INSIDE = "/etc/sandbox-kernel/trust"
@@ -175,3 +182,35 @@ def named_env() -> dict[str, str]:
         "CURL_CA_BUNDLE": path,
         "GIT_SSL_CAINFO": path,
     }
+
+
+def passed_env(cfg: SandboxConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables (of ``environ``, this process's by default) that sandboxes inherit.
+
+    Public settings flow by default; a credential never without someone's word: a value
+    of a default name with a user or password in a URL is left out (and logged) unless
+    ``pass_env`` was set in a configuration file or the environment."""
+    env = os.environ if environ is None else environ
+    on_purpose = "pass_env" in cfg.file_values or "pass_env" in cfg.asked
+    passed = {}
+    for name in cfg.pass_env:
+        value = env.get(name)
+        if value is None:
+            continue
+        if not on_purpose and _CREDENTIAL.search(value):
+            _warn_credential(name)
+            continue
+        passed[name] = value
+    return passed
+
+
+_CREDENTIAL = re.compile(r"://[^/@\s]+@")
+
+
+@lru_cache(maxsize=32)
+def _warn_credential(name: str) -> None:
+    log.warning(
+        "not passing %s to sandboxes: it holds a credential; list it in "
+        "c.SandboxConfig.pass_env (or SANDBOX_KERNEL_PASS_ENV) to pass it",
+        name,
+    )

@@ -25,8 +25,9 @@ from sandbox_kernel.backends.docker.accounts import (
     with_user,
 )
 from sandbox_kernel.cleanup import remove_tree
-from sandbox_kernel.config import ConfigError, load_config, passed_env
+from sandbox_kernel.config import ConfigError, load_config
 from sandbox_kernel.doctor import registry_of
+from sandbox_kernel.trust import passed_env
 
 pytestmark = pytest.mark.fast
 

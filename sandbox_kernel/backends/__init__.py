@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 
-from ..config import ENGINE_ENTRY_POINTS, ENGINES, SandboxConfig, passed_env
+from ..config import ENGINE_ENTRY_POINTS, ENGINES, SandboxConfig
+from ..trust import passed_env
 from .base import (
     Backend,
     Channel,

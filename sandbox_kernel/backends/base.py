@@ -156,7 +156,7 @@ class EngineSettings:
     kubernetes_storage_class: str = ""  # "": the cluster's default
     kubernetes_workspace_size: int = 10 << 30
     ca_bundle: str = ""  # what sandboxes trust (see trust.py): "", a PEM file, or "none"
-    # Variables every process started in a sandbox inherits (config.passed_env).
+    # Variables every process started in a sandbox inherits (trust.passed_env).
     env: tuple[tuple[str, str], ...] = ()
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import builtins
 import logging
 import os
-import re
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -67,7 +66,7 @@ from .accounts import (
     trust_for_new,
 )
 from .carry import DockerCarry, remake_lock
-from .cgroups import end_stuck_starts
+from .cgroups import end_stuck_starts, unwedge_container
 from .channel import DockerChannel, DockerPty, open_docker_pty
 from .disk import IMAGE, STORAGE_OPT, DockerDisks, disk_label, read_label
 from .egress import EgressProxies
@@ -194,9 +193,6 @@ class DockerBackend(Backend):
                 self._info: dict[str, Any] = self._engine.info()
         return self._info
 
-    def _engine_cpus(self) -> float:
-        return float(self._engine_info().get("NCPU") or os.cpu_count() or 1)
-
     def disk_bound(self) -> str:
         return self._disks.bound_note(self._engine_info())
 
@@ -279,14 +275,16 @@ class DockerBackend(Backend):
         self, sandbox_id: str, key: ScopeKey, spec: Spec, labels: dict[str, str], progress: Progress
     ) -> SandboxInfo:
         name = engine_name(self._installation, sandbox_id)
+
+        def pulled() -> Inspected:
+            return ensure_image(self._engine, lambda: self.client, spec.image, progress)
+
         image = self._carry.find(sandbox_id, spec) or (
-            self._snapshots.image(spec)
-            if spec.snapshot_ref
-            else self._ensure_image(spec.image, progress)
+            self._snapshots.image(spec) if spec.snapshot_ref else pulled()
         )
         if spec.egress and spec.network:  # its one way out, before it can need it
             # Never a user's snapshot: the proxy would keep it from being deleted.
-            base = self._ensure_image(spec.image, progress) if spec.snapshot_ref else image
+            base = pulled() if spec.snapshot_ref else image
             labels = self._egress.for_sandbox(spec.egress, labels, base)
         config = self._create_config(sandbox_id, key, spec, labels, image)
         try:
@@ -342,9 +340,6 @@ class DockerBackend(Backend):
                 if time.monotonic() > deadline:
                     return None
                 time.sleep(0.05)
-
-    def _ensure_image(self, name: str, say: Progress) -> Inspected:
-        return ensure_image(self._engine, lambda: self.client, name, say)
 
     def image_present(self, name: str) -> bool:
         """Whether image ``name`` is on the engine (nothing is pulled)."""
@@ -437,7 +432,9 @@ class DockerBackend(Backend):
         # Docker refuses more CPUs than the engine's machine has: a large flavor on a
         # small host gets all of its CPUs rather than an error. Every engine has one
         # (no need to ask it, which costs a create 20 ms).
-        return spec.cpus if spec.cpus <= 1 else min(spec.cpus, self._engine_cpus())
+        if spec.cpus <= 1:
+            return spec.cpus
+        return min(spec.cpus, float(self._engine_info().get("NCPU") or os.cpu_count() or 1))
 
     def _prepare(self, container: Inspected, *, just_created: bool = False) -> None:
         """The sandbox user's HOME and the root files, before the first start (home.py)."""
@@ -488,21 +485,11 @@ class DockerBackend(Backend):
 
     # -- life ------------------------------------------------------------------
     def unwedge(self, sandbox_id: str) -> None:
-        """Kill the runtime's starts that the sandbox's processes froze (see
-        :func:`.cgroups.end_stuck_starts`): found through the engine's list, which
-        takes no lock of the container, unlike inspect, which would hang on it."""
-        name = engine_name(self._installation, sandbox_id)
-        try:
-            with engine_errors("list sandboxes"):
-                summaries = self._engine.list_containers({"name": [f"^/{re.escape(name)}$"]})
-        except SandboxError:
-            return  # the next engine call says what is wrong
-        for summary in summaries:
-            stuck = end_stuck_starts(summary["Id"])
-            if stuck:
-                log.warning(
-                    "sandbox %s: ended %d process start(s) it had frozen", sandbox_id, stuck
-                )
+        """Kill the runtime's starts that the sandbox's processes froze
+        (:func:`.cgroups.unwedge_container`)."""
+        stuck = unwedge_container(self._engine, engine_name(self._installation, sandbox_id))
+        if stuck:
+            log.warning("sandbox %s: ended %d process start(s) it had frozen", sandbox_id, stuck)
 
     def stop(self, sandbox_id: str) -> SandboxInfo:
         container = self._require(sandbox_id)

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...errors import SandboxError
+from .errors import engine_errors
+
+if TYPE_CHECKING:
+    from .wire import EngineCalls
 
 
 def cgroup_usage(container_id: str) -> dict[str, float] | None:
@@ -223,3 +231,16 @@ def _proc_files(pid: int, *names: str) -> list[bytes] | None:
         except OSError:
             return None
     return found
+
+
+def unwedge_container(engine: EngineCalls, name: str) -> int:
+    """End the runtime's process starts that the processes of container ``name`` froze
+    (:func:`end_stuck_starts`), found through the engine's list, which takes no lock of
+    the container, unlike inspect, which would hang on it; how many. 0 when the engine
+    cannot list (its next call says what is wrong)."""
+    try:
+        with engine_errors("list sandboxes"):
+            summaries = engine.list_containers({"name": [f"^/{re.escape(name)}$"]})
+    except SandboxError:
+        return 0
+    return sum(end_stuck_starts(summary["Id"]) for summary in summaries)
