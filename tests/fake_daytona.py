@@ -156,6 +156,9 @@ class FakeDaytona:
         self.pty_info: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
         self.url = ""
+        # Its containers carry this: close() removes its own, never another fake's (another
+        # pytest-xdist worker runs one at the same time on the same engine).
+        self.instance = uuid.uuid4().hex
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         for name, image in base_images.items():
@@ -235,7 +238,7 @@ class FakeDaytona:
 
     def close(self) -> None:
         for container in self.docker.containers.list(
-            ignore_removed=True, all=True, filters={"label": FAKE_LABEL}
+            ignore_removed=True, all=True, filters={"label": f"{FAKE_LABEL}={self.instance}"}
         ):
             container.remove(force=True)
         for snap in self.snapshots.values():
@@ -447,7 +450,7 @@ class FakeDaytona:
             command=["sleep", "infinity"],
             entrypoint=[],
             init=True,
-            labels={FAKE_LABEL: "1", "fake-daytona.id": box.id},
+            labels={FAKE_LABEL: self.instance, "fake-daytona.id": box.id},
             environment={"HOME": HOME, "PIP_BREAK_SYSTEM_PACKAGES": "1", **box.env},
             mounts=mounts,
             mem_limit=f"{box.memory}g",
@@ -564,7 +567,7 @@ class FakeDaytona:
         name = (await request.json())["name"]
         if name in self.snapshots:
             return _error(409, f"Snapshot with name {name} already exists")
-        tag = f"fake-daytona-snapshot:{re.sub(r'[^a-z0-9_.-]', '-', name.lower())}"
+        tag = f"fake-daytona-snapshot-{self.instance[:12]}:{re.sub(r'[^a-z0-9_.-]', '-', name.lower())}"
 
         def commit() -> float:
             image = self.docker.containers.get(box.container_id).commit(
