@@ -25,24 +25,22 @@ import asyncio
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken
-from mcp.server.mcpserver import Context
-from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
-from mcp.server.transport_security import TransportSecuritySettings
 from tornado import web
 from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
 from sandbox_kernel.agent_sessions import AgentSessions
-from sandbox_kernel.mcp_server import build_server
 from sandbox_kernel.service import SandboxService
 
 from .handlers import AUTH_RESOURCE, request_is_admin, request_owner
+
+if TYPE_CHECKING:  # the SDK is imported with the first MCP request (it takes a second)
+    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 MOUNT = "sandbox-kernel/mcp"
 BODY_LIMIT = 16 << 20  # bytes of one MCP request (write_file takes up to 8 MiB, base64'd)
@@ -53,6 +51,7 @@ ADMIN_KEY = "sandbox_kernel.admin"
 SERVER_URL_KEY = "sandbox_kernel.server_url"
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 HIDDEN_HEADERS = {"authorization", "cookie"}  # never handed on to the SDK or the tools
+MCP_SESSION_ID_HEADER = "mcp-session-id"  # the transport's session header (MCP's spec)
 
 
 def owner_of(ctx: Context) -> str:
@@ -86,18 +85,10 @@ class McpService:
     def __init__(self, service: SandboxService, home: str | None = None) -> None:
         root = home or os.environ.get("SANDBOX_KERNEL_SERVER_ROOT") or os.getcwd()
         self.sessions = AgentSessions(service, str(Path(root).resolve()))
-        self.server = build_server(self.sessions, owner_of, server_url_of, admin_of)
-        self.server.streamable_http_app(
-            streamable_http_path="/" + MOUNT,
-            max_request_body_size=BODY_LIMIT,
-            session_idle_timeout=SESSION_IDLE,
-            max_sessions=MAX_MCP_SESSIONS,
-            # Jupyter checks hosts and origins (allow_remote_access, allow_origin) and
-            # requires its token or cookie; the SDK's localhost-only default would refuse
-            # a server reached by its real name.
-            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-        )
-        self.manager = self.server.session_manager
+        # The SDK's server and session manager, made by the first request (started()):
+        # a Jupyter server that never serves MCP never imports the SDK.
+        self.server: MCPServer | None = None
+        self.manager: StreamableHTTPSessionManager | None = None
         self.session_users: dict[str, str] = {}  # MCP session id -> Jupyter user who opened it
         self._runner: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None
@@ -115,8 +106,30 @@ class McpService:
                 for gone in [sid for sid in users if sid not in live and sid != session_id]:
                     del users[gone]
 
-    async def started(self) -> None:
-        """The session manager, running (started by the first request)."""
+    def _build(self) -> StreamableHTTPSessionManager:
+        """The tools' server and the SDK's session manager, made once."""
+        if self.manager is None:
+            from mcp.server.transport_security import TransportSecuritySettings
+
+            from sandbox_kernel.mcp_server import build_server
+
+            self.server = build_server(self.sessions, owner_of, server_url_of, admin_of)
+            self.server.streamable_http_app(
+                streamable_http_path="/" + MOUNT,
+                max_request_body_size=BODY_LIMIT,
+                session_idle_timeout=SESSION_IDLE,
+                max_sessions=MAX_MCP_SESSIONS,
+                # Jupyter checks hosts and origins (allow_remote_access, allow_origin) and
+                # requires its token or cookie; the SDK's localhost-only default would
+                # refuse a server reached by its real name.
+                transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            )
+            self.manager = self.server.session_manager
+        return self.manager
+
+    async def started(self) -> StreamableHTTPSessionManager:
+        """The session manager, made and running (by the first request)."""
+        manager = self._build()
         if self._runner is None:
             self._ready, self._stop = asyncio.Event(), asyncio.Event()
             self._runner = asyncio.ensure_future(self._run(self._ready, self._stop))
@@ -127,8 +140,10 @@ class McpService:
         if not ready.done():
             ready.cancel()
             self._runner.result()  # raises why it could not start
+        return manager
 
     async def _run(self, ready: asyncio.Event, stop: asyncio.Event) -> None:
+        assert self.manager is not None
         async with self.manager.run():
             ready.set()
             await stop.wait()
@@ -231,14 +246,17 @@ class McpHandler(APIHandler):
                 }
             )
             return
-        await self.mcp.started()
-        await self.mcp.manager.handle_request(self._scope(user), self._receive, self._send)
+        manager = await self.mcp.started()
+        await manager.handle_request(self._scope(user), self._receive, self._send)
         if not self._finished_asgi and not self._finished:
             self.finish()
         if self.request.method == "DELETE" and session_id and self._status < 400:
             self.mcp.session_users.pop(session_id, None)
 
     def _scope(self, user: str) -> dict[str, Any]:
+        from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+        from mcp.server.auth.provider import AccessToken
+
         request = self.request
         host, _, port = (
             request.host.rpartition(":") if ":" in request.host else (request.host, "", "")

@@ -110,7 +110,7 @@ class Request:
 def not_started(within: float) -> SandboxError:
     """The error for an interpreter that did not say ready within ``within`` seconds."""
     return SandboxError(
-        f"the interpreter in the sandbox did not start within {within:.0f} s"
+        f"the interpreter in the sandbox did not start within {within:g} s"
         " (is the sandbox overloaded, or are its processes stopped?)"
     )
 

@@ -48,10 +48,16 @@ class Agent:
         self.conn.attach(asyncio.get_running_loop())
 
     def ask(
-        self, op: str, timeout: float = 30, during: Any = None, **fields: Any
+        self,
+        op: str,
+        timeout: float = 30,
+        during: Any = None,
+        events: list[dict[str, Any]] | None = None,
+        **fields: Any,
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Send one request; its (reply, events). ``during`` runs once the request is sent."""
-        events: list[dict[str, Any]] = []
+        """Send one request; its (reply, events). ``during`` runs once the request is sent;
+        ``events``, when given, is the list the events are added to as they come."""
+        events: list[dict[str, Any]] = [] if events is None else events
 
         async def go() -> dict[str, Any]:
             req = self.conn.request(op, lambda msg, _size: events.append(msg), **fields)
@@ -138,14 +144,19 @@ def test_errors_are_replies_not_crashes(agent: Agent) -> None:
 def test_interrupt_keeps_the_interpreter(agent: Agent) -> None:
     agent.execute("kept = 'yes'")
 
-    def interrupt() -> None:
-        time.sleep(1.0)
+    events: list[dict[str, Any]] = []
+
+    def interrupt() -> None:  # once the cell runs its loop
+        deadline = time.monotonic() + 10
+        while "looping" not in streams(events) and time.monotonic() < deadline:
+            time.sleep(0.01)
         agent.conn.send(op="interrupt")
 
     reply, _ = agent.ask(
         "execute",
         during=interrupt,
-        code="import time\nfor _ in range(300): time.sleep(0.1)",
+        events=events,
+        code="import time\nprint('looping', flush=True)\nfor _ in range(300): time.sleep(0.1)",
         silent=False,
         store_history=True,
         user_expressions={},
@@ -199,8 +210,8 @@ def test_an_interpreter_that_never_says_ready_is_given_up(agent: Agent) -> None:
     )
     conn = AgentConnection(frozen, max_line=1 << 20)
     began = time.monotonic()
-    with pytest.raises(SandboxError, match="did not start within 1 s"):
-        conn.start(bundle("start"), within=1.0)
+    with pytest.raises(SandboxError, match="did not start within 0.3 s"):
+        conn.start(bundle("start"), within=0.3)
     assert time.monotonic() - began < 10
     conn.close()
     reply, _ = agent.execute("40 + 2")
