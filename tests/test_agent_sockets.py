@@ -18,6 +18,7 @@ from jupyter_client.manager import start_new_kernel
 
 from sandbox_kernel.backends import SandboxError
 from sandbox_kernel.backends.base import Channel
+from sandbox_kernel.backends.docker import sockets
 from sandbox_kernel.backends.docker.channel import close_socket
 from sandbox_kernel.backends.docker.sockets import AgentListener, SocketChannel
 from sandbox_kernel.service import SandboxService
@@ -47,7 +48,10 @@ def deep_folder(tmp_path: Path) -> Path:
 
 
 @pytest.mark.fast
-def test_the_listener_takes_only_the_connection_that_brings_its_token(deep_folder: Path) -> None:
+def test_the_listener_takes_only_the_connection_that_brings_its_token(
+    deep_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sockets, "TOKEN_PATIENCE", 0.1)  # what the silent one costs
     listener = AgentListener(str(deep_folder))
     path = deep_folder / listener.name
     try:
@@ -75,7 +79,7 @@ def test_the_listener_gives_up_in_its_time(deep_folder: Path) -> None:
     try:
         silent = _connect(deep_folder / listener.name)
         with pytest.raises(SandboxError, match="did not connect"):
-            listener.accept(within=0.5)
+            listener.accept(within=0.2)
         silent.close()
     finally:
         listener.close()
@@ -134,10 +138,10 @@ def test_the_socket_end_waits_for_the_process_end() -> None:
     process = _PipeChannel()
     channel = SocketChannel(kernel_end, process)
     sandbox_end.close()
-    threading.Timer(0.3, process.far.close).start()
+    threading.Timer(0.15, process.far.close).start()
     started = time.monotonic()
     assert channel.read() == b""
-    assert time.monotonic() - started >= 0.25
+    assert time.monotonic() - started >= 0.1
     channel.close()
 
 

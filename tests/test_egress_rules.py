@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_kernel.agent.egress_proxy import Proxy, server_name
+from sandbox_kernel.agent.egress_proxy import Counts, Proxy, server_name
 from sandbox_kernel.agent.egress_rules import Rules, parse_entry
 from sandbox_kernel.backends.base import Spec
 from sandbox_kernel.config import ConfigError, load_config
@@ -191,9 +191,12 @@ def upstream() -> Iterator[int]:
 
 
 @pytest.fixture
-def proxy(tmp_path: Path, upstream: int) -> Iterator[tuple[str, Path]]:
+def proxy(
+    tmp_path: Path, upstream: int, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, Path]]:
     """The proxy on a Unix socket, allowing localhost (by name, and its network) on the
     upstream server's port."""
+    monkeypatch.setattr(Counts, "every", 0.02)  # the counts file follows at once
     path = tmp_path / "proxy.sock"
     counts = tmp_path / "counts.json"
     allow = [f"localhost:{upstream}", f"127.0.0.0/8:{upstream}"]
@@ -240,14 +243,16 @@ def _client_hello(name: str) -> bytes:
     return outgoing.read()
 
 
-def _denied(counts: Path) -> dict[str, int]:
-    for _ in range(250):
+def _denied(counts: Path, expected: dict[str, int]) -> dict[str, int]:
+    """The refusals the proxy's counts file holds, once they are ``expected`` (or
+    what it holds after 5 s): it is written a moment after each refusal."""
+    found: dict[str, int] = {}
+    deadline = time.monotonic() + 5
+    while found != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
         if counts.exists():
             found = json.loads(counts.read_text())["denied"]
-            if found:
-                return found
-        time.sleep(0.02)
-    return {}
+    return found
 
 
 def test_the_proxy_relays_what_the_list_allows(proxy: tuple[str, Path], upstream: int) -> None:
@@ -285,7 +290,8 @@ def test_the_proxy_refuses_at_once_and_counts(proxy: tuple[str, Path], upstream:
     assert time.monotonic() - started < 30  # answered, not left to time out
     reply = _ask(path, b"CONNECT denied.example:443 HTTP/1.1\r\n\r\n")
     assert b"egress denied: denied.example is not in the allowlist (egress_allow)" in reply
-    assert _denied(counts) == {"name": 3, "port": 1, "address": 1}
+    expected = {"name": 3, "port": 1, "address": 1}
+    assert _denied(counts, expected) == expected
 
 
 def test_a_tls_name_other_than_the_connect_host_is_refused(
@@ -297,7 +303,7 @@ def test_a_tls_name_other_than_the_connect_host_is_refused(
     assert server_name(hello[:20]) is None  # incomplete: read on
     reply = _ask(path, f"CONNECT localhost:{upstream} HTTP/1.1\r\n\r\n".encode(), then=hello)
     assert reply == b""  # the tunnel is closed, nothing relayed
-    assert _denied(counts) == {"sni": 1}
+    assert _denied(counts, {"sni": 1}) == {"sni": 1}
     # The same name as the CONNECT host goes through (the server then fails TLS: it is
     # plain HTTP, which is not the proxy's business).
     good = _client_hello("localhost")

@@ -35,10 +35,13 @@ def test_a_cut_text_fits_its_budget_in_json(text: str) -> None:
     assert head_and_tail("short", 100) == ("short", 0)
 
 
-@pytest.mark.parametrize("limit", [4_000, 100_000, 900_000])
-def test_a_flood_of_every_kind_fits_one_result(limit: int) -> None:
-    """stdout, stderr, a long text result, a traceback and images, all far past the
-    limit: the result fits, keeps each text's head and tail, and says what was cut."""
+LIMITS = [4_000, 100_000, 900_000]
+
+
+@pytest.fixture(scope="module")
+def flood() -> Outcome:
+    """stdout, stderr, a long text result, a traceback and images, all far past every
+    limit (made, and measured whole, once)."""
     outcome = Outcome(
         session="s",
         sandbox_id="sk-a",
@@ -51,7 +54,15 @@ def test_a_flood_of_every_kind_fits_one_result(limit: int) -> None:
         ],
         error={"ename": "E", "evalue": "v", "traceback": ["frame"] * 100_000},
     )
-    assert result_size(code_result(outcome)) > 10 * limit
+    assert result_size(code_result(outcome)) > 10 * max(LIMITS)
+    return outcome
+
+
+@pytest.mark.parametrize("limit", LIMITS)
+def test_a_flood_of_every_kind_fits_one_result(flood: Outcome, limit: int) -> None:
+    """A flood of every kind: the result fits, keeps each text's head and tail, and says
+    what was cut."""
+    outcome = flood
     cut = Cut(limit, saved="/workspace/.sandbox-kernel/outputs/x.txt")
     result = fit(lambda share: (code_result(cut_outcome(outcome, share, cut), cut), cut), limit)
     assert result is not None and result_size(result) <= limit

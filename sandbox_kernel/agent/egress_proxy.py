@@ -66,7 +66,9 @@ class Denied(Exception):
 
 
 class Counts:
-    """Refusals by kind, written to ``path`` (at most twice a second)."""
+    """Refusals by kind, written to ``path`` (at most once every ``every`` seconds)."""
+
+    every = 0.5
 
     def __init__(self, path):
         self.path = path
@@ -95,7 +97,7 @@ class Counts:
 
     def _writer(self):
         while True:
-            time.sleep(0.5)
+            time.sleep(self.every)
             with self.lock:
                 if not self.dirty:
                     continue

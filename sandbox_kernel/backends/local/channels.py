@@ -74,7 +74,9 @@ class LocalChannel(Channel):
         return None if code is None else (128 - code if code < 0 else code)
 
     def close(self) -> None:
-        locked = self._lock.acquire(timeout=0.5)
+        # A write takes the lock for moments; one still holding it now is stuck, and the
+        # process is to end anyway.
+        locked = self._lock.acquire(timeout=0.1)
         if not locked:
             # A write is blocked on a process that does not read (one a cell froze, with
             # the agent's source bigger than a pipe holds): ending the process ends that
