@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -63,13 +65,14 @@ def write_notebook(path: Path, cells: list[str], kernel: str = "sandbox", **outp
 
 
 def run(
-    kenv: KernelEnv, cwd: Path, *cmd: str, timeout: float = 300
+    kenv: KernelEnv, cwd: Path, *cmd: str, timeout: float = 300, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """A CI step: the command in the notebook's folder, the sandbox kernelspec on the path."""
+    """A CI step: the command in the notebook's folder, the sandbox kernelspec on the path
+    (and ``env`` added to its environment)."""
     return subprocess.run(
         [sys.executable, "-m", *cmd],
         cwd=cwd,
-        env=kenv.environ(),
+        env={**kenv.environ(), **env},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -286,6 +289,9 @@ def test_twenty_parallel_starts_three_rounds(kenv: KernelEnv, tmp_path: Path) ->
     folder = tmp_path / "matrix"
     for n in range(20):
         write_notebook(folder / f"nb-{n:02}.ipynb", [f"print('notebook', {n})"])
+    # Their own runtime folder (short: it holds sockets), so that what is left there is
+    # theirs: other pytest-xdist workers start kernels in the user's at the same time.
+    runtime = Path(tempfile.mkdtemp(prefix="sk-rt-", dir="/tmp"))
 
     def one(n: int) -> tuple[int, subprocess.CompletedProcess[str]]:
         return n, run(
@@ -298,6 +304,7 @@ def test_twenty_parallel_starts_three_rounds(kenv: KernelEnv, tmp_path: Path) ->
             "--startup_timeout=240",
             f"nb-{n:02}.ipynb",
             timeout=400,
+            JUPYTER_RUNTIME_DIR=str(runtime),
         )
 
     for round_ in range(3):
@@ -308,18 +315,12 @@ def test_twenty_parallel_starts_three_rounds(kenv: KernelEnv, tmp_path: Path) ->
         for n, _ in results:
             text = stored(folder / f"nb-{n:02}.ipynb")[0]["outputs"][0]["text"]
             assert text == f"notebook {n}\n", (round_, n, text)
-    runtime = Path(
-        json.loads(
-            subprocess.check_output(
-                [sys.executable, "-m", "jupyter", "--paths", "--json"],
-                env=kenv.environ(),
-                text=True,
-            )
-        )["runtime"][0]
-    )
-    assert not [
-        p for p in runtime.glob("sk-*") if p.is_dir() and not any(p.iterdir())
-    ]  # no folder left behind
+    try:
+        assert not [
+            p for p in runtime.glob("sk-*") if p.is_dir() and not any(p.iterdir())
+        ]  # no folder left behind
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def kernel_children(parent: int) -> list[int]:
