@@ -775,6 +775,10 @@ class FakeDaytona:
             protocols=[PTY_SUBPROTOCOL] if PTY_SUBPROTOCOL in offered else []
         )
         await ws.prepare(request)
+        # The daemon says the session is there as soon as it has made it; the fake's
+        # docker exec behind it can take seconds on a loaded machine, past the SDK's
+        # 10 s wait for this word. What the client sends meanwhile waits in the socket.
+        await ws.send_str(json.dumps({"type": "control", "status": "connected"}))
         pty_id = request.query["id"]
         api = self.docker.api
 
@@ -814,7 +818,6 @@ class FakeDaytona:
             "createdAt": _now(),
             "lazyStart": False,
         }
-        await ws.send_str(json.dumps({"type": "control", "status": "connected"}))
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
 
