@@ -30,13 +30,6 @@ if TYPE_CHECKING:
     from sandbox_kernel.service import SandboxService
 
 
-def isolated(spec: dict[str, Any]) -> dict[str, Any]:
-    """A kernelspec whose interpreter starts isolated (``-I``): the benchmark's folders
-    are ones its sandboxes write, and nothing planted there may be imported on the host."""
-    spec["argv"].insert(1, "-I")
-    return spec
-
-
 def pick_image() -> str:
     """SANDBOX_KERNEL_IMAGE, else the CI test image when the engine has it."""
     if os.environ.get("SANDBOX_KERNEL_IMAGE"):
@@ -73,7 +66,9 @@ def write_kernelspec(root: Path, name: str, env: dict[str, str]) -> None:
     spec = root / "share" / "kernels" / name
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(
-        json.dumps(isolated(kernelspec(f"{name} (bench)", env, python=sys.executable)))
+        # -I: the benchmark's folders are ones its sandboxes write; nothing planted there
+        # may be imported on the host.
+        json.dumps(kernelspec(f"{name} (bench)", env, python=sys.executable, isolated=True))
     )
     os.environ["JUPYTER_PATH"] = str(root / "share")
 

@@ -16,12 +16,17 @@ SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
 
 
 def kernelspec(
-    display_name: str, env: dict[str, str] | None, python: str = "python"
+    display_name: str, env: dict[str, str] | None, python: str = "python", isolated: bool = False
 ) -> dict[str, Any]:
     """The kernel.json content. The provisioner entry makes every client that starts
-    kernels by name launch this kernel over IPC (see provisioner.py for why)."""
+    kernels by name launch this kernel over IPC (see provisioner.py for why).
+
+    ``isolated`` starts the interpreter with ``-I`` (no user site, no ``PYTHON*``
+    variables, no working folder on the path): for an environment that holds the package
+    itself, as a benchmark's venv does; a ``pip install --user`` needs the user site."""
+    flags = ["-I"] if isolated else []
     spec: dict[str, Any] = {
-        "argv": [python, "-m", "sandbox_kernel", "-f", "{connection_file}"],
+        "argv": [python, *flags, "-m", "sandbox_kernel", "-f", "{connection_file}"],
         "display_name": display_name,
         "language": "python",
         "interrupt_mode": "message",
