@@ -11,6 +11,7 @@ of the sandbox could have written it).
 from __future__ import annotations
 
 import ipaddress
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -111,6 +112,7 @@ def listening_ports(text: str) -> list[ListeningPort]:
 
 
 PORTS_TIMEOUT = 10.0  # seconds reading a sandbox's listening ports may take
+STOP_SETTLES = 2.0  # seconds a read cut short may wait for the engine to say the sandbox stopped
 
 
 def read_listening_ports(backend: Backend, sandbox_id: str) -> list[ListeningPort]:
@@ -131,7 +133,13 @@ def ports_of_running(backend: Backend, sandbox_id: str) -> tuple[str, list[Liste
     try:
         return "running", read_listening_ports(backend, sandbox_id)
     except SandboxError:
-        now = backend.find(sandbox_id)
-        if now is not None and now.state == "running":
-            raise
-        return (now.state if now is not None else "stopped"), []
+        # A stop kills the read before the engine says the sandbox stopped: give the
+        # engine a moment to say so before calling the failure an error.
+        deadline = time.monotonic() + STOP_SETTLES
+        while True:
+            now = backend.find(sandbox_id)
+            if now is None or now.state != "running":
+                return (now.state if now is not None else "stopped"), []
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
