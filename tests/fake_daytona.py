@@ -314,6 +314,12 @@ class FakeDaytona:
             raise
         except KeyError as exc:
             return _error(404, f"Not found: {exc}")
+        finally:
+            # A toolbox request is activity until it is answered: the idle timer never
+            # stops a sandbox under a command that is still running.
+            box = self.sandboxes.get(request.match_info.get("sid", ""))
+            if box is not None:
+                self.last_activity[box.id] = time.time()
 
     async def _no_socketio(self, request: web.Request) -> web.Response:
         return web.Response(status=404, text="no socket.io here")
