@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import inspect
 import logging
 import os
 import platform
@@ -70,6 +71,7 @@ class SandboxKernel(Kernel):
         self.sandbox: SandboxSession | None = early.session
         self._early = early  # its interpreter serves the first connection; later ones start anew
         self._early_taken = False
+        self._aborted_before_reply = False
 
     @property
     def execution_count(self) -> int:
@@ -237,6 +239,32 @@ class SandboxKernel(Kernel):
             if line:  # a full disk: which bound, and what to do
                 self._send(parent, "stream", {"name": "stderr", "text": line + "\n"})
         return reply
+
+    def finish_metadata(self, parent: Any, metadata: Any, reply_content: Any) -> Any:
+        """The reply's metadata (KernelBase's), called just before an execute_reply goes
+        out: a failed cell aborts the cells queued behind it from here, before its reply.
+
+        KernelBase aborts only after sending the reply, so a client that answers the
+        reply at once (``print(x)`` right after an interrupted cell) can have its new cell
+        taken for a queued one and aborted when the kernel is preempted between the two
+        on a loaded machine. Aborting first, only cells sent before the client saw the
+        error are aborted, as the message spec means."""
+        content = parent.get("content") or {}
+        if (
+            reply_content.get("status") == "error"
+            and not content.get("silent", False)
+            and content.get("stop_on_error", True)
+        ):
+            super()._abort_queues(*_subshell_of(parent))
+            self._aborted_before_reply = True
+        return super().finish_metadata(parent, metadata, reply_content)
+
+    def _abort_queues(self, *subshell_id: Any) -> None:
+        """KernelBase's, unless :meth:`finish_metadata` did it for this reply already."""
+        if self._aborted_before_reply:
+            self._aborted_before_reply = False
+            return
+        super()._abort_queues(*subshell_id)
 
     def _publisher(
         self, agent: AgentConnection, parent: dict[str, Any], silent: bool, stdin_parent: Any
@@ -498,6 +526,17 @@ class SandboxKernel(Kernel):
 
 
 _DICT_FIELDS = ("data", "metadata", "transient")
+
+
+# ipykernel 7's KernelBase._abort_queues takes the request's subshell; 6's takes nothing.
+_ABORT_TAKES_SUBSHELL = "subshell_id" in inspect.signature(Kernel._abort_queues).parameters
+
+
+def _subshell_of(parent: dict[str, Any]) -> tuple[Any, ...]:
+    """KernelBase._abort_queues's arguments for ``parent`` (None: the main shell)."""
+    if not _ABORT_TAKES_SUBSHELL:
+        return ()
+    return ((parent.get("header") or {}).get("subshell_id"),)
 
 
 def _event_content(kind: Any, msg: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:

@@ -452,7 +452,7 @@ def test_interrupt_keeps_variables(kkenv: KernelEnv) -> None:
                 break
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         reply, outputs = run(kc, "print(y)")
-        assert text_of(outputs) == "still here\n"
+        assert (reply["status"], text_of(outputs)) == ("ok", "still here\n"), (reply, outputs)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
