@@ -54,7 +54,7 @@ def kernelspecs() -> list[tuple[str, Path, str]]:
             argv = [str(a) for a in spec.get("argv") or []]
         except (OSError, ValueError, AttributeError):
             continue
-        if "sandbox_kernel" not in argv[1:3] or not argv:
+        if "sandbox_kernel" not in argv[1:4]:  # python [-I] -m sandbox_kernel
             continue
         python, where = argv[0], Path(folder).resolve()
         if where.is_relative_to(Path(sys.prefix).resolve()):

@@ -25,7 +25,7 @@ from .backends.base import SandboxInfo
 from .config import ConfigError, SandboxConfig, load_config
 from .errors import SandboxError, SandboxNotFound
 from .identity import scope_key
-from .kernelspec import DISPLAY_NAME, kernelspec
+from .kernelspec import DISPLAY_NAME, kernelspec, runs_isolated
 from .service import SandboxService
 from .units import format_size
 
@@ -449,7 +449,12 @@ def cmd_install(args: argparse.Namespace) -> int:
         # (a flavor alone resizes your sandbox instead).
         env["SANDBOX_KERNEL_VARIANT"] = args.name
     load_config(environ=env)  # refuse a variant that could never start
-    spec = kernelspec(args.display_name or DISPLAY_NAME, env, python=sys.executable)
+    spec = kernelspec(
+        args.display_name or DISPLAY_NAME,
+        env,
+        python=sys.executable,
+        isolated=runs_isolated(sys.executable),
+    )
     shipped = Path(__file__).parent / "resources"
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")

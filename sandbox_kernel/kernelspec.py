@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 DISPLAY_NAME = "Python 3 (sandbox)"
@@ -23,7 +24,7 @@ def kernelspec(
 
     ``isolated`` starts the interpreter with ``-I`` (no user site, no ``PYTHON*``
     variables, no working folder on the path): for an environment that holds the package
-    itself, as a benchmark's venv does; a ``pip install --user`` needs the user site."""
+    itself (see :func:`runs_isolated`); a ``pip install --user`` needs the user site."""
     flags = ["-I"] if isolated else []
     spec: dict[str, Any] = {
         "argv": [python, *flags, "-m", "sandbox_kernel", "-f", "{connection_file}"],
@@ -39,3 +40,25 @@ def kernelspec(
     # that skip provisioners.
     spec["env"] = {**SAFE_PATH_ENV, **(env or {})}
     return spec
+
+
+def runs_isolated(python: str) -> bool:
+    """Whether ``python -I`` imports this kernel: its packages are in the environment
+    itself, not only in a user site or on ``PYTHONPATH``, which ``-I`` leaves out.
+
+    A kernelspec that can say ``-I`` should: the notebook's folder, which a sandbox may
+    write, then stays off the kernel's import path on every Python and with every
+    launcher, not only where ``PYTHONSAFEPATH`` (3.11+) or the provisioner's start in
+    ``/`` applies.
+    """
+    try:
+        done = subprocess.run(
+            [python, "-I", "-c", "import sandbox_kernel.kernel"],
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0

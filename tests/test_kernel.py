@@ -689,7 +689,9 @@ def test_install_kernelspec_variant(tmp_path: Path) -> None:
         "logo-svg.svg",
     ]
     assert spec["interrupt_mode"] == "message"
-    assert spec["argv"][1:3] == ["-m", "sandbox_kernel"]
+    # This venv holds the package: the kernel starts isolated (no user site, no
+    # PYTHON* variables, no working folder on its import path).
+    assert spec["argv"] == [sys.executable, "-I", "-m", "sandbox_kernel", "-f", "{connection_file}"]
     # Another image: the variant's sandboxes are its own (a flavor alone would resize).
     assert spec["env"] == {
         "PYTHONSAFEPATH": "1",  # the notebook's folder stays off the kernel's import path
@@ -713,6 +715,31 @@ def test_install_kernelspec_variant(tmp_path: Path) -> None:
         text=True,
     )
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_install_leaves_out_isolation_a_python_cannot_start_with(tmp_path: Path) -> None:
+    """An interpreter that finds the package only on PYTHONPATH (or in a user site) would
+    not start under -I: its kernelspec goes without, and still starts the kernel."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    python = str(bare / "bin" / "python")
+    here = [p for p in sys.path if p.endswith("site-packages")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *here])}
+    done = subprocess.run(
+        [python, "-m", "sandbox_kernel.cli", "install", "--prefix", str(tmp_path / "p")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    kernels = tmp_path / "p" / "share" / "jupyter" / "kernels"
+    spec = json.loads((kernels / "sandbox" / "kernel.json").read_text())
+    assert spec["argv"] == [python, "-m", "sandbox_kernel", "-f", "{connection_file}"]
+    started = subprocess.run(
+        [python, "-c", "import sandbox_kernel.kernel"], env=env, capture_output=True, timeout=120
+    )
+    assert started.returncode == 0, started.stderr
 
 
 def test_busy_cell_is_not_idle_and_a_stop_is_reported(
