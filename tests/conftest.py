@@ -128,16 +128,22 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[N
 
 
 @pytest.fixture(autouse=True)
-def _release_idmapped_mounts(tmp_path: Path) -> Iterator[None]:
-    """Idmapped workspace mounts of this test's sandboxes, gone with them: a test that
-    removes containers itself (or a crashed one) must not leave mounts on the host; nor
-    the disks mounted over its workspaces (they outlive sandboxes, as workspaces do)."""
+def _leave_nothing_on_the_host(tmp_path: Path) -> Iterator[None]:
+    """What this test's sandboxes hold on the host goes with the test, even when it
+    removed containers itself or crashed: local sandboxes' holder processes (their
+    namespaces) and cgroups, then idmapped workspace mounts and the disks mounted over
+    workspaces (they outlive sandboxes, as workspaces do)."""
     yield
-    if not any(tmp_path.iterdir()):  # the test made nothing here: nothing can be mounted
+    if not any(tmp_path.iterdir()):  # the test made nothing here: nothing to release
         return
     from sandbox_kernel.backends import idmap
+    from sandbox_kernel.backends.base import EngineSettings, installation_id
     from sandbox_kernel.backends.docker.mounts import remove_mount_folder
+    from sandbox_kernel.backends.local import LocalBackend
 
+    for state in {p.parent.parent.parent for p in tmp_path.glob("**/local/*/holder.json")}:
+        settings = EngineSettings(installation_id(str(state)), str(tmp_path), str(state))
+        LocalBackend(settings).end_all()
     for _source, target in idmap.mounts_of(tmp_path):
         idmap.unmount(Path(target))
         remove_mount_folder(Path(target).parent)
@@ -161,21 +167,6 @@ def release_disks(folder: Path) -> None:
     for target in disks.release_beneath(folder):
         if target.startswith("/run/sandbox-kernel/"):
             remove_mount_folder(Path(target).parent)
-
-
-@pytest.fixture(autouse=True)
-def _end_local_sandboxes(tmp_path: Path) -> Iterator[None]:
-    """Local sandboxes made under this test's folder end with it: each running one has a
-    holder process (its namespaces) and, where the host allows, a cgroup."""
-    yield
-    if not any(tmp_path.iterdir()):
-        return
-    from sandbox_kernel.backends.base import EngineSettings, installation_id
-    from sandbox_kernel.backends.local import LocalBackend
-
-    for state in {p.parent.parent.parent for p in tmp_path.glob("**/local/*/holder.json")}:
-        settings = EngineSettings(installation_id(str(state)), str(tmp_path), str(state))
-        LocalBackend(settings).end_all()
 
 
 @pytest.fixture
