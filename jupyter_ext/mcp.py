@@ -78,6 +78,14 @@ def server_url_of(ctx: Context) -> str:
     return url if isinstance(url, str) else ""
 
 
+def _import_sdk() -> None:
+    """Import the MCP SDK and the tools (pydantic, starlette: about 1.2 s, once), off the
+    event loop: the first MCP request must not stall every other request to the server."""
+    import mcp.server.transport_security  # noqa: F401
+
+    import sandbox_kernel.mcp_server  # noqa: F401
+
+
 class McpService:
     """The MCP server of this Jupyter server: the tools, the SDK's session manager, and
     which Jupyter user opened which MCP session."""
@@ -129,6 +137,8 @@ class McpService:
 
     async def started(self) -> StreamableHTTPSessionManager:
         """The session manager, made and running (by the first request)."""
+        if self.manager is None:
+            await asyncio.to_thread(_import_sdk)  # the server goes on serving meanwhile
         manager = self._build()
         if self._runner is None:
             self._ready, self._stop = asyncio.Event(), asyncio.Event()
