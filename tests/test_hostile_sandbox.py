@@ -366,7 +366,7 @@ def test_an_interpreter_that_dies_takes_its_cells_processes_along(
         ok_cell(kc, f"import os\nos.kill({spare}, 9)")
         assert int(in_container(container, SPARE_PID_PROBE) or 0) != spare, "the spare lives on"
     marker = f"sk-orphan-{uuid.uuid4().hex[:8]}"
-    kc.execute(f"MARKER = {marker!r}\n" + _DIE_LEAVING_A_DAEMON)
+    dying = kc.execute(f"MARKER = {marker!r}\n" + _DIE_LEAVING_A_DAEMON)
     deadline = time.monotonic() + 10
     seen = []
     while not seen and time.monotonic() < deadline:
@@ -377,6 +377,10 @@ def test_an_interpreter_that_dies_takes_its_cells_processes_along(
     while left and time.monotonic() < deadline:
         left = marked_processes(container, marker)
     assert not left, f"the dead interpreter's daemon {left} lives on:\n{process_table(container)}"
+    # The lost cell's error reply first: a cell sent before it would be queued behind a
+    # failed cell, and aborted (stop_on_error), on a machine slow to see the loss.
+    lost, _ = collect(kc, dying, time.monotonic() + 60)
+    assert lost["status"] == "error", lost
     answers(kc, 60)
 
 
