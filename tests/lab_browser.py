@@ -83,6 +83,7 @@ class Lab:
         self.root = root
         self.user = user
         self.token = uuid.uuid4().hex
+        self.chose_port = port is None  # a port of our choosing may be chosen again
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.notebooks = notebooks or root / "notebooks"
@@ -90,8 +91,10 @@ class Lab:
         self.log = root / "lab.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        self.notebooks.mkdir(parents=True)
+    def start(self, tries: int = 3) -> None:
+        """Start the server and wait until it answers; a port of our choosing that
+        another process took first is chosen again, ``tries`` times in all."""
+        self.notebooks.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             "SANDBOX_KERNEL_BACKEND": "docker",
@@ -125,7 +128,15 @@ class Lab:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited: {self.log.read_text()[-3000:]}")
+                said = self.log.read_text()
+                if self.chose_port and tries > 1 and f"port {self.port} is not available" in said:
+                    # Another process took the free port between our look and the
+                    # server's bind (xdist workers start servers and kernels at once).
+                    self._log.close()
+                    self.port = _free_port()
+                    self.url = f"http://127.0.0.1:{self.port}"
+                    return self.start(tries - 1)
+                raise RuntimeError(f"jupyter lab exited: {said[-3000:]}")
             try:
                 with urllib.request.urlopen(f"{self.url}/api/status?token={self.token}", timeout=2):
                     return

@@ -513,8 +513,10 @@ class DockerBackend(Backend):
         if container.status == "paused":
             with engine_errors("unpause", sandbox_id):
                 self._engine.unpause_container(container.id)
-        elif container.status in ("dead", "removing"):
-            raise SandboxFailed(f"sandbox {sandbox_id} is {container.status} and cannot start")
+        elif container.status == "removing":  # `docker rm` under way: gone, as for a lookup
+            raise not_found(sandbox_id)
+        elif container.status == "dead":
+            raise SandboxFailed(f"sandbox {sandbox_id} is dead and cannot start")
         elif container.status != "running":
             if progress:
                 progress(f"starting sandbox {sandbox_id}")
