@@ -68,7 +68,7 @@ def write_kernelspec(root: Path, name: str, env: dict[str, str]) -> None:
     (spec / "kernel.json").write_text(
         # -I: the benchmark's folders are ones its sandboxes write; nothing planted there
         # may be imported on the host.
-        json.dumps(kernelspec(f"{name} (bench)", env, python=sys.executable, isolated=True))
+        json.dumps(kernelspec(f"{name} (bench)", env, python=sys.executable, flags=["-I"]))
     )
     os.environ["JUPYTER_PATH"] = str(root / "share")
 

@@ -25,7 +25,7 @@ from .backends.base import SandboxInfo
 from .config import ConfigError, SandboxConfig, load_config
 from .errors import SandboxError, SandboxNotFound
 from .identity import scope_key
-from .kernelspec import DISPLAY_NAME, kernelspec, runs_isolated
+from .kernelspec import DISPLAY_NAME, kernelspec, safe_flags
 from .service import SandboxService
 from .units import format_size
 
@@ -453,7 +453,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         args.display_name or DISPLAY_NAME,
         env,
         python=sys.executable,
-        isolated=runs_isolated(sys.executable),
+        flags=safe_flags(sys.executable),
     )
     shipped = Path(__file__).parent / "resources"
     with tempfile.TemporaryDirectory() as tmp:

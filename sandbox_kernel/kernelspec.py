@@ -17,17 +17,18 @@ SAFE_PATH_ENV = {"PYTHONSAFEPATH": "1"}
 
 
 def kernelspec(
-    display_name: str, env: dict[str, str] | None, python: str = "python", isolated: bool = False
+    display_name: str,
+    env: dict[str, str] | None,
+    python: str = "python",
+    flags: list[str] | None = None,
 ) -> dict[str, Any]:
     """The kernel.json content. The provisioner entry makes every client that starts
     kernels by name launch this kernel over IPC (see provisioner.py for why).
 
-    ``isolated`` starts the interpreter with ``-I`` (no user site, no ``PYTHON*``
-    variables, no working folder on the path): for an environment that holds the package
-    itself (see :func:`runs_isolated`); a ``pip install --user`` needs the user site."""
-    flags = ["-I"] if isolated else []
+    ``flags`` go to the interpreter before ``-m``: :func:`safe_flags` says which keep
+    the working folder off the kernel's import path."""
     spec: dict[str, Any] = {
-        "argv": [python, *flags, "-m", "sandbox_kernel", "-f", "{connection_file}"],
+        "argv": [python, *(flags or []), "-m", "sandbox_kernel", "-f", "{connection_file}"],
         "display_name": display_name,
         "language": "python",
         "interrupt_mode": "message",
@@ -42,18 +43,24 @@ def kernelspec(
     return spec
 
 
-def runs_isolated(python: str) -> bool:
-    """Whether ``python -I`` imports this kernel: its packages are in the environment
-    itself, not only in a user site or on ``PYTHONPATH``, which ``-I`` leaves out.
+def safe_flags(python: str) -> list[str]:
+    """The flags that keep the working folder (the notebook's, which a sandbox may write)
+    off the kernel's import path on every Python and with every launcher, not only where
+    ``PYTHONSAFEPATH`` (3.11+) or the provisioner's start in ``/`` applies.
 
-    A kernelspec that can say ``-I`` should: the notebook's folder, which a sandbox may
-    write, then stays off the kernel's import path on every Python and with every
-    launcher, not only where ``PYTHONSAFEPATH`` (3.11+) or the provisioner's start in
-    ``/`` applies.
-    """
+    ``-I`` when ``python -I`` imports this kernel (its packages are in the environment
+    itself); else ``-P`` (3.11+), which keeps a user site and ``PYTHONPATH``; else none
+    (Python 3.10 with the package only there)."""
+    for flags in (["-I"], ["-P"]):
+        if _imports_kernel(python, flags):
+            return flags
+    return []
+
+
+def _imports_kernel(python: str, flags: list[str]) -> bool:
     try:
         done = subprocess.run(
-            [python, "-I", "-c", "import sandbox_kernel.kernel"],
+            [python, *flags, "-c", "import sandbox_kernel.kernel"],
             cwd="/",
             stdin=subprocess.DEVNULL,
             capture_output=True,

@@ -719,7 +719,7 @@ def test_install_kernelspec_variant(tmp_path: Path) -> None:
 
 def test_install_leaves_out_isolation_a_python_cannot_start_with(tmp_path: Path) -> None:
     """An interpreter that finds the package only on PYTHONPATH (or in a user site) would
-    not start under -I: its kernelspec goes without, and still starts the kernel."""
+    not start under -I: its kernelspec says -P instead (3.11+), and still starts the kernel."""
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     python = str(bare / "bin" / "python")
@@ -735,9 +735,14 @@ def test_install_leaves_out_isolation_a_python_cannot_start_with(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     kernels = tmp_path / "p" / "share" / "jupyter" / "kernels"
     spec = json.loads((kernels / "sandbox" / "kernel.json").read_text())
-    assert spec["argv"] == [python, "-m", "sandbox_kernel", "-f", "{connection_file}"]
+    # -P (3.11+) keeps the working folder off the path, and PYTHONPATH on it.
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    assert spec["argv"] == [python, *safe, "-m", "sandbox_kernel", "-f", "{connection_file}"]
     started = subprocess.run(
-        [python, "-c", "import sandbox_kernel.kernel"], env=env, capture_output=True, timeout=120
+        [python, *safe, "-c", "import sandbox_kernel.kernel"],
+        env=env,
+        capture_output=True,
+        timeout=120,
     )
     assert started.returncode == 0, started.stderr
 
