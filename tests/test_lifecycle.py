@@ -29,7 +29,7 @@ from sandbox_kernel.backends.base import (
     installation_id,
     sandbox_labels,
 )
-from sandbox_kernel.backends.docker import backend as docker_backend
+from sandbox_kernel.backends.docker import files as docker_files
 from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.lifecycle import gc, stats
@@ -205,7 +205,7 @@ def test_a_frozen_sandbox_cannot_hang_the_hosts_exec(
     time.sleep(1.5)
     # A file transfer (REST files of remote workspaces, the folder copy) gives up on a
     # silent helper: here after 2 s instead of the 60 s of the default.
-    monkeypatch.setattr(docker_backend, "HELPER_IDLE", 2.0)
+    monkeypatch.setattr(docker_files, "HELPER_IDLE", 2.0)
     began = time.monotonic()
     with pytest.raises(SandboxError):
         b"".join(backend.get_file(info.id, "/etc/hostname"))

@@ -81,7 +81,7 @@ from .env import (
     sandbox_path,
 )
 from .errors import create_failed, engine_errors, exec_failure, unreachable
-from .files import HelperOpener, read_file, write_file
+from .files import HelperOpener, helper_opener, read_file, write_file
 from .home import HomeMaker
 from .images import ensure_image, image_present, local_images
 from .info import (
@@ -119,7 +119,6 @@ from .wire import ENGINE_TIMEOUT, EngineCalls, EngineWire, SdkCalls
 IDLE_COMMAND = inline("import signal; signal.pause()")
 EXEC_OUTPUT_LIMIT = 64 << 20  # bytes of a command's output kept by exec(); the rest is dropped
 log = logging.getLogger(__name__)
-HELPER_IDLE = 60.0  # seconds the file helper may stay silent before the host gives up
 EXEC_GRACE = 5.0  # seconds the host waits past an exec's time limit before it gives up on it
 # Seconds an inspect may take before the host looks for frozen starts holding the
 # container (a healthy engine answers in milliseconds, a loaded one in a second or two).
@@ -775,17 +774,9 @@ class DockerBackend(Backend):
     def delete_snapshot(self, ref: str) -> bool:
         return self._snapshots.delete(ref)
 
-    # -- files (docker_files.py) -------------------------------------------------------------
+    # -- files (files.py) -------------------------------------------------------------------
     def _file_helper(self, sandbox_id: str) -> HelperOpener:
-        """Starts the in-sandbox file helper: in /, its stderr apart from the data, and
-        given up when it stays silent for HELPER_IDLE seconds (a cell can freeze it)."""
-
-        def open_helper(cmd: builtins.list[str]) -> DockerChannel:
-            channel = self.open_channel(sandbox_id, cmd, cwd="/", merge_stderr=False)
-            channel.set_timeout(HELPER_IDLE)
-            return channel
-
-        return open_helper
+        return helper_opener(partial(self.open_channel, sandbox_id))
 
     def put_file(self, sandbox_id: str, path: str, data: bytes | IO[bytes]) -> None:
         try:

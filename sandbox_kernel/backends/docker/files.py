@@ -23,8 +23,22 @@ from ..base import WORKSPACE, SandboxError
 from .channel import DockerChannel
 
 CHUNK = 1 << 20
+HELPER_IDLE = 60.0  # seconds the file helper may stay silent before the host gives up
 # Starts a command in the sandbox (in /, its stderr kept apart) and returns its channel.
 HelperOpener = Callable[[list[str]], DockerChannel]
+
+
+def helper_opener(open_channel: Callable[..., DockerChannel]) -> HelperOpener:
+    """Starts the in-sandbox file helper through ``open_channel`` (a sandbox's): in /,
+    its stderr apart from the data, and given up when it stays silent for HELPER_IDLE
+    seconds (a cell can freeze it)."""
+
+    def open_helper(cmd: list[str]) -> DockerChannel:
+        channel = open_channel(cmd, cwd="/", merge_stderr=False)
+        channel.set_timeout(HELPER_IDLE)
+        return channel
+
+    return open_helper
 
 
 def helper_command(op: str, path: str, *extra: str) -> list[str]:
