@@ -260,7 +260,8 @@ class SandboxKernel(Kernel):
         return super().finish_metadata(parent, metadata, reply_content)
 
     def _abort_queues(self, *subshell_id: Any) -> None:
-        """KernelBase's, unless :meth:`finish_metadata` did it for this reply already."""
+        """KernelBase's, unless :meth:`finish_metadata` did it for this reply already
+        (ipykernel 6 calls it from its deprecated abort_request too: that call goes on)."""
         if self._aborted_before_reply:
             self._aborted_before_reply = False
             return
