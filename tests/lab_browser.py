@@ -195,6 +195,23 @@ def _open_lab(page: Any, url: str, errors: list[str]) -> None:
     raise AssertionError("JupyterLab failed to load its theme three times")
 
 
+def _run_first_cell(page: Any, output: str) -> None:
+    """Run the open notebook's first cell once its kernel is connected and idle, and wait
+    for ``output``. The notebook's execution indicator says idle before any kernel exists
+    (its first state): a cell run then makes JupyterLab open its Select Kernel dialog and
+    the cell never runs. The status bar names the kernel only once it is connected."""
+    from playwright.sync_api import expect
+
+    page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
+    expect(
+        page.locator("#jp-main-statusbar").get_by_text(re.compile(r"\(sandbox\) \| Idle$"))
+    ).to_be_visible(timeout=60_000)
+    page.keyboard.press("Shift+Enter")
+    expect(page.locator(".jp-OutputArea-output").filter(has_text=output)).to_be_visible(
+        timeout=120_000
+    )
+
+
 def _click_in_view(locator: Any) -> None:
     """A real mouse click: Playwright scrolls the element into view and fails (by timing
     out) when another element, such as the next section's title, would receive it."""

@@ -23,7 +23,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .lab_browser import CHROMIUM, CHROMIUM_ARGS, Lab, _browser_problem, _open_lab
+from .lab_browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    Lab,
+    _browser_problem,
+    _open_lab,
+    _run_first_cell,
+)
 
 DOCS_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 
@@ -151,14 +158,7 @@ def make(out: Path, scale: float) -> None:
             )
             page = context.new_page()
             _open_lab(page, f"{lab.url}/lab/tree/explore.ipynb?token={lab.token}", [])
-            page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
-            expect(
-                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-            ).to_be_visible(timeout=60_000)
-            page.keyboard.press("Shift+Enter")
-            expect(page.locator(".jp-OutputArea-output").filter(has_text="ready")).to_be_visible(
-                timeout=120_000
-            )
+            _run_first_cell(page, "ready")
             page.locator(".jp-SideBar [data-id='sandbox-kernel-panel']").click()
             card = page.locator(".jp-SandboxPanel-card[data-sandbox-id='sk-alice']")
             expect(card.locator(".jp-SandboxPanel-cpu")).to_contain_text("%", timeout=30_000)

@@ -38,6 +38,7 @@ from .lab_browser import (
     _assert_readable,
     _click_in_view,
     _open_lab,
+    _run_first_cell,
     lambda_class,
 )
 
@@ -162,15 +163,8 @@ def test_panel_end_to_end(lab: Lab, tmp_path: Path, viewport: tuple[int, int]) -
         page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
         try:
             _open_lab(page, f"{lab.url}/lab/tree/analysis.ipynb?token={lab.token}", errors)
-            # Run the cell: its kernel makes the sandbox.
-            page.locator(".jp-Notebook .jp-Cell .cm-content").first.click()
-            expect(
-                page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-            ).to_be_visible(timeout=60_000)
-            page.keyboard.press("Shift+Enter")
-            expect(
-                page.locator(".jp-OutputArea-output").filter(has_text="made hello.txt")
-            ).to_be_visible(timeout=120_000)
+            # The notebook's kernel made the sandbox; run the cell in it.
+            _run_first_cell(page, "made hello.txt")
             # What the cell wrote beside the notebook is in JupyterLab's file browser.
             expect(
                 page.locator(
