@@ -22,6 +22,7 @@ then ``reply`` with the id); nothing else reads the queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Callable
@@ -115,6 +116,10 @@ def not_started(within: float) -> SandboxError:
     )
 
 
+class _LoopClosed(Exception):
+    """The event loop a connection relays to has closed."""
+
+
 class AgentConnection:
     """One agent process: framed writes, and a reader thread feeding an asyncio queue."""
 
@@ -131,6 +136,7 @@ class AgentConnection:
         self._current: Request | None = None  # the request whose events come now
         self._next_id = 0
         self.pump: asyncio.Task[None] | None = None
+        self.reader: threading.Thread | None = None
         # 64 KiB credits; always room for the largest line we keep, so one line never waits forever.
         self._room = threading.Semaphore(max(max_queued, 2 * max_line) // 65536 + 1)
 
@@ -200,7 +206,8 @@ class AgentConnection:
         """Start relaying to ``loop`` (the connection may be made before the loop runs);
         call from the loop: the pump is a task of it."""
         self.loop = loop
-        threading.Thread(target=self._read_loop, args=(self._pending,), daemon=True).start()
+        self.reader = threading.Thread(target=self._read_loop, args=(self._pending,), daemon=True)
+        self.reader.start()
         self.pump = loop.create_task(self._pump())
 
     def request(
@@ -256,10 +263,18 @@ class AgentConnection:
             self._requests.clear()
 
     def _deliver(self, msg: dict[str, Any], size: int) -> None:
-        assert self.loop is not None
         for _ in range(max(1, size // 65536)):
             self._room.acquire()
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (msg, size))
+        self._to_loop((msg, size))
+
+    def _to_loop(self, item: tuple[dict[str, Any], int] | None) -> None:
+        """Queue ``item`` for the pump; :class:`_LoopClosed` once the loop has closed
+        (its program is ending: nothing reads any more)."""
+        assert self.loop is not None
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError as e:  # asyncio's "Event loop is closed"
+            raise _LoopClosed from e
 
     def _read_loop(self, pending: bytes) -> None:
         buf = bytearray(pending)
@@ -286,10 +301,13 @@ class AgentConnection:
                 if not chunk:
                     break
                 buf += chunk
+        except _LoopClosed:
+            pass
         finally:
             self.alive = False
             if self.loop is not None:
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
+                with contextlib.suppress(_LoopClosed):
+                    self._to_loop(None)
 
     def _decode(self, line: memoryview) -> None:
         if line[:1] == PACKED_MARK:
@@ -320,4 +338,5 @@ class AgentConnection:
         self.alive = False
         self.channel.close()
         if self.pump is not None and self.loop is not None:
-            self.loop.call_soon_threadsafe(self.pump.cancel)
+            with contextlib.suppress(RuntimeError):  # a closed loop's pump has ended
+                self.loop.call_soon_threadsafe(self.pump.cancel)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from sandbox_kernel.agent import bootstrap_command, bundle
+from sandbox_kernel.backends import Channel
 from sandbox_kernel.config import load_config
 from sandbox_kernel.connection import AgentConnection, AgentGone, unpacked
 from sandbox_kernel.errors import SandboxError
@@ -480,3 +482,42 @@ def test_a_lazy_package_runs_its_init_once_whatever_asks(tmp_path: Path) -> None
         "pickle searched 1",
         "reload 2 1 False 1",
     ]
+
+
+class _Pipe(Channel):
+    """A channel whose far end is this test: what it writes to ``far`` is read."""
+
+    def __init__(self) -> None:
+        self.near, self.far = os.pipe()
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def read(self, size: int = 65536) -> bytes:
+        return os.read(self.near, size)
+
+    def close(self) -> None:
+        os.close(self.near)
+
+
+def test_a_reader_that_outlives_its_loop_ends_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program's event loop can close before the interpreter's channel ends (an MCP
+    stdio server that returns). The reader then meets a line and the end with no loop to
+    hand them to: it stops, with no exception in its thread."""
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    channel = _Pipe()
+    conn = AgentConnection(channel, max_line=1 << 20)
+
+    async def attach() -> None:
+        conn.attach(asyncio.get_running_loop())
+
+    asyncio.run(attach())  # the loop closes here
+    os.write(channel.far, b'\n{"ev": "stream"}\n')
+    os.close(channel.far)
+    assert conn.reader is not None
+    conn.reader.join(10)
+    assert not conn.reader.is_alive()
+    assert raised == []
+    assert not conn.alive
+    conn.close()
