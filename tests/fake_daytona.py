@@ -16,7 +16,9 @@ Faults a test can inject (attributes of :class:`FakeDaytona`):
   does), with ``seconds_per_minute`` to make its minutes short in tests;
 * ``last_activity[sandbox_id]`` — when the API last saw activity (refresh_activity).
 
-Preview links (``GET /sandbox/{id}/ports/{port}/preview-url``) are served by
+The toolbox (``/toolbox/{id}/...``: commands, PTYs, files, metrics) is
+:class:`~.fake_daytona_toolbox.Toolbox` (``toolbox``). Preview links
+(``GET /sandbox/{id}/ports/{port}/preview-url``) are served by
 :class:`~.fake_daytona_preview.PreviewProxy` (``preview``), which needs the sandbox's
 token as Daytona's proxy does.
 
@@ -26,73 +28,28 @@ Socket.IO is answered with 404, so the SDK falls back to polling sandbox state.
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import json
 import os
 import re
 import shutil
 import socket
-import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 import docker
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from .fake_daytona_preview import PreviewProxy
+from .fake_daytona_toolbox import HOME, SANDBOX_UID, Toolbox, error, in_thread, now
 
 API_KEY = "fake-daytona-key"
 FAKE_LABEL = "fake-daytona"
 ORG = "org-fake"
-SANDBOX_UID = "1000:1000"
-HOME = "/home/daytona"
-PTY_SUBPROTOCOL = "X-Daytona-Pty-Exit-Control"
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response(
-        {
-            "statusCode": status,
-            "message": message,
-            "error": HTTPStatus(status).phrase,
-            "code": None,
-        },
-        status=status,
-    )
-
-
-class _IterReader(io.RawIOBase):
-    """A file-like view of an iterator of bytes, for tarfile's streaming mode."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._buf = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        while not self._buf:
-            try:
-                self._buf = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
 
 
 @dataclass
@@ -117,8 +74,8 @@ class FakeSandbox:
     network_allow_list: str | None = None
     domain_allow_list: str | None = None
     container_id: str = ""
-    created_at: str = field(default_factory=_now)
-    updated_at: str = field(default_factory=_now)
+    created_at: str = field(default_factory=now)
+    updated_at: str = field(default_factory=now)
     error_reason: str | None = None
     ready_at: float = 0.0
     auth_token: str = field(default_factory=lambda: uuid.uuid4().hex)  # its preview token
@@ -133,7 +90,7 @@ class FakeSnapshot:
     source: str | None = None
     size: float | None = None
     state: str = "active"
-    created_at: str = field(default_factory=_now)
+    created_at: str = field(default_factory=now)
 
 
 class FakeDaytona:
@@ -151,9 +108,7 @@ class FakeDaytona:
         self.requests: list[tuple[str, str]] = []
         self.preview = PreviewProxy(self._address, self._preview_token)
         self._faults: list[list[Any]] = []
-        self._ptys: dict[tuple[str, str], str] = {}  # (sandbox, pty id) -> exec id
-        # (sandbox, pty id) -> PtySessionInfo as the daemon reports it (size, cwd, envs)
-        self.pty_info: dict[tuple[str, str], dict[str, Any]] = {}
+        self.toolbox = Toolbox(self._running, self.docker, self.root / "uploads")
         self._lock = threading.Lock()
         self.url = ""
         # Its containers carry this: close() removes its own, never another fake's (another
@@ -185,14 +140,14 @@ class FakeDaytona:
                     text = message or {429: "Too many requests", 502: "Bad gateway"}.get(
                         status, "injected"
                     )
-                    return _error(status, text)
+                    return error(status, text)
         return None
 
     def auto_stop(self, sandbox_id: str) -> None:
         """Stop a sandbox the way Daytona's idle timer does."""
         box = self.sandboxes[sandbox_id]
         self.docker.containers.get(box.container_id).stop(timeout=1)
-        box.state, box.updated_at = "stopped", _now()
+        box.state, box.updated_at = "stopped", now()
 
     def archive(self, sandbox_id: str) -> None:
         """Move a stopped sandbox to object storage, as Daytona does after a week."""
@@ -282,20 +237,7 @@ class FakeDaytona:
         r.add_get("/api/snapshots", self.list_snapshots)
         r.add_get("/api/snapshots/{id}", self.get_snapshot)
         r.add_delete("/api/snapshots/{id}", self.delete_snapshot)
-        t = "/toolbox/{sid}"
-        r.add_get(t + "/system/metrics", self.system_metrics)
-        r.add_post(t + "/process/execute", self.execute)
-        r.add_get(t + "/process/pty/create-connect", self.pty_create_connect)
-        r.add_delete(t + "/process/pty/{pty}", self.pty_delete)
-        r.add_get(t + "/process/pty", self.pty_list)
-        r.add_get(t + "/process/pty/{pty}", self.pty_get)
-        r.add_post(t + "/process/pty/{pty}/resize", self.pty_resize)
-        r.add_get(t + "/files", self.list_files)
-        r.add_delete(t + "/files", self.delete_file)
-        r.add_post(t + "/files/folder", self.create_folder)
-        r.add_get(t + "/files/info", self.file_info)
-        r.add_post(t + "/files/bulk-upload", self.bulk_upload)
-        r.add_post(t + "/files/bulk-download", self.bulk_download)
+        self.toolbox.add_routes(r)
         return app
 
     @web.middleware
@@ -304,7 +246,7 @@ class FakeDaytona:
         if "socket.io" in request.path:
             return await handler(request)
         if request.headers.get("Authorization") != f"Bearer {API_KEY}":
-            return _error(401, "Invalid API key")
+            return error(401, "Invalid API key")
         fault = self._fault_for(request.method, request.path)
         if fault is not None:
             return fault
@@ -313,7 +255,7 @@ class FakeDaytona:
         except web.HTTPException:
             raise
         except KeyError as exc:
-            return _error(404, f"Not found: {exc}")
+            return error(404, f"Not found: {exc}")
         finally:
             # A toolbox request is activity until it is answered: the idle timer never
             # stops a sandbox under a command that is still running.
@@ -323,9 +265,6 @@ class FakeDaytona:
 
     async def _no_socketio(self, request: web.Request) -> web.Response:
         return web.Response(status=404, text="no socket.io here")
-
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     # -- control plane: sandboxes -------------------------------------------------------
     def _find(self, id_or_name: str) -> FakeSandbox:
@@ -400,18 +339,18 @@ class FakeDaytona:
             (s for s in self.snapshots.values() if s.id == snapshot_name), None
         )
         if snap is None:
-            return _error(
+            return error(
                 400,
                 f"Snapshot {snapshot_name} not found. Did you add it through the Daytona Dashboard?",
             )
         if body.get("name") and any(
             b.name == body["name"] and b.state != "destroyed" for b in self.sandboxes.values()
         ):
-            return _error(409, f"Sandbox with name {body['name']} already exists")
+            return error(409, f"Sandbox with name {body['name']} already exists")
         for mount in body.get("volumes") or []:
             vol = self.volumes.get(mount["volumeId"])
             if vol is None or vol["state"] != "ready":
-                return _error(400, f"Volume {mount['volumeId']} is not in a ready state")
+                return error(400, f"Volume {mount['volumeId']} is not in a ready state")
         box = FakeSandbox(
             id=str(uuid.uuid4()),
             name=body.get("name") or "",
@@ -435,7 +374,7 @@ class FakeDaytona:
         self.sandboxes[box.id] = box
         self.last_activity[box.id] = time.time()
         try:
-            await self._run(self._create_container, box)
+            await in_thread(self._create_container, box)
         except Exception:
             del self.sandboxes[box.id]
             raise
@@ -497,23 +436,23 @@ class FakeDaytona:
             except docker.errors.NotFound:
                 pass
 
-        await self._run(remove)
+        await in_thread(remove)
         box.state = "destroyed"
         return web.json_response(self._dto(box))
 
     async def start_sandbox(self, request: web.Request) -> web.Response:
         box = self._find(request.match_info["id"])
         if self._state(box) != "started":
-            await self._run(lambda: self.docker.containers.get(box.container_id).start())
-            box.state, box.error_reason, box.updated_at = "starting", None, _now()
+            await in_thread(lambda: self.docker.containers.get(box.container_id).start())
+            box.state, box.error_reason, box.updated_at = "starting", None, now()
             box.ready_at = time.monotonic() + self.creating_delay
             self.last_activity[box.id] = time.time()
         return web.json_response(self._dto(box))
 
     async def stop_sandbox(self, request: web.Request) -> web.Response:
         box = self._find(request.match_info["id"])
-        await self._run(lambda: self.docker.containers.get(box.container_id).stop(timeout=2))
-        box.state, box.updated_at = "stopped", _now()
+        await in_thread(lambda: self.docker.containers.get(box.container_id).stop(timeout=2))
+        box.state, box.updated_at = "stopped", now()
         return web.json_response(self._dto(box))
 
     async def replace_labels(self, request: web.Request) -> web.Response:
@@ -551,7 +490,7 @@ class FakeDaytona:
         except ValueError:
             port = 0
         if not 1 <= port <= 65535:
-            return _error(400, "Invalid port")
+            return error(400, "Invalid port")
         url = await self.preview.link(box.id, port)
         return web.json_response({"sandboxId": box.id, "url": url, "token": box.auth_token})
 
@@ -572,7 +511,7 @@ class FakeDaytona:
         box = self._find(request.match_info["id"])
         name = (await request.json())["name"]
         if name in self.snapshots:
-            return _error(409, f"Snapshot with name {name} already exists")
+            return error(409, f"Snapshot with name {name} already exists")
         tag = f"fake-daytona-snapshot-{self.instance[:12]}:{re.sub(r'[^a-z0-9_.-]', '-', name.lower())}"
 
         def commit() -> float:
@@ -581,7 +520,7 @@ class FakeDaytona:
             )
             return image.attrs.get("Size", 0) / 2**30
 
-        size = await self._run(commit)
+        size = await in_thread(commit)
         self.snapshots[name] = FakeSnapshot(
             id=uuid.uuid4().hex, name=name, image=tag, general=False, source=box.id, size=size
         )
@@ -609,14 +548,14 @@ class FakeDaytona:
     async def create_volume(self, request: web.Request) -> web.Response:
         name = (await request.json())["name"]
         if any(v["name"] == name for v in self.volumes.values()):
-            return _error(409, f"Volume with name {name} already exists")
+            return error(409, f"Volume with name {name} already exists")
         vol = {
             "id": str(uuid.uuid4()),
             "name": name,
             "organizationId": ORG,
             "state": "pending_create",
-            "createdAt": _now(),
-            "updatedAt": _now(),
+            "createdAt": now(),
+            "updatedAt": now(),
             "lastUsedAt": None,
             "errorReason": None,
             "ready_at": time.monotonic() + 0.5,  # real volumes are not ready at once
@@ -628,19 +567,19 @@ class FakeDaytona:
         name = request.match_info["name"]
         vol = next((v for v in self.volumes.values() if v["name"] == name), None)
         if vol is None:
-            return _error(404, f"Volume with name {name} not found")
+            return error(404, f"Volume with name {name} not found")
         return web.json_response(self._volume_dto(vol))
 
     async def get_volume(self, request: web.Request) -> web.Response:
         vol = self.volumes.get(request.match_info["id"])
         if vol is None:
-            return _error(404, f"Volume {request.match_info['id']} not found")
+            return error(404, f"Volume {request.match_info['id']} not found")
         return web.json_response(self._volume_dto(vol))
 
     async def delete_volume(self, request: web.Request) -> web.Response:
         vol = self.volumes.pop(request.match_info["id"], None)
         if vol is None:
-            return _error(404, "Volume not found")
+            return error(404, "Volume not found")
         shutil.rmtree(self.root / "volumes" / vol["id"], ignore_errors=True)
         return web.Response(status=200)
 
@@ -694,371 +633,19 @@ class FakeDaytona:
     async def delete_snapshot(self, request: web.Request) -> web.Response:
         snap = self._find_snapshot(request.match_info["id"])
         if snap.general:
-            return _error(403, "General snapshots cannot be deleted")
+            return error(403, "General snapshots cannot be deleted")
         del self.snapshots[snap.name]
-        await self._run(lambda: self.docker.images.remove(snap.image, force=True))
+        await in_thread(lambda: self.docker.images.remove(snap.image, force=True))
         return web.Response(status=200)
 
-    # -- toolbox ----------------------------------------------------------------------
-    def _container(self, request: web.Request) -> Any:
-        box = self._find(request.match_info["sid"])
+    def _running(self, sandbox_id: str) -> tuple[FakeSandbox, Any]:
+        """A started sandbox and its container, for the toolbox; a toolbox request is
+        activity. Daytona's proxy answers 502 for a sandbox that is not running."""
+        box = self._find(sandbox_id)
         if self._state(box) != "started":
             raise web.HTTPBadGateway(
                 text=json.dumps({"statusCode": 502, "message": "sandbox is not running"}),
                 content_type="application/json",
             )
         self.last_activity[box.id] = time.time()
-        return self.docker.containers.get(box.container_id)
-
-    def _sh(self, container: Any, script: str, *args: str) -> tuple[int, bytes]:
-        res = container.exec_run(["sh", "-c", script, "sh", *args], user=SANDBOX_UID, demux=False)
-        return res.exit_code, res.output or b""
-
-    async def system_metrics(self, request: web.Request) -> web.Response:
-        """What the sandbox daemon reports about itself, from the container's stats."""
-        container = self._container(request)
-        box = self._find(request.match_info["sid"])
-        stats = await self._run(lambda: container.stats(stream=False, one_shot=False))
-        cpu, pre = stats.get("cpu_stats") or {}, stats.get("precpu_stats") or {}
-        delta = (cpu.get("cpu_usage") or {}).get("total_usage", 0) - (
-            pre.get("cpu_usage") or {}
-        ).get("total_usage", 0)
-        system = (cpu.get("system_cpu_usage") or 0) - (pre.get("system_cpu_usage") or 0)
-        online = cpu.get("online_cpus") or 1
-        used_pct = 100.0 * delta / system * online / box.cpu if system > 0 else 0.0
-        mem = stats.get("memory_stats") or {}
-        cache = (mem.get("stats") or {}).get("total_inactive_file", 0)
-        return web.json_response(
-            {
-                "cpuCount": box.cpu,
-                "cpuUsedPct": round(used_pct, 2),
-                "memTotal": box.memory * 2**30,
-                "memUsed": int(mem.get("usage") or 0),
-                "memCache": int(cache),
-                "diskTotal": box.disk * 2**30,
-                "diskUsed": 0,
-                "diskFree": box.disk * 2**30,
-                "timestamp": _now(),
-            }
-        )
-
-    async def execute(self, request: web.Request) -> web.Response:
-        container = self._container(request)
-        body = await request.json()
-        timeout = body.get("timeout") or 0
-        cmd = (
-            ["timeout", str(timeout), "sh", "-c", body["command"]]
-            if timeout
-            else ["sh", "-c", body["command"]]
-        )
-        env = body.get("env") or None
-
-        def run() -> Any:
-            return container.exec_run(
-                cmd, user=SANDBOX_UID, workdir=body.get("cwd") or HOME, environment=env
-            )
-
-        res = await self._run(run)
-        if timeout and res.exit_code == 124:
-            return _error(408, "command timed out")
-        return web.json_response(
-            {"exitCode": res.exit_code, "result": (res.output or b"").decode("utf-8", "replace")}
-        )
-
-    async def pty_create_connect(self, request: web.Request) -> web.StreamResponse:
-        container = self._container(request)
-        offered = [
-            p.strip()
-            for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
-            if p.strip()
-        ]
-        envs: dict[str, str] = {}
-        for proto in offered:
-            if proto.startswith("X-Daytona-Pty-Envs~"):
-                raw = proto.split("~", 1)[1]
-                envs = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-        ws = web.WebSocketResponse(
-            protocols=[PTY_SUBPROTOCOL] if PTY_SUBPROTOCOL in offered else []
-        )
-        await ws.prepare(request)
-        # The daemon says the session is there as soon as it has made it; the fake's
-        # docker exec behind it can take seconds on a loaded machine, past the SDK's
-        # 10 s wait for this word. What the client sends meanwhile waits in the socket.
-        await ws.send_str(json.dumps({"type": "control", "status": "connected"}))
-        pty_id = request.query["id"]
-        api = self.docker.api
-
-        def open_exec() -> tuple[str, Any]:
-            exec_id = api.exec_create(
-                container.id,
-                ["bash", "-l"],
-                stdin=True,
-                tty=True,
-                user=SANDBOX_UID,
-                workdir=request.query.get("cwd") or HOME,
-                environment={"TERM": "xterm-256color", **envs},
-            )["Id"]
-            sock = api.exec_start(exec_id, socket=True, tty=True)
-            # The daemon makes the PTY with its size. A resize right after the start can
-            # come before the exec's tty exists and be lost: wait until it runs.
-            deadline = time.monotonic() + 10
-            while not api.exec_inspect(exec_id).get("Running") and time.monotonic() < deadline:
-                time.sleep(0.01)
-            api.exec_resize(
-                exec_id,
-                height=int(request.query.get("rows", 24)),
-                width=int(request.query.get("cols", 80)),
-            )
-            return exec_id, sock
-
-        exec_id, sock = await self._run(open_exec)
-        raw = sock._sock
-        self._ptys[(request.match_info["sid"], pty_id)] = exec_id
-        self.pty_info[(request.match_info["sid"], pty_id)] = {
-            "id": pty_id,
-            "active": True,
-            "cols": int(request.query.get("cols", 80)),
-            "rows": int(request.query.get("rows", 24)),
-            "cwd": request.query.get("cwd") or HOME,
-            "envs": envs,
-            "createdAt": _now(),
-            "lazyStart": False,
-        }
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-
-        def pump_out() -> None:
-            try:
-                while True:
-                    data = raw.recv(65536)
-                    if not data:
-                        break
-                    asyncio.run_coroutine_threadsafe(ws.send_bytes(data), loop).result()
-            except Exception:
-                pass
-            loop.call_soon_threadsafe(done.set)
-
-        threading.Thread(target=pump_out, daemon=True).start()
-        reader = asyncio.ensure_future(self._pty_input(ws, raw))
-        await done.wait()
-        reader.cancel()
-        info = await self._run(api.exec_inspect, exec_id)
-        code = info.get("ExitCode")
-        code = -1 if code is None else code
-        self._ptys.pop((request.match_info["sid"], pty_id), None)
-        self.pty_info.pop((request.match_info["sid"], pty_id), None)
-        if not ws.closed:
-            await ws.send_str(json.dumps({"type": "control", "status": "exited", "exitCode": code}))
-            await ws.close(code=1000, message=json.dumps({"exitCode": code}).encode())
-        raw.close()
-        return ws
-
-    async def _pty_input(self, ws: web.WebSocketResponse, raw: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        async for msg in ws:
-            if msg.type == WSMsgType.BINARY:
-                await loop.run_in_executor(None, raw.sendall, msg.data)
-            elif msg.type == WSMsgType.TEXT:
-                await loop.run_in_executor(None, raw.sendall, msg.data.encode())
-        # The client went away: a PTY ends with its connection (SIGHUP to the shell).
-        try:
-            raw.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    async def pty_delete(self, request: web.Request) -> web.Response:
-        key = (request.match_info["sid"], request.match_info["pty"])
-        exec_id = self._ptys.get(key)
-        if exec_id is None:
-            return _error(404, f"PTY session {key[1]} not found")
-        pid = (await self._run(self.docker.api.exec_inspect, exec_id)).get("Pid")
-        if pid:
-            try:
-                os.killpg(os.getpgid(pid), 9)
-            except ProcessLookupError:
-                pass
-        return web.json_response({"message": "PTY session deleted"})
-
-    async def pty_list(self, request: web.Request) -> web.Response:
-        self._container(request)
-        sid = request.match_info["sid"]
-        return web.json_response(
-            {"sessions": [info for (box, _), info in self.pty_info.items() if box == sid]}
-        )
-
-    async def pty_get(self, request: web.Request) -> web.Response:
-        self._container(request)
-        info = self.pty_info.get((request.match_info["sid"], request.match_info["pty"]))
-        if info is None:
-            return _error(404, f"PTY session {request.match_info['pty']} not found")
-        return web.json_response(info)
-
-    async def pty_resize(self, request: web.Request) -> web.Response:
-        """As the daemon: 1-1000 rows and columns (400 otherwise), the terminal resized
-        (its foreground program gets SIGWINCH), the session's info returned."""
-        self._container(request)
-        key = (request.match_info["sid"], request.match_info["pty"])
-        exec_id, info = self._ptys.get(key), self.pty_info.get(key)
-        if exec_id is None or info is None:
-            return _error(404, f"PTY session {key[1]} not found")
-        body = await request.json()
-        rows, cols = body.get("rows"), body.get("cols")
-        if not all(isinstance(v, int) and 1 <= v <= 1000 for v in (rows, cols)):
-            return _error(400, "rows and cols must be integers from 1 to 1000")
-        await self._run(lambda: self.docker.api.exec_resize(exec_id, height=rows, width=cols))
-        info.update(rows=rows, cols=cols)
-        return web.json_response(info)
-
-    async def list_files(self, request: web.Request) -> web.Response:
-        container = self._container(request)
-        script = (
-            "import json,os,pwd,grp,stat,sys\n"
-            "p=sys.argv[1]\n"
-            "if not os.path.isdir(p): print(json.dumps({'missing': True})); sys.exit()\n"
-            "out=[]\n"
-            "for n in sorted(os.listdir(p)):\n"
-            " s=os.lstat(os.path.join(p,n))\n"
-            " out.append({'name':n,'isDir':stat.S_ISDIR(s.st_mode),'size':s.st_size,"
-            "'mode':stat.filemode(s.st_mode),'modTime':str(s.st_mtime),"
-            "'permissions':oct(s.st_mode&0o777),'owner':str(s.st_uid),'group':str(s.st_gid)})\n"
-            "print(json.dumps(out))\n"
-        )
-        path = request.query.get("path") or HOME
-        res = await self._run(
-            lambda: container.exec_run(["python3", "-c", script, path], user=SANDBOX_UID)
-        )
-        data = json.loads(res.output or b"null")
-        if not isinstance(data, list):
-            return _error(404, f"directory {path} not found")
-        return web.json_response(data)
-
-    async def file_info(self, request: web.Request) -> web.Response:
-        container = self._container(request)
-        path = request.query["path"]
-        code, out = await self._run(self._sh, container, 'stat -c "%s %F" "$1"', path)
-        if code:
-            return _error(404, f"file {path} not found")
-        size, _, kind = out.decode().strip().partition(" ")
-        return web.json_response(
-            {
-                "name": os.path.basename(path),
-                "isDir": kind == "directory",
-                "size": int(size),
-                "mode": "",
-                "modTime": "",
-                "permissions": "",
-                "owner": "",
-                "group": "",
-            }
-        )
-
-    async def delete_file(self, request: web.Request) -> web.Response:
-        container = self._container(request)
-        path = request.query["path"]
-        flag = "-rf" if request.query.get("recursive") == "true" else "-f"
-        code, out = await self._run(self._sh, container, f'test -e "$1" && rm {flag} "$1"', path)
-        if code:
-            return _error(404, f"file {path} not found")
-        return web.Response(status=204)
-
-    async def create_folder(self, request: web.Request) -> web.Response:
-        container = self._container(request)
-        code, out = await self._run(self._sh, container, 'mkdir -p "$1"', request.query["path"])
-        if code:
-            return _error(400, out.decode("utf-8", "replace"))
-        return web.Response(status=201)
-
-    async def bulk_upload(self, request: web.Request) -> web.Response:
-        container = self._container(request)
-        reader = await request.multipart()
-        paths: dict[str, str] = {}
-        staged: dict[str, Path] = {}
-        tmp = self.root / "uploads" / uuid.uuid4().hex
-        tmp.mkdir(parents=True)
-        try:
-            while (part := await reader.next()) is not None:
-                index = re.match(r"files\[(\d+)\]\.(path|file)", part.name or "")
-                if not index:
-                    continue
-                if index.group(2) == "path":
-                    paths[index.group(1)] = (await part.read()).decode()
-                else:
-                    target = tmp / index.group(1)
-                    with open(target, "wb") as out:
-                        while chunk := await part.read_chunk(1 << 20):
-                            out.write(chunk)
-                    staged[index.group(1)] = target
-            for i, local in staged.items():
-                await self._run(self._put, container, paths[i], local)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return web.json_response({"files": [{"path": p} for p in paths.values()]})
-
-    def _put(self, container: Any, path: str, local: Path) -> None:
-        if not path.startswith("/"):
-            path = f"{HOME}/{path}"
-        folder, name = os.path.split(path)
-        self._sh(container, 'mkdir -p "$1"', folder)
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tar.gettarinfo(str(local), arcname=name)
-            info.uid = info.gid = 1000
-            info.uname = info.gname = ""
-            info.mode = 0o644
-            with open(local, "rb") as fh:
-                tar.addfile(info, fh)
-        buf.seek(0)
-        if not container.put_archive(folder, buf):
-            raise web.HTTPBadRequest(text=f"cannot write {path}")
-
-    async def bulk_download(self, request: web.Request) -> web.StreamResponse:
-        container = self._container(request)
-        paths = (await request.json())["paths"]
-        boundary = uuid.uuid4().hex
-        response = web.StreamResponse(
-            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"}
-        )
-        await response.prepare(request)
-        for path in paths:
-            full = path if path.startswith("/") else f"{HOME}/{path}"
-            try:
-                stream, stat = await self._run(container.get_archive, full)
-            except docker.errors.NotFound:
-                stream, stat = None, None
-            if stream is None or stat.get("mode", 0) & (1 << 31):
-                body = json.dumps(
-                    {"message": f"file not found: {path}", "statusCode": 404, "code": "NOT_FOUND"}
-                )
-                await response.write(
-                    f'--{boundary}\r\nContent-Disposition: form-data; name="error"; filename="{path}"\r\n'
-                    f"Content-Type: application/json\r\n\r\n{body}\r\n".encode()
-                )
-                continue
-            await response.write(
-                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path}"\r\n'
-                "Content-Type: application/octet-stream\r\n\r\n".encode()
-            )
-            await self._stream_tar_member(stream, response)
-            await response.write(b"\r\n")
-        await response.write(f"--{boundary}--\r\n".encode())
-        await response.write_eof()
-        return response
-
-    async def _stream_tar_member(self, stream: Any, response: web.StreamResponse) -> None:
-        """Write the one file of a ``get_archive`` tar stream without holding it whole."""
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=8)
-        loop = asyncio.get_running_loop()
-
-        def produce() -> None:
-            with tarfile.open(
-                fileobj=io.BufferedReader(_IterReader(stream), 1 << 20), mode="r|"
-            ) as tar:
-                member = tar.next()
-                fh = tar.extractfile(member) if member is not None else None
-                while fh is not None and (chunk := fh.read(1 << 20)):
-                    asyncio.run_coroutine_threadsafe(queue.put(chunk), loop).result()
-            asyncio.run_coroutine_threadsafe(queue.put(None), loop).result()
-
-        loop.run_in_executor(None, produce)
-        while (chunk := await queue.get()) is not None:
-            await response.write(chunk)
+        return box, self.docker.containers.get(box.container_id)

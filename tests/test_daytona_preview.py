@@ -20,8 +20,9 @@ from sandbox_kernel.config import SandboxConfig
 from sandbox_kernel.service import SandboxService
 
 from . import test_daytona as daytona_tests
-from .fake_daytona import SANDBOX_UID, FakeDaytona
+from .fake_daytona import FakeDaytona
 from .fake_daytona_preview import WARNING_PAGE
+from .fake_daytona_toolbox import SANDBOX_UID
 from .test_daytona import SNAPSHOT, box_named, user_key
 from .test_rest_api import fetch
 

@@ -22,11 +22,12 @@ from sandbox_kernel.config import SandboxConfig, load_config
 from sandbox_kernel.identity import ScopeKey
 from sandbox_kernel.service import SandboxService
 
+from . import file_attacks
 from . import test_hostile_files as remote
 from .conftest import require_bwrap
+from .file_attacks import _WRAPPER
+from .file_attacks import _stop_attackers as _stop_attackers  # noqa: F401 (autouse)
 from .test_hostile_files import *  # noqa: F403 (the tests and their fixtures)
-from .test_hostile_files import _WRAPPER
-from .test_hostile_files import _stop_attackers as _stop_attackers  # noqa: F401 (autouse)
 
 pytestmark: list[pytest.MarkDecorator] = []  # no engine needed: bubblewrap is
 
@@ -73,7 +74,7 @@ def sandbox(rest_env: dict[str, str], test_user: str) -> dict[str, str]:
 
 class LocalAttacker:
     """One attack loop inside a local sandbox: a channel of the backend, as the Docker
-    tests' :class:`~tests.test_hostile_files.Attacker` is an exec with stdin."""
+    tests' :class:`~tests.file_attacks.Attacker` is an exec with stdin."""
 
     def __init__(self, sandbox_id: str, body: str, args: dict[str, Any], seconds: float) -> None:
         backend = _BACKENDS[sandbox_id]
@@ -121,7 +122,7 @@ def local_sandbox_run(sandbox_id: str, code: str, **args: Any) -> bytes:
 @pytest.fixture(autouse=True)
 def _local_attacks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The tests' attack helpers reach the local sandbox instead of a container."""
-    monkeypatch.setattr(remote, "Attacker", LocalAttacker)
-    monkeypatch.setattr(remote, "sandbox_run", local_sandbox_run)
+    monkeypatch.setattr(file_attacks, "Attacker", LocalAttacker)  # what start_attack makes
+    monkeypatch.setattr(remote, "sandbox_run", local_sandbox_run)  # the tests' own calls
     yield
     _BACKENDS.clear()

@@ -20,7 +20,6 @@ import socket
 import stat
 import subprocess
 import tempfile
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,39 +27,10 @@ from pathlib import Path
 import pytest
 
 from .local_host import LocalHost
-from .test_hostile_sandbox import _SETUID_ATTEMPTS, MetadataService
-from .test_hostile_sandbox import metadata_service as metadata_service  # noqa: F401 (a fixture)
+from .test_hostile_neighbours import _SETUID_ATTEMPTS, CONNECT, Listener, MetadataService
+from .test_hostile_neighbours import metadata_service as metadata_service  # noqa: F401 (a fixture)
 
 CONNECT_SECONDS = 3
-
-# Run in a sandbox: try each target ("host:port", or "@name" for an abstract Unix
-# socket) at once; print {target: "connected: <greeting>" | "refused: <error>"}.
-_CONNECT = r"""
-import json, socket, sys, threading
-timeout, results = float(sys.argv[1]), {}
-def attempt(target):
-    if target.startswith("@"):
-        s, address = socket.socket(socket.AF_UNIX), b"\0" + target[1:].encode()
-    else:
-        host, port = target.rsplit(":", 1)
-        host = host.strip("[]")
-        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        address = (host, int(port))
-    s.settimeout(timeout)
-    try:
-        s.connect(address)
-        results[target] = "connected: " + s.recv(64).decode(errors="replace")
-    except OSError as exc:
-        results[target] = "refused: " + type(exc).__name__ + " " + str(exc)
-    finally:
-        s.close()
-threads = [threading.Thread(target=attempt, args=(t,)) for t in sys.argv[2:]]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-print(json.dumps(results))
-"""
 
 # Run in a sandbox over a channel: serve TCP on 0.0.0.0:PORT and an abstract socket,
 # greeting with TOKEN, until stdin closes.
@@ -102,54 +72,6 @@ try:
 except ProcessLookupError:
     print("nothing to signal")
 """
-
-
-class Listener:
-    """A listener of the test process (the host) that greets every connection with a token."""
-
-    def __init__(self, family: int, address: object) -> None:
-        self.token = f"host-{uuid.uuid4().hex[:8]}"
-        self.sock = socket.socket(family)
-        if family != socket.AF_UNIX:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(address)
-        self.sock.listen(16)
-        self.sock.settimeout(0.3)
-        self.address = self.sock.getsockname()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    @property
-    def port(self) -> int:
-        return int(self.address[1])  # type: ignore[index]
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            try:
-                conn.sendall(self.token.encode())
-            except OSError:
-                pass
-            conn.close()
-
-    def answers(self, address: object) -> bool:
-        """Whether the host itself reaches it there (the control of an attack)."""
-        with socket.socket(self.sock.family) as conn:
-            conn.settimeout(CONNECT_SECONDS)
-            try:
-                conn.connect(address)
-                return conn.recv(64).decode() == self.token
-            except OSError:
-                return False
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
 
 
 @pytest.fixture
@@ -316,7 +238,7 @@ code, out = run(svc, info.id, ARGS["connect"], str(ARGS["seconds"]), *ARGS["targ
 RESULT["said"] = last_json(out) if code == 0 else out
 RESULT["own"] = run(svc, info.id, ARGS["own"])
 """,
-        connect=_CONNECT,
+        connect=CONNECT,
         seconds=CONNECT_SECONDS,
         targets=targets,
         control=f"{addresses[0]}:{outside.port}",
@@ -349,7 +271,7 @@ RESULT["interfaces"] = out.strip()
 code, out = run(svc, info.id, ARGS["connect"], str(ARGS["seconds"]), *ARGS["targets"])
 RESULT["said"] = last_json(out) if code == 0 else out
 """,
-        connect=_CONNECT,
+        connect=CONNECT,
         seconds=CONNECT_SECONDS,
         targets=[f"{a}:{outside.port}" for a in addresses] + [f"10.0.2.2:{outside.port}"],
     )
@@ -396,7 +318,7 @@ finally:
     server.close()
 """,
         server=_SERVER,
-        connect=_CONNECT,
+        connect=CONNECT,
         seconds=CONNECT_SECONDS,
         addresses=addresses,
         kill_all=_KILL_ALL,
@@ -438,7 +360,7 @@ info = svc.ensure(ScopeKey("cloud")).info
 code, out = run(svc, info.id, ARGS["connect"], str(ARGS["seconds"]), *ARGS["targets"])
 RESULT["said"] = last_json(out) if code == 0 else out
 """,
-        connect=_CONNECT,
+        connect=CONNECT,
         seconds=CONNECT_SECONDS,
         targets=[f"169.254.169.254:{port}" for port in ports],
     )

@@ -1,5 +1,6 @@
 """Building and installing from source, as a newcomer does it: one version, and one line
-(not a yarn traceback) when Node.js is missing. No engine needed."""
+(not a yarn traceback) when Node.js is missing; and the kernelspecs ``sandbox-kernel
+install`` writes. No engine needed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 import sandbox_kernel
+
+from .conftest import TEST_IMAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,3 +153,95 @@ def test_wheel_ships_what_an_installation_needs(tmp_path: Path) -> None:
         n.startswith(f"{data}/labextensions/sandbox-kernel-labextension/static/") for n in names
     )
     assert any(n.endswith("jupyter_server_config.d/jupyter_ext.json") for n in names)
+
+
+def test_install_kernelspec_variant(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sandbox_kernel.cli",
+            "install",
+            "--prefix",
+            str(tmp_path),
+            "--name",
+            "sandbox-big",
+            "--display-name",
+            "Python 3 (sandbox, large)",
+            "--flavor",
+            "large",
+            "--scope",
+            "thread",
+            "--image",
+            TEST_IMAGE,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    installed = tmp_path / "share" / "jupyter" / "kernels" / "sandbox-big"
+    spec = json.loads((installed / "kernel.json").read_text())
+    assert spec["display_name"] == "Python 3 (sandbox, large)"
+    assert sorted(p.name for p in installed.glob("logo-*")) == [
+        "logo-32x32.png",
+        "logo-64x64.png",
+        "logo-svg.svg",
+    ]
+    assert spec["interrupt_mode"] == "message"
+    # This venv holds the package: the kernel starts isolated (no user site, no
+    # PYTHON* variables, no working folder on its import path).
+    assert spec["argv"] == [sys.executable, "-I", "-m", "sandbox_kernel", "-f", "{connection_file}"]
+    # Another image: the variant's sandboxes are its own (a flavor alone would resize).
+    assert spec["env"] == {
+        "PYTHONSAFEPATH": "1",  # the notebook's folder stays off the kernel's import path
+        "SANDBOX_KERNEL_FLAVOR": "large",
+        "SANDBOX_KERNEL_SCOPE": "thread",
+        "SANDBOX_KERNEL_IMAGE": TEST_IMAGE,
+        "SANDBOX_KERNEL_VARIANT": "sandbox-big",
+    }
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sandbox_kernel.cli",
+            "install",
+            "--prefix",
+            str(tmp_path),
+            "--scope",
+            "team",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_install_leaves_out_isolation_a_python_cannot_start_with(tmp_path: Path) -> None:
+    """An interpreter that finds the package only on PYTHONPATH (or in a user site) would
+    not start under -I: its kernelspec says -P instead (3.11+), and still starts the kernel."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    python = str(bare / "bin" / "python")
+    here = [p for p in sys.path if p.endswith("site-packages")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *here])}
+    done = subprocess.run(
+        [python, "-m", "sandbox_kernel.cli", "install", "--prefix", str(tmp_path / "p")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    kernels = tmp_path / "p" / "share" / "jupyter" / "kernels"
+    spec = json.loads((kernels / "sandbox" / "kernel.json").read_text())
+    # -P (3.11+) keeps the working folder off the path, and PYTHONPATH on it.
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    assert spec["argv"] == [python, *safe, "-m", "sandbox_kernel", "-f", "{connection_file}"]
+    started = subprocess.run(
+        [python, *safe, "-c", "import sandbox_kernel.kernel"],
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert started.returncode == 0, started.stderr

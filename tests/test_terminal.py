@@ -426,7 +426,9 @@ def test_daytona_shell_through_its_pty_session(
         if term.run("stty size") == "33 90":
             break
     assert term.run("stty size") == "33 90"
-    assert any(i["rows"] == 33 and i["cols"] == 90 for i in fake_daytona.server.pty_info.values())
+    assert any(
+        i["rows"] == 33 and i["cols"] == 90 for i in fake_daytona.server.toolbox.pty_info.values()
+    )
     term.send(b"sh -c 'echo SLEEP\"\"ING; exec sleep 100'\r")
     term.expect("SLEEPING\r\n")  # printed by the foreground process
     term.send(b"\x03")
