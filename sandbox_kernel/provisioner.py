@@ -31,7 +31,7 @@ from typing import Any
 from jupyter_client.localinterfaces import is_local_ip
 from jupyter_client.provisioning import LocalProvisioner
 from jupyter_core.paths import jupyter_runtime_dir
-from traitlets import Unicode
+from traitlets import Float, Unicode
 
 from .errors import Forbidden
 from .folders import NOTEBOOK_DIR_ENV, door_folder, server_root_dir
@@ -69,6 +69,19 @@ class SandboxProvisioner(LocalProvisioner):
         "ipc",
         config=True,
         help="'ipc' (the default): sockets in a private folder; 'tcp': what the client asked for.",
+    )
+
+    shutdown_wait = Float(
+        60.0,
+        config=True,
+        help=(
+            "Seconds a kernel has, once asked to shut down, to end by itself before it is "
+            "stopped (after half of them) and killed. It first copies what the cells wrote "
+            "beside the notebook back from a sandbox that could not mount that folder "
+            "(Kubernetes, Daytona), through the engine. The client's own wait "
+            "(shutdown_wait_time, 5 s by default, which would cut that copy short at 2.5 s) "
+            "wins when it is longer. A kernel with nothing to copy ends at once."
+        ),
     )
 
     _socket_folder: str | None = None
@@ -137,6 +150,10 @@ class SandboxProvisioner(LocalProvisioner):
             # ours from an earlier start (a restart) or the client's own choice
             return self._socket_folder is not None and km.ip.startswith(self._socket_folder)
         return km.transport == "tcp" and is_local_ip(km.ip) and _is_loopback(km.ip)
+
+    def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
+        """The time a shutting-down kernel has to copy the notebook's folder back."""
+        return max(recommended, self.shutdown_wait)
 
     async def cleanup(self, restart: bool = False) -> None:
         """Remove the socket folder once the kernel is gone for good (the manager has

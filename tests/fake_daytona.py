@@ -11,6 +11,7 @@ Faults a test can inject (attributes of :class:`FakeDaytona`):
 * ``creating_delay`` — seconds a new or starting sandbox stays ``creating``/``starting``;
 * ``fail(pattern, status, times)`` — the next matching requests answer ``status``
   (429 and 502 included);
+* ``slow(pattern, seconds, times)`` — the next matching requests are answered late;
 * ``auto_stop(sandbox_id)`` — what Daytona does when the idle timer fires; the timer
   itself runs too, counting only API and toolbox requests as activity (as Daytona
   does), with ``seconds_per_minute`` to make its minutes short in tests;
@@ -108,6 +109,7 @@ class FakeDaytona:
         self.requests: list[tuple[str, str]] = []
         self.preview = PreviewProxy(self._address, self._preview_token)
         self._faults: list[list[Any]] = []
+        self._delays: list[list[Any]] = []
         self.toolbox = Toolbox(self._running, self.docker, self.root / "uploads")
         self._lock = threading.Lock()
         self.url = ""
@@ -127,9 +129,25 @@ class FakeDaytona:
         with self._lock:
             self._faults.append([re.compile(pattern), status, times, message])
 
+    def slow(self, pattern: str, seconds: float, times: int = 1) -> None:
+        """The next ``times`` requests whose "METHOD path" matches ``pattern`` are
+        answered ``seconds`` late (a loaded control plane or a slow link)."""
+        with self._lock:
+            self._delays.append([re.compile(pattern), seconds, times])
+
     def clear_faults(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._delays.clear()
+
+    def _delay_for(self, method: str, path: str) -> float:
+        with self._lock:
+            for delay in self._delays:
+                pattern, seconds, times = delay
+                if times > 0 and pattern.search(f"{method} {path}"):
+                    delay[2] -= 1
+                    return float(seconds)
+        return 0.0
 
     def _fault_for(self, method: str, path: str) -> web.Response | None:
         with self._lock:
@@ -250,6 +268,9 @@ class FakeDaytona:
         fault = self._fault_for(request.method, request.path)
         if fault is not None:
             return fault
+        delay = self._delay_for(request.method, request.path)
+        if delay:
+            await asyncio.sleep(delay)
         try:
             return await handler(request)
         except web.HTTPException:

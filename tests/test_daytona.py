@@ -77,6 +77,7 @@ def _daytona_env(fake: FakeDaytona, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DAYTONA_TARGET", "us")
     fake.creating_delay = 0.0
     fake.seconds_per_minute = 60.0
+    fake.clear_faults()  # what an earlier test injected and did not use up
 
 
 @pytest.fixture
@@ -659,17 +660,22 @@ async def test_rest_over_daytona(
     await fetch(jp_fetch, "api", "sandboxes", sid, expect=404)
 
 
+@pytest.mark.parametrize("copy_back_delay", [0, 4], ids=["prompt", "slow engine"])
 def test_notebook_folder_is_copied_in_and_changes_come_back(
-    fake: FakeDaytona, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fake: FakeDaytona, tmp_path: Path, copy_back_delay: float
 ) -> None:
     """Daytona has no host folders: `jupyter execute` of a notebook in a checkout still reads
     the data beside it (copied in at start) and leaves its result beside it (copied back
-    at shutdown), through the hardened file layer on the host side."""
+    at shutdown), through the hardened file layer on the host side. An engine slow to
+    hand the result back (4 s, past the 2.5 s a client's default shutdown wait leaves
+    before it stops the kernel) still gets it there: the kernel is given the time."""
     import subprocess
     import sys
 
     import nbformat
 
+    if copy_back_delay:
+        fake.slow(r"POST /toolbox/[^/]+/files/bulk-download", copy_back_delay)
     env = make_kernel_env(tmp_path / "k", **daytona_settings(fake, SANDBOX_KERNEL_WORK_ROOT="auto"))
     folder = tmp_path / "checkout" / "nb"
     folder.mkdir(parents=True)
