@@ -75,17 +75,18 @@ class SandboxProvisioner(LocalProvisioner):
         60.0,
         config=True,
         help=(
-            "Seconds a kernel has, once asked to shut down, to end by itself before it is "
-            "stopped (after half of them) and killed. It first copies what the cells wrote "
-            "beside the notebook back from a sandbox that could not mount that folder "
-            "(Kubernetes, Daytona), through the engine. The client's own wait "
-            "(shutdown_wait_time, 5 s by default, which would cut that copy short at 2.5 s) "
-            "wins when it is longer. A kernel with nothing to copy ends at once."
+            "Seconds a kernel that copies its notebook's folder (a backend without host "
+            "folders: Kubernetes, Daytona) has, once asked to shut down, to end by itself "
+            "before it is stopped (after half of them) and killed: it first copies what the "
+            "cells wrote beside the notebook back, through the engine. The client's own "
+            "wait (shutdown_wait_time, 5 s by default, which would cut that copy short at "
+            "2.5 s) wins when it is longer, and is all other kernels get."
         ),
     )
 
     _socket_folder: str | None = None
     _owner: str | None = None  # the user a server with several users started it for
+    _copies_folder = False  # the kernel copies its notebook's folder back at shutdown
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Point the manager at a private socket folder before LocalProvisioner writes
@@ -110,6 +111,7 @@ class SandboxProvisioner(LocalProvisioner):
         kwargs["cwd"] = "/"
         if os.environ.get(OWNER_FROM_ENV) == "request":
             self._pin_owner(kwargs["env"])
+        self._copies_folder = copies_folder(kwargs["env"])
         return kwargs
 
     @staticmethod
@@ -152,8 +154,9 @@ class SandboxProvisioner(LocalProvisioner):
         return km.transport == "tcp" and is_local_ip(km.ip) and _is_loopback(km.ip)
 
     def get_shutdown_wait_time(self, recommended: float = 5.0) -> float:
-        """The time a shutting-down kernel has to copy the notebook's folder back."""
-        return max(recommended, self.shutdown_wait)
+        """The time a shutting-down kernel has to end: enough to copy the notebook's
+        folder back when it has one to copy."""
+        return max(recommended, self.shutdown_wait) if self._copies_folder else recommended
 
     async def cleanup(self, restart: bool = False) -> None:
         """Remove the socket folder once the kernel is gone for good (the manager has
@@ -176,6 +179,20 @@ class SandboxProvisioner(LocalProvisioner):
         await super().load_provisioner_info(provisioner_info)
         self._socket_folder = provisioner_info.get("socket_folder")
         self._owner = provisioner_info.get("owner")
+
+
+def copies_folder(env: dict[str, str]) -> bool:
+    """Whether a kernel started with ``env`` copies its notebook's folder in and back: its
+    backend has no host folders and work folders are not off (session.py decides the
+    same from the kernel's side). A setting that does not load is the kernel's to report."""
+    from .backends import backend_class
+    from .config import load_config
+
+    try:
+        cfg = load_config(environ=env)
+        return cfg.work_root != "none" and not backend_class(cfg.backend).workspace_on_host
+    except Exception:
+        return False
 
 
 def _is_loopback(ip: str) -> bool:

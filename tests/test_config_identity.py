@@ -456,3 +456,29 @@ def test_flavors_in_the_environment_are_json(tmp_path: Path) -> None:
     assert (cfg.cpus, cfg.memory, cfg.disk) == (0.5, 256 << 20, 1 << 30)
     with pytest.raises(ConfigError, match="SANDBOX_KERNEL_FLAVORS: expected a JSON table"):
         load_config(environ={"SANDBOX_KERNEL_FLAVORS": "tiny=1"})
+
+
+@pytest.mark.parametrize(
+    ("settings", "copies"),
+    [
+        ({"SANDBOX_KERNEL_BACKEND": "docker"}, False),
+        ({"SANDBOX_KERNEL_BACKEND": "local"}, False),
+        ({"SANDBOX_KERNEL_BACKEND": "daytona"}, True),
+        ({"SANDBOX_KERNEL_BACKEND": "kubernetes"}, True),
+        ({"SANDBOX_KERNEL_BACKEND": "daytona", "SANDBOX_KERNEL_WORK_ROOT": "none"}, False),
+        ({"SANDBOX_KERNEL_BACKEND": "no-such-engine"}, False),
+    ],
+)
+def test_only_a_kernel_that_copies_its_folder_gets_the_long_shutdown(
+    settings: dict[str, str], copies: bool
+) -> None:
+    """A kernel on a backend without host folders copies its notebook's folder back as
+    it shuts down, and is given the provisioner's shutdown_wait for it; every other
+    kernel keeps the client's own wait (a kernel that hangs is stopped as soon as before)."""
+    from sandbox_kernel.provisioner import SandboxProvisioner, copies_folder
+
+    env = {"HOME": "/nonexistent", **settings}
+    assert copies_folder(env) is copies
+    provisioner = SandboxProvisioner(kernel_id="k", kernel_spec=None)
+    provisioner._copies_folder = copies_folder(env)
+    assert provisioner.get_shutdown_wait_time(5.0) == (60.0 if copies else 5.0)
