@@ -12,6 +12,7 @@ the workspace, which the code sandbox may plant at any time.
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -204,7 +205,11 @@ async def test_webdav_on_a_stopped_daytona_sandbox(
             raise_error=False,
             **kw,
         )
-        assert response.code == expect, (method, path, response.code, response.body)
+        # WsgiDAV's error page says why in its <p>: that, whole, rather than the page.
+        said = re.search(rb"<p>(.*?)</p>", response.body or b"", re.S)
+        assert response.code == expect, f"{method} {path}: {response.code}, " + (
+            said.group(1).decode(errors="replace") if said else repr(response.body)
+        )
         return response.body or b""
 
     await dav("MKCOL", "drive", 201, body=b"")
