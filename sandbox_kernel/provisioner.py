@@ -183,14 +183,15 @@ class SandboxProvisioner(LocalProvisioner):
 
 def copies_folder(env: dict[str, str]) -> bool:
     """Whether a kernel started with ``env`` copies its notebook's folder in and back: its
-    backend has no host folders and work folders are not off (session.py decides the
-    same from the kernel's side). A setting that does not load is the kernel's to report."""
+    backend has no host folders and work folders are not off (:func:`.sync.wanted`, which
+    the kernel's session asks too). A setting that does not load is the kernel's to report."""
+    from . import sync
     from .backends import backend_class
     from .config import load_config
 
     try:
         cfg = load_config(environ=env)
-        return cfg.work_root != "none" and not backend_class(cfg.backend).workspace_on_host
+        return sync.wanted(cfg, backend_class(cfg.backend))
     except Exception:
         return False
 

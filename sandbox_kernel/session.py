@@ -251,7 +251,7 @@ class SandboxSession:
     def _wants_folder_copy(self) -> bool:
         """A sandbox without host folders (Daytona) gets a copy of the notebook's folder,
         unless that is nothing of the user's (the home itself, a system folder)."""
-        if self.backend.workspace_on_host or self.cfg.work_root == "none":
+        if not sync.wanted(self.cfg, self.backend):
             return False
         here = Path(notebook_folder()).resolve()
         return usable(here) and here != Path.home().resolve()

@@ -22,12 +22,19 @@ from typing import Any
 from .agent import program
 from .backends import Backend
 from .backends.base import WORKSPACE
+from .config import SandboxConfig
 from .folders import folder_tag
 from .safefs import Beneath
 
 MAX_FILES = 2_000
 MAX_BYTES = 200 << 20
 MAX_FILE = 50 << 20
+
+
+def wanted(cfg: SandboxConfig, backend: Backend | type[Backend]) -> bool:
+    """Whether kernels copy their notebook's folder in and back: the backend has no host
+    folders and work folders are not off (the kernel's session and its provisioner ask)."""
+    return cfg.work_root != "none" and not backend.workspace_on_host
 
 
 @dataclass
